@@ -1,0 +1,38 @@
+from setuptools import find_packages, setup
+
+# torch is pinned exactly: a bare or open-ended requirement makes pip fetch a multi-GB CUDA build
+# on machines without a local CPU wheel. GPU users install their own torch first (pip keeps it).
+INSTALL_REQUIRES = [
+    "torch==2.13.0",
+    "numpy>=1.26",
+    "pydantic>=2.7,<3",
+    "omegaconf>=2.3",
+    "pyyaml>=6",
+    "pyarrow>=15",
+    "fsspec>=2024.1",
+]
+
+EXTRAS = {
+    "test": [
+        "pytest>=8",
+        "moto[server]>=5",
+        "s3fs[boto3]>=2024.1",
+        "wandb>=0.18",
+    ],
+    "dev": ["ruff>=0.6"],
+    "gpu": ["xformers"],
+    "eval": ["lm_eval>=0.4"],
+    "s3": ["s3fs[boto3]>=2024.1"],
+}
+EXTRAS["dev"] += EXTRAS["test"]
+
+setup(
+    name="bytelatent",
+    version="0.1.0",
+    description="PyTorch-native pretraining for byte-level language models (BLT and its entropy model)",
+    packages=find_packages(include=["bytelatent", "bytelatent.*", "apps", "apps.*"]),
+    package_data={"bytelatent": ["configs/*.yaml"]},
+    python_requires=">=3.10",
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+)
