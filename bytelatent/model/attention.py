@@ -1,0 +1,348 @@
+"""Attention masks and the backends that run them (the only place masks are built).
+
+Mask semantics (reference BLT, xformers masks; see docs/architecture.md):
+
+- ``causal``: query i sees keys j <= i.
+- ``block_causal``: rows are packed documents. A document ends at and including an EOS token; the
+  token after an EOS starts a new document. Query i sees keys j <= i of its own document (and the
+  end of a row also ends a document, so rows never see each other).
+- ``local_block_causal``: block_causal and additionally j > i - window, i.e. a query sees itself
+  plus the ``window - 1`` previous positions. This is xformers'
+  ``BlockDiagonalCausalMask.make_local_attention(window)`` (its mask keeps
+  ``triu(diagonal=1 - window)`` of the causal mask), which the reference uses.
+
+Backends: ``sdpa`` (``F.scaled_dot_product_attention``, CPU and CUDA), ``flex_attention`` (CUDA
+only) and ``xformers`` (optional, CUDA only, imported lazily). A config asking for flex or xformers
+on a machine that cannot run them falls back to sdpa with the same mask (see ``resolve_backend``);
+``attend`` itself never silently changes the mask.
+
+GQA: ``attend`` accepts k/v with fewer heads than q (n_heads must be a multiple of n_kv_heads);
+query head h uses kv head ``h // (n_heads // n_kv_heads)``, as the reference ``repeat_kv`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("sdpa", "flex_attention", "xformers")
+SELF_ATTN_KINDS = (None, "causal", "block_causal", "local_block_causal")
+
+_warned_fallbacks: set[tuple[str, str]] = set()
+
+
+@dataclass
+class AttnMask:
+    """A mask for q [B,H,Q,D] x k [B,H,K,D].
+
+    Exactly one of ``is_causal`` (no tensor) or ``dense`` (bool, broadcastable to [B,1,Q,K],
+    True = attend) describes the mask. ``query_has_key`` ([B,1,Q,1] bool) is set when some query
+    rows may allow no key at all: those rows were opened up in ``dense`` (so no kernel ever sees
+    an empty row, which some produce NaN for) and ``attend`` writes zeros to them.
+    ``block_mask`` is an optional flex_attention BlockMask for the same mask (CUDA), and
+    ``xformers_bias`` an optional xformers attention bias for the same mask.
+    """
+
+    is_causal: bool = False
+    dense: torch.Tensor | None = None
+    query_has_key: torch.Tensor | None = None
+    block_mask: Any = None
+    xformers_bias: Any = None
+    # for xformers block-diagonal biases q/k/v are flattened to one row [1, B*S, H, D]
+    xformers_flatten: bool = False
+
+    def __post_init__(self) -> None:
+        if self.is_causal == (self.dense is not None):
+            raise ValueError(
+                "AttnMask needs exactly one of is_causal=True or a dense bool tensor"
+            )
+        if self.dense is not None and self.dense.dtype != torch.bool:
+            raise ValueError(
+                f"AttnMask.dense must be a bool tensor, got {self.dense.dtype}"
+            )
+
+    @classmethod
+    def causal(cls) -> AttnMask:
+        """Plain causal attention (query i sees keys j <= i, aligned at the top-left)."""
+        return cls(is_causal=True)
+
+    @classmethod
+    def from_dense(
+        cls, allowed: torch.Tensor, may_have_empty_rows: bool = True
+    ) -> AttnMask:
+        """Wrap a bool tensor [B|1, 1, Q, K] (True = attend).
+
+        With ``may_have_empty_rows`` (e.g. cross-attention to padded patches) query rows that
+        allow no key produce exact zeros (and zero gradients) instead of NaN.
+        """
+        if allowed.dtype != torch.bool:
+            raise ValueError(f"mask must be bool, got {allowed.dtype}")
+        if allowed.dim() != 4:
+            raise ValueError(
+                f"mask must have 4 dims [B,1,Q,K], got shape {tuple(allowed.shape)}"
+            )
+        if not may_have_empty_rows:
+            return cls(dense=allowed)
+        has_key = allowed.any(dim=-1, keepdim=True)
+        return cls(dense=allowed | ~has_key, query_has_key=has_key)
+
+
+def document_ids(tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """Per-position document index within each row; a document ends at and including EOS."""
+    is_eos = (tokens == eos_id).to(torch.int32)
+    # exclusive cumulative sum: the EOS itself still belongs to the document it closes
+    return torch.cumsum(is_eos, dim=1) - is_eos
+
+
+def dense_self_attn_mask(
+    kind: str | None, tokens: torch.Tensor, eos_id: int = 2, window: int | None = None
+) -> torch.Tensor:
+    """The bool mask [B,1,S,S] (True = attend) of a self-attention mask kind."""
+    _check_kind(kind, window)
+    seqlen = tokens.shape[1]
+    pos = torch.arange(seqlen, device=tokens.device)
+    allowed = pos[None, :] <= pos[:, None]  # [S(q), S(k)] causal
+    if kind == "local_block_causal":
+        allowed = allowed & (pos[None, :] > pos[:, None] - window)
+    allowed = allowed[None, None]
+    if kind in ("block_causal", "local_block_causal"):
+        doc = document_ids(tokens, eos_id)
+        allowed = allowed & (doc[:, None, :, None] == doc[:, None, None, :])
+    return allowed
+
+
+def self_attn_mask(
+    kind: str | None,
+    tokens: torch.Tensor,
+    eos_id: int = 2,
+    window: int | None = None,
+    backend: str = "sdpa",
+) -> AttnMask:
+    """Build the self-attention mask of ``kind`` for packed rows ``tokens`` [B,S] once per forward.
+
+    kind: None/"causal", "block_causal" or "local_block_causal" (needs ``window``).
+    """
+    _check_kind(kind, window)
+    _check_backend(backend)
+    if backend == "xformers":
+        return _xformers_self_mask(kind, tokens, eos_id, window)
+    if kind in (None, "causal"):
+        mask = AttnMask.causal()
+    else:
+        mask = AttnMask(dense=dense_self_attn_mask(kind, tokens, eos_id, window))
+    if backend == "flex_attention":
+        mask.block_mask = _flex_block_mask(kind, tokens, eos_id, window)
+    return mask
+
+
+def resolve_backend(attn_impl: str, device: torch.device | str) -> str:
+    """The backend to actually run ``attn_impl`` on ``device``.
+
+    flex_attention and xformers need CUDA (and xformers must be importable); elsewhere this logs
+    once and falls back to sdpa, which runs exactly the same masks.
+    """
+    _check_backend(attn_impl)
+    device = torch.device(device)
+    reason = None
+    if attn_impl in ("flex_attention", "xformers") and device.type != "cuda":
+        reason = f"it needs CUDA and the model is on {device.type}"
+    elif attn_impl == "xformers" and not _xformers_available():
+        reason = "xformers is not installed or cannot load its CUDA kernels"
+    if reason is None:
+        return attn_impl
+    if (attn_impl, device.type) not in _warned_fallbacks:
+        _warned_fallbacks.add((attn_impl, device.type))
+        logger.warning(
+            "attn_impl=%s: %s; using sdpa with the same masks", attn_impl, reason
+        )
+    return "sdpa"
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: AttnMask,
+    backend: str = "sdpa",
+) -> torch.Tensor:
+    """Softmax attention of q [B,H,Q,D] over k/v [B,Hkv,K,D] under ``mask``; returns [B,H,Q,D]."""
+    _check_backend(backend)
+    n_heads, n_kv_heads = q.shape[1], k.shape[1]
+    if n_heads != n_kv_heads:
+        if n_heads % n_kv_heads != 0:
+            raise ValueError(
+                f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}"
+            )
+        k = k.repeat_interleave(n_heads // n_kv_heads, dim=1)
+        v = v.repeat_interleave(n_heads // n_kv_heads, dim=1)
+    if backend == "sdpa":
+        out = _attend_sdpa(q, k, v, mask)
+    elif backend == "flex_attention":
+        out = _attend_flex(q, k, v, mask)
+    else:
+        out = _attend_xformers(q, k, v, mask)
+    if mask.query_has_key is not None:
+        out = out * mask.query_has_key.to(out.dtype)
+    return out
+
+
+def _attend_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask
+) -> torch.Tensor:
+    if mask.is_causal:
+        if q.shape[2] != k.shape[2]:
+            raise ValueError(
+                "is_causal masks need as many queries as keys; pass a dense mask"
+            )
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.dense)
+
+
+def _attend_flex(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask
+) -> torch.Tensor:
+    if not q.is_cuda:
+        raise RuntimeError(
+            "attention backend flex_attention needs CUDA tensors (its CPU kernel has no "
+            "backward); use backend='sdpa' (resolve_backend does this for model configs)"
+        )
+    if mask.block_mask is None:
+        raise ValueError(
+            "flex_attention needs an AttnMask with a block_mask (build it with backend='flex_attention')"
+        )
+    return _compiled_flex()(q, k, v, block_mask=mask.block_mask)
+
+
+def _attend_xformers(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask
+) -> torch.Tensor:
+    if not q.is_cuda:
+        raise RuntimeError(
+            "attention backend xformers needs CUDA tensors (it has no CPU kernel); "
+            "use backend='sdpa' (resolve_backend does this for model configs)"
+        )
+    fmha = _import_xformers_fmha()
+    bsz, n_heads, seqlen, head_dim = q.shape
+    if mask.xformers_bias is not None:
+        bias = mask.xformers_bias
+    elif mask.is_causal:
+        bias = fmha.attn_bias.LowerTriangularMask()
+    else:
+        # a dense bool mask becomes an additive bias (slow path, but the same function)
+        bias = torch.zeros(mask.dense.shape, dtype=q.dtype, device=q.device)
+        bias = bias.masked_fill(~mask.dense, float("-inf"))
+        bias = bias.expand(bsz, n_heads, seqlen, k.shape[2])
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # xformers wants [B,S,H,D]
+    if mask.xformers_flatten:
+        q, k, v = (t.reshape(1, -1, n_heads, head_dim) for t in (q, k, v))
+    out = fmha.memory_efficient_attention(q, k, v, attn_bias=bias)
+    return out.reshape(bsz, seqlen, n_heads, head_dim).transpose(1, 2)
+
+
+def _check_kind(kind: str | None, window: int | None) -> None:
+    if kind not in SELF_ATTN_KINDS:
+        raise ValueError(
+            f"unknown attention mask kind {kind!r}; expected one of {SELF_ATTN_KINDS}"
+        )
+    if kind == "local_block_causal" and (window is None or window < 1):
+        raise ValueError(
+            f"local_block_causal needs a sliding window >= 1, got {window!r}"
+        )
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        hint = (
+            " (fmha attends without any mask in the reference; use sdpa)"
+            if backend == "fmha"
+            else ""
+        )
+        raise ValueError(
+            f"unknown attention backend {backend!r}; expected one of {BACKENDS}{hint}"
+        )
+
+
+def _xformers_available() -> bool:
+    try:
+        _import_xformers_fmha()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _import_xformers_fmha() -> Any:
+    try:
+        from xformers.ops import fmha  # optional GPU dependency, imported lazily
+    except ImportError as err:
+        raise RuntimeError(
+            f"attention backend xformers is not installed ({err}); pip install 'bytelatent[gpu]' "
+            "or use attn_impl=sdpa"
+        ) from err
+    return fmha
+
+
+def _xformers_self_mask(
+    kind: str | None, tokens: torch.Tensor, eos_id: int, window: int | None
+) -> AttnMask:
+    if kind in (None, "causal"):
+        return AttnMask.causal()
+    fmha = _import_xformers_fmha()
+    seqlens = document_lengths(tokens, eos_id)
+    bias = fmha.attn_bias.BlockDiagonalCausalMask.from_seqlens(seqlens)
+    if kind == "local_block_causal":
+        bias = bias.make_local_attention(window)
+    mask = AttnMask(dense=dense_self_attn_mask(kind, tokens, eos_id, window))
+    mask.xformers_bias = bias
+    mask.xformers_flatten = True
+    return mask
+
+
+def document_lengths(tokens: torch.Tensor, eos_id: int) -> list[int]:
+    """Lengths of the documents of the flattened batch (row ends also end a document)."""
+    ends = tokens == eos_id
+    ends[:, -1] = True
+    flat_ends = torch.nonzero(ends.reshape(-1)).flatten().tolist()
+    lengths, start = [], 0
+    for end in flat_ends:
+        lengths.append(end + 1 - start)
+        start = end + 1
+    return lengths
+
+
+def _flex_block_mask(
+    kind: str | None, tokens: torch.Tensor, eos_id: int, window: int | None
+) -> Any:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if not tokens.is_cuda:
+        raise RuntimeError("flex_attention masks need CUDA tensors; use backend='sdpa'")
+    bsz, seqlen = tokens.shape
+    doc = document_ids(tokens, eos_id)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        keep = kv_idx <= q_idx
+        if kind in ("block_causal", "local_block_causal"):
+            keep = keep & (doc[b, q_idx] == doc[b, kv_idx])
+        if kind == "local_block_causal":
+            keep = keep & (kv_idx > q_idx - window)
+        return keep
+
+    return create_block_mask(mask_mod, bsz, None, seqlen, seqlen, device=tokens.device)
+
+
+_flex_fn: Any = None
+
+
+def _compiled_flex() -> Any:
+    global _flex_fn  # compile once per process
+    if _flex_fn is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _flex_fn = torch.compile(flex_attention, dynamic=False)
+    return _flex_fn

@@ -1,0 +1,266 @@
+"""Transformer building blocks shared by the entropy model and BLT (reference parameter layout)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bytelatent.model.attention import AttnMask, attend
+
+INIT_STD_FACTORS = ("disabled", "current_depth", "global_depth", "dim_ratio")
+
+
+class BlockArgs(Protocol):
+    """The fields TransformerBlock reads (BaseTransformerArgs satisfies it)."""
+
+    dim: int
+    head_dim: int | None
+    n_heads: int | None
+    n_kv_heads: int | None
+    ffn_dim_multiplier: float | None
+    multiple_of: int
+    norm_eps: float
+    rope_theta: float
+
+
+class RMSNorm(nn.RMSNorm):
+    """Root-mean-square norm with a learnable ``weight`` (initialised to 1 by reset_parameters)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__(dim, eps=eps)
+        self.dim = dim
+
+
+def precompute_freqs_cis(
+    head_dim: int, end: int, theta: float = 10000.0, use_fp32_outer: bool = False
+) -> torch.Tensor:
+    """RoPE rotation matrices [[cos,-sin],[sin,cos]] of shape [end, head_dim // 2, 2, 2] (fp32)."""
+    freqs = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim)
+    )
+    positions = torch.arange(end, device=freqs.device)
+    if use_fp32_outer:
+        positions = positions.to(torch.float32)
+    angles = torch.outer(positions, freqs).float()
+    cos, sin = angles.cos(), angles.sin()
+    return torch.stack((cos, -sin, sin, cos), dim=-1).view(*angles.shape, 2, 2)
+
+
+class RotaryEmbedding(nn.Module):
+    """Holds the RoPE table as a non-persistent buffer ``freqs_cis`` (recomputed, never saved)."""
+
+    def __init__(
+        self, theta: float, head_dim: int, max_seqlen: int, use_fp32_outer: bool = False
+    ) -> None:
+        super().__init__()
+        self.theta = theta
+        self.head_dim = head_dim
+        self.max_seqlen = max_seqlen
+        self.use_fp32_outer = use_fp32_outer
+        self.register_buffer(
+            "freqs_cis",
+            precompute_freqs_cis(head_dim, max_seqlen, theta, use_fp32_outer),
+            persistent=False,
+        )
+
+    def reset_parameters(self) -> None:
+        """Recompute the table in place (after to_empty or loading a state dict)."""
+        table = precompute_freqs_cis(
+            self.head_dim, self.max_seqlen, self.theta, self.use_fp32_outer
+        )
+        with torch.no_grad():
+            self.freqs_cis.copy_(table.to(self.freqs_cis.device))
+
+    def forward(
+        self, seqlen: int | None = None, tok_idx: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Rotation matrices for positions 0..seqlen-1, or for explicit positions ``tok_idx``."""
+        if tok_idx is not None:
+            return self.freqs_cis[tok_idx]
+        if seqlen is None:
+            raise ValueError("RotaryEmbedding needs seqlen or tok_idx")
+        if seqlen > self.max_seqlen:
+            raise ValueError(
+                f"sequence length {seqlen} exceeds the RoPE table (max_seqlen={self.max_seqlen})"
+            )
+        return self.freqs_cis[:seqlen]
+
+
+def apply_rotary_emb(
+    xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate interleaved pairs (x[2i], x[2i+1]) of q/k [B,S,H,D] by freqs_cis [S,D/2,2,2].
+
+    Computed in float32 like the reference, returned in the input dtypes.
+    """
+    cos = freqs_cis[..., 0, 0].float()[None, :, None, :]  # [1,S,1,D/2]
+    sin = freqs_cis[..., 1, 0].float()[None, :, None, :]
+    return _rotate_pairs(xq, cos, sin), _rotate_pairs(xk, cos, sin)
+
+
+def _rotate_pairs(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    pairs = x.float().unflatten(-1, (-1, 2))
+    even, odd = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+    return rotated.flatten(-2).type_as(x)
+
+
+def _trunc_normal_(weight: torch.Tensor, std: float) -> None:
+    nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with RoPE and optional grouped-query heads."""
+
+    def __init__(
+        self, dim: int, head_dim: int, n_heads: int, n_kv_heads: int, rope_theta: float
+    ) -> None:
+        super().__init__()
+        if n_heads % n_kv_heads != 0:
+            raise ValueError(
+                f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}"
+            )
+        self.dim = dim
+        self.head_dim = head_dim
+        self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads
+        self.rope_theta = rope_theta
+        self.wq = nn.Linear(dim, n_heads * head_dim, bias=False)
+        self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
+        self.wv = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * head_dim, dim, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        freq_cis: torch.Tensor,
+        mask: AttnMask,
+        backend: str = "sdpa",
+    ) -> torch.Tensor:
+        """x [B,S,dim] -> [B,S,dim]; freq_cis covers at least S positions."""
+        bsz, seqlen, _ = x.shape
+        xq = self.wq(x).view(bsz, seqlen, self.n_heads, self.head_dim)
+        xk = self.wk(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
+        xv = self.wv(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
+        xq, xk = apply_rotary_emb(xq, xk, freq_cis[:seqlen])
+        out = attend(
+            xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), mask, backend
+        )
+        return self.wo(
+            out.transpose(1, 2).reshape(bsz, seqlen, self.n_heads * self.head_dim)
+        )
+
+    def reset_parameters(
+        self, init_std: float | None = None, factor: float = 1.0
+    ) -> None:
+        """trunc_normal(σ) on wq/wk/wv/wo with σ = init_std or dim^-0.5 / factor."""
+        std = init_std or (self.dim**-0.5) / factor
+        for linear in (self.wq, self.wk, self.wv, self.wo):
+            _trunc_normal_(linear.weight, std)
+
+
+def ffn_hidden_dim(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:
+    """SwiGLU width: round_up(int(mult * int(2 * 4 * dim / 3)), multiple_of)."""
+    hidden = int(2 * (4 * dim) / 3)
+    if ffn_dim_multiplier is not None:
+        hidden = int(ffn_dim_multiplier * hidden)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU feed-forward: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int,
+        multiple_of: int,
+        ffn_dim_multiplier: float | None,
+    ) -> None:
+        """``hidden_dim`` is the pre-SwiGLU width (4 * dim in the reference); see ffn_hidden_dim."""
+        super().__init__()
+        hidden = int(2 * hidden_dim / 3)
+        if ffn_dim_multiplier is not None:
+            hidden = int(ffn_dim_multiplier * hidden)
+        hidden = multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+        self.dim = dim
+        self.hidden_dim = hidden
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    def reset_parameters(
+        self, init_std: float | None = None, factor: float = 1.0
+    ) -> None:
+        """w1/w3: σ = init_std or dim^-0.5/factor; w2: σ = init_std or hidden^-0.5/factor."""
+        in_std = init_std or (self.dim**-0.5) / factor
+        out_std = init_std or (self.hidden_dim**-0.5) / factor
+        _trunc_normal_(self.w1.weight, in_std)
+        _trunc_normal_(self.w3.weight, in_std)
+        _trunc_normal_(self.w2.weight, out_std)
+
+
+def block_head_counts(args: BlockArgs) -> tuple[int, int, int]:
+    """(head_dim, n_heads, n_kv_heads) resolved the reference way from dim/head_dim/n_heads."""
+    if args.head_dim is None and args.n_heads is None:
+        raise ValueError("set at least one of head_dim or n_heads")
+    head_dim = args.head_dim or args.dim // args.n_heads
+    n_heads = args.n_heads or args.dim // args.head_dim
+    n_kv_heads = args.n_kv_heads or n_heads
+    return head_dim, n_heads, n_kv_heads
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: h = x + attn(norm(x)); out = h + ffn(norm(h))."""
+
+    def __init__(self, args: BlockArgs) -> None:
+        super().__init__()
+        head_dim, n_heads, n_kv_heads = block_head_counts(args)
+        self.attention = Attention(
+            args.dim, head_dim, n_heads, n_kv_heads, args.rope_theta
+        )
+        self.feed_forward = FeedForward(
+            args.dim, 4 * args.dim, args.multiple_of, args.ffn_dim_multiplier
+        )
+        self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        freq_cis: torch.Tensor,
+        mask: AttnMask,
+        backend: str = "sdpa",
+    ) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), freq_cis, mask, backend)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def init_weights(self, init_std: float | None = None, factor: float = 1.0) -> None:
+        self.attention.reset_parameters(init_std, factor)
+        self.attention_norm.reset_parameters()
+        self.feed_forward.reset_parameters(init_std, factor)
+        self.ffn_norm.reset_parameters()
+
+
+def init_std_factor(kind: str, depth: int, n_layers: int, dim: int) -> float:
+    """Per-layer divisor of the init σ: disabled 1, current_depth √(2(depth+1)),
+    global_depth √(2(n_layers+1)), dim_ratio dim/4096."""
+    if kind == "disabled":
+        return 1.0
+    if kind == "current_depth":
+        return (2 * (depth + 1)) ** 0.5
+    if kind == "global_depth":
+        return (2 * (n_layers + 1)) ** 0.5
+    if kind == "dim_ratio":
+        return dim / 4096
+    raise ValueError(
+        f"unknown init_std_factor {kind!r}; expected one of {INIT_STD_FACTORS}"
+    )
