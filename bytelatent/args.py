@@ -1,0 +1,96 @@
+"""`TrainArgs`: every section of a training run, composed from the arg classes of each component.
+
+Each component defines (and validates) its own arguments next to the code that reads them; this
+module only composes them and checks the few rules that span sections, before anything is built.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from bytelatent.checkpoint.manager import CheckpointArgs
+from bytelatent.data.args import DataArgs
+from bytelatent.distributed.env import DistributedArgs
+from bytelatent.model.blt import ByteLatentTransformerArgs
+from bytelatent.model.transformer import LMTransformerArgs
+from bytelatent.trainer.metrics import LoggingArgs
+from bytelatent.trainer.optim import OptimArgs
+
+# Exported before the process group is created; NCCL settings are harmless on CPU.
+DEFAULT_ENV = {
+    "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
+    "NCCL_IB_TIMEOUT": "22",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+}
+
+
+class TrainArgs(BaseModel):
+    """A training run. Field names follow the reference BLT `TrainArgs` where they exist."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "bytelatent"
+    dump_dir: str = Field(..., description="where config.yaml, metrics.jsonl, train.log and checkpoints go")
+    seed: int = 42
+    debug_dynamo: bool = False
+    grad_acc_steps: int = Field(1, ge=1)
+    gc_collect_freq: int = Field(1000, ge=0, description="0 leaves Python's GC automatic")
+    steps: int = Field(1000, ge=1, description="LR-schedule horizon and loop end")
+    max_steps: Optional[int] = Field(None, ge=1, description="stop early at this step (schedule keeps `steps`)")
+    train_entropy_model: bool = False
+    num_threads: Optional[int] = Field(None, ge=1, description="torch intra-op threads on CPU (default: torch's)")
+
+    data: DataArgs = Field(default_factory=DataArgs)
+    optim: OptimArgs = Field(default_factory=OptimArgs)
+    model: Optional[ByteLatentTransformerArgs] = Field(default_factory=ByteLatentTransformerArgs)
+    entropy_model: Optional[LMTransformerArgs] = None
+    distributed: DistributedArgs = Field(default_factory=DistributedArgs)
+    env: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_ENV))
+    checkpoint: CheckpointArgs = Field(default_factory=CheckpointArgs)
+    logging: LoggingArgs = Field(default_factory=LoggingArgs)
+
+    @model_validator(mode="after")
+    def _cross_section_rules(self) -> "TrainArgs":
+        if not self.dump_dir:
+            raise ValueError("dump_dir: must be set (e.g. dump_dir=runs/debug)")
+        if self.max_steps is not None and self.max_steps > self.steps:
+            raise ValueError(f"max_steps ({self.max_steps}) exceeds steps ({self.steps})")
+        if self.checkpoint.path is None:
+            self.checkpoint.path = os.path.join(self.dump_dir, "checkpoints")
+        if self.train_entropy_model:
+            self._check_entropy_model_run()
+        else:
+            self._check_blt_run()
+        return self
+
+    def _check_entropy_model_run(self) -> None:
+        if self.entropy_model is None:
+            raise ValueError("entropy_model: must be set when train_entropy_model=true")
+        if self.data.patcher_args.patching_mode != "byte":
+            raise ValueError(
+                "data.patcher_args.patching_mode: the entropy model trains on bytes; "
+                f"set it to 'byte' (got '{self.data.patcher_args.patching_mode}')"
+            )
+        if self.entropy_model.max_seqlen < self.data.seq_len:
+            raise ValueError(
+                f"entropy_model.max_seqlen ({self.entropy_model.max_seqlen}) < data.seq_len "
+                f"({self.data.seq_len}): RoPE tables would be too short"
+            )
+
+    def _check_blt_run(self) -> None:
+        if self.model is None:
+            raise ValueError("model: must be set unless train_entropy_model=true")
+        if self.data.patcher_args.patching_mode == "byte" and not self.data.add_patches:
+            return
+        enc_len = self.model.max_encoder_seq_length
+        if enc_len is not None and enc_len != self.data.max_encoder_seq_length:
+            raise ValueError(
+                f"model.max_encoder_seq_length ({enc_len}) != data.max_encoder_seq_length "
+                f"({self.data.max_encoder_seq_length}); set them equal"
+            )
+
+    def active_model_args(self) -> BaseModel:
+        return self.entropy_model if self.train_entropy_model else self.model

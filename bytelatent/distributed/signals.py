@@ -1,0 +1,71 @@
+"""Preemption signals: a handler that only sets a flag; ranks agree on it at step boundaries."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger("bytelatent")
+
+PREEMPTION_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+
+
+class PreemptionFlag:
+    """Set asynchronously by SIGUSR2/SIGTERM; `agreed()` all-reduces it so every rank stops together.
+
+    The reference keeps a rank-local flag, so ranks that did not receive the signal keep training
+    and the job hangs in the next collective; here the decision is a MAX all-reduce.
+    """
+
+    def __init__(self):
+        self.received: int | None = None
+        self._previous = {}
+
+    def install(self) -> "PreemptionFlag":
+        for sig in PREEMPTION_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        if self.received is None:
+            self.received = signum
+            # Logging from a handler is unsafe (re-entrant locks); write straight to the fd.
+            os.write(2, f"bytelatent: received {signal.Signals(signum).name}; saving at the next step boundary\n".encode())
+
+    def agreed(self, device: torch.device, group=None) -> bool:
+        """True on every rank iff any rank received a signal (one tiny all-reduce when distributed)."""
+        local = 1 if self.received is not None else 0
+        if not (dist.is_available() and dist.is_initialized()):
+            return bool(local)
+        flag = torch.tensor([local], dtype=torch.int32, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        return bool(flag.item())
+
+
+def under_slurm() -> bool:
+    return "SLURM_JOB_ID" in os.environ
+
+
+def requeue_slurm_job(is_rank0: bool) -> bool:
+    """Rank 0 asks SLURM to requeue this job (same job id); returns whether the request succeeded."""
+    if not is_rank0 or not under_slurm():
+        return False
+    job_id = os.environ.get("SLURM_ARRAY_JOB_ID", os.environ["SLURM_JOB_ID"])
+    if "SLURM_ARRAY_TASK_ID" in os.environ:
+        job_id = f"{job_id}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+    if result.returncode != 0:
+        logger.error("scontrol requeue %s failed: %s", job_id, result.stderr.strip())
+        return False
+    logger.info("requeued SLURM job %s", job_id)
+    return True

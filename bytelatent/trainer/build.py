@@ -1,0 +1,27 @@
+"""Build the model a `TrainArgs` describes (on whatever device is current) and its FLOP count."""
+
+from __future__ import annotations
+
+import torch
+
+from bytelatent.args import TrainArgs
+from bytelatent.model.blt import ByteLatentTransformer
+from bytelatent.model.flops import blt_flops_per_byte, lm_flops_per_token
+from bytelatent.model.transformer import LMTransformer
+
+
+def build_model(args: TrainArgs) -> torch.nn.Module:
+    if args.train_entropy_model:
+        return LMTransformer(args.entropy_model)
+    return ByteLatentTransformer(args.model)
+
+
+def model_flops_per_byte(args: TrainArgs) -> float:
+    """Training FLOPs (forward + backward) per input byte, for throughput and MFU."""
+    if args.train_entropy_model:
+        m = args.entropy_model
+        with torch.device("meta"):
+            model = LMTransformer(m)
+        n_non_embedding = model.num_params(exclude_embeddings=True)
+        return lm_flops_per_token(n_non_embedding, m.n_layers, m.dim, args.data.seq_len, m.sliding_window)
+    return blt_flops_per_byte(args.model, mean_patch_size=args.data.expected_patch_size(), seq_len=args.data.seq_len)

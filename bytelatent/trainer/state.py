@@ -1,0 +1,58 @@
+"""`TrainState`: everything besides model and optimizer that a resume needs, as plain JSON."""
+
+from __future__ import annotations
+
+import base64
+import io
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict
+
+
+def _tensor_to_b64(t: torch.Tensor) -> str:
+    buf = io.BytesIO()
+    torch.save(t, buf)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _b64_to_tensor(s: str) -> torch.Tensor:
+    return torch.load(io.BytesIO(base64.b64decode(s)), weights_only=True)
+
+
+def capture_rng_state() -> dict[str, Any]:
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch_cpu": _tensor_to_b64(torch.get_rng_state()),
+    }
+    if torch.cuda.is_available():
+        state["torch_cuda"] = [_tensor_to_b64(s) for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(_b64_to_tensor(state["torch_cpu"]))
+    if "torch_cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([_b64_to_tensor(s) for s in state["torch_cuda"]])
+
+
+class TrainState(BaseModel):
+    """Per data-parallel rank; written as `train_state_{dp_rank:05d}.json` in each checkpoint."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: int = 0  # optimizer steps taken
+    acc_step: int = 0  # micro-batches into the current step (0 at every step boundary)
+    data_state: dict[str, Any] | None = None  # the data iterator's state after the last batch used
+    scheduler: dict[str, Any] = {}
+    rng: dict[str, Any] = {}
+    tokens_seen: int = 0  # target bytes consumed on this rank

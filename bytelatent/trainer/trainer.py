@@ -1,0 +1,292 @@
+"""The training loop: one `Trainer` owns model, optimizer, data, checkpoints and metrics.
+
+The loop (`train`) reads in one screen; each piece is a small method:
+`next_batches` → `train_step` (→ `forward_backward` per micro-batch) → `log` → `maybe_save`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from bytelatent.args import TrainArgs
+from bytelatent.checkpoint.manager import CheckpointManager
+from bytelatent.config import dump_yaml
+from bytelatent.data.batch import Batch
+from bytelatent.distributed.clip import clip_grad_norm_
+from bytelatent.distributed.env import DistEnv
+from bytelatent.distributed.mesh import build_mesh, dp_rank_and_size
+from bytelatent.distributed.parallelize import init_model_weights, parallelize_model, set_gradient_sync
+from bytelatent.distributed.signals import PreemptionFlag, requeue_slurm_job, under_slurm
+from bytelatent.trainer.build import build_model, model_flops_per_byte
+from bytelatent.trainer.metrics import MetricLogger, bits_per_byte, console_line, peak_memory_gib
+from bytelatent.trainer.optim import build_optimizer
+from bytelatent.trainer.state import TrainState, capture_rng_state, restore_rng_state
+
+logger = logging.getLogger("bytelatent")
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class StepOutput:
+    loss_sum: torch.Tensor  # Σ CE in nats over this rank's target bytes (float64, on device)
+    n_bytes: int  # this rank's target bytes
+    grad_norm: torch.Tensor
+
+
+class Interval:
+    """Sums over one logging interval, kept on device so the hot path never syncs with the host."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.n_bytes = 0
+        self.n_input_bytes = 0
+        self.steps = 0
+        self.step_time = 0.0
+        self.data_time = 0.0
+
+
+class Trainer:
+    def __init__(self, args: TrainArgs, env: DistEnv):
+        self.args = args
+        self.env = env
+        self.device = env.device
+        torch.manual_seed(args.seed)
+        if args.num_threads and self.device.type == "cpu":
+            torch.set_num_threads(args.num_threads)
+        self.mesh = build_mesh(args.distributed, env.world_size, self.device.type)
+        self.dp_rank, self.dp_size = dp_rank_and_size(self.mesh)
+        self.model = self._build_model()
+        self.optimizer, self.scheduler = build_optimizer(self.model, args.optim, args.steps, self.device.type)
+        self.checkpoints = CheckpointManager(
+            args.checkpoint,
+            dump_dir=args.dump_dir,
+            dp_rank=self.dp_rank,
+            dp_size=self.dp_size,
+            is_tp_rank0=self._tp_rank() == 0,
+        )
+        self.state = TrainState()
+        self._resume_or_warm_start()
+        self.data = args.data.build_from_rank(self.dp_rank, self.dp_size, state=self.state.data_state)
+        self.metrics = MetricLogger(os.path.join(args.dump_dir, "metrics.jsonl") if env.rank == 0 else None)
+        self.flops_per_byte = model_flops_per_byte(args)
+        self.preemption = PreemptionFlag().install()
+        self.autocast = self._autocast_context()
+        self._last_saved_step = self.state.step if self.state.step > 0 else -1
+
+    # ---------------------------------------------------------------- setup
+    def _tp_rank(self) -> int:
+        if self.mesh is not None and "tp" in (self.mesh.mesh_dim_names or ()):
+            return self.mesh["tp"].get_local_rank()
+        return 0
+
+    def _build_model(self) -> torch.nn.Module:
+        with torch.device("meta"):
+            model = build_model(self.args)
+        n_params = sum(p.numel() for p in model.parameters())
+        logger.info("model: %s with %s parameters", type(model).__name__, f"{n_params:,}")
+        model = parallelize_model(model, self.mesh, self.args.distributed)
+        model.to_empty(device=self.device)
+        init_model_weights(model, seed=self.args.active_model_args().seed)
+        model.train()
+        return model
+
+    def _autocast_context(self):
+        dtype = DTYPES[self.args.distributed.model_dtype]
+        sharded = self.mesh is not None  # FSDP's mixed-precision policy casts parameters instead
+        if dtype == torch.float32 or sharded:
+            return contextlib.nullcontext
+        return lambda: torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    def _resume_or_warm_start(self) -> None:
+        path = self.checkpoints.latest_complete()
+        if path is not None:
+            train_state = self.checkpoints.load(self.model, self.optimizer, path)
+            self.state = TrainState.model_validate(train_state)
+            self.scheduler.load_state_dict(self.state.scheduler)
+            restore_rng_state(self.state.rng)
+            logger.info("resumed from %s at step %d", path, self.state.step)
+        elif self.args.checkpoint.init_ckpt_path:
+            ckpt = self.args.checkpoint
+            self.checkpoints.load_init(self.model, ckpt.init_ckpt_path, ckpt.init_ckpt_strict, ckpt.init_ckpt_rename)
+            logger.info("initialised model weights from %s", ckpt.init_ckpt_path)
+
+    # ---------------------------------------------------------------- loop
+    @property
+    def stop_step(self) -> int:
+        return self.args.max_steps or self.args.steps
+
+    def train(self) -> dict | None:
+        """Train until `stop_step` or preemption; returns the last logged metrics."""
+        if self.env.rank == 0:
+            with open(os.path.join(self.args.dump_dir, "config.yaml"), "w") as f:
+                f.write(dump_yaml(self.args))
+        if self.args.gc_collect_freq > 0:
+            gc.disable()
+        interval, last = Interval(self.device), None
+        while self.state.step < self.stop_step:
+            t0 = time.perf_counter()
+            batches = self.next_batches()
+            t1 = time.perf_counter()
+            out = self.train_step(batches)
+            self.state.step += 1
+            self._accumulate(interval, out, batches, t1 - t0, time.perf_counter() - t1)
+            if self.args.gc_collect_freq > 0 and self.state.step % self.args.gc_collect_freq == 0:
+                gc.collect()
+            if self.state.step % self.args.logging.freq == 0 or self.state.step == self.stop_step:
+                last = self.log(interval, out)
+            if self.preemption.agreed(self.device):
+                self.handle_preemption()
+                return last
+            self.maybe_save()
+        self.save("final")
+        self.checkpoints.wait()
+        return last
+
+    def next_batches(self) -> list[Batch]:
+        return [next(self.data) for _ in range(self.args.grad_acc_steps)]
+
+    def train_step(self, batches: list[Batch]) -> StepOutput:
+        """One optimizer step over `grad_acc_steps` micro-batches; clipping happens once."""
+        local_bytes = sum(int(b.mask.sum()) for b in batches)  # host-side numpy, no device sync
+        global_bytes = self._all_reduce_count(local_bytes)
+        # FSDP averages gradients over data-parallel ranks, so scale by dp_size: the update is then
+        # Σ_all ranks CE / Σ_all ranks target bytes, independent of how bytes fall on ranks.
+        scale = self.dp_size / max(global_bytes, 1)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        for i, batch in enumerate(batches):
+            set_gradient_sync(self.model, i == len(batches) - 1)
+            loss_sum += self.forward_backward(batch, scale)
+        grad_norm = clip_grad_norm_(self.model.parameters(), self.args.optim.clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.acc_step = 0
+        return StepOutput(loss_sum=loss_sum, n_bytes=local_bytes, grad_norm=grad_norm)
+
+    def forward_backward(self, batch: Batch, scale: float) -> torch.Tensor:
+        x = torch.from_numpy(batch.x).to(self.device, non_blocking=True)
+        y = torch.from_numpy(batch.y).to(self.device, non_blocking=True)
+        mask = torch.from_numpy(batch.mask).to(self.device, non_blocking=True)
+        with self.autocast():
+            if batch.patch_lengths is not None and not self.args.train_entropy_model:
+                patch_lengths = torch.from_numpy(batch.patch_lengths).to(self.device, non_blocking=True)
+                logits = self.model(x, patch_lengths=patch_lengths)
+            else:
+                logits = self.model(x)
+        ce = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none")
+        loss_sum = (ce * mask.flatten()).sum()
+        (loss_sum * scale).backward()
+        self.state.acc_step += 1
+        return loss_sum.detach().double()
+
+    def _all_reduce_count(self, n: int) -> int:
+        if self.dp_size == 1:
+            return n
+        t = torch.tensor([n], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, group=self._dp_group())
+        return int(t.item())
+
+    def _dp_group(self):
+        names = [n for n in ("dp_replicate", "dp_shard") if n in (self.mesh.mesh_dim_names or ())]
+        if len(names) == 1:
+            return self.mesh[names[0]].get_group()
+        return self.mesh[tuple(names)]._flatten("dp").get_group()
+
+    # ---------------------------------------------------------------- metrics
+    def _accumulate(self, interval: Interval, out: StepOutput, batches, data_time, step_time) -> None:
+        interval.loss_sum += out.loss_sum
+        interval.n_bytes += out.n_bytes
+        interval.n_input_bytes += sum(int(b.x.size) for b in batches)
+        interval.steps += 1
+        interval.data_time += data_time
+        interval.step_time += step_time
+        self.state.tokens_seen += out.n_bytes
+
+    def log(self, interval: Interval, out: StepOutput) -> dict:
+        sums = torch.tensor(
+            [interval.loss_sum.item(), interval.n_bytes, interval.n_input_bytes], dtype=torch.float64
+        )
+        if self.dp_size > 1:  # float64 all-reduce (the reference reduces these in bf16)
+            sums = sums.to(self.device)
+            dist.all_reduce(sums, group=self._dp_group())
+            sums = sums.cpu()
+        loss_sum, n_bytes, n_input = sums.tolist()
+        elapsed = max(interval.step_time + interval.data_time, 1e-9)
+        bytes_per_s = n_input / elapsed
+        m = {
+            "global_step": self.state.step,
+            "loss": loss_sum / max(n_bytes, 1.0),
+            "bpb": bits_per_byte(loss_sum, n_bytes),
+            "n_bytes": int(n_bytes),
+            "lr": self.scheduler.get_last_lr()[0],
+            "grad_norm": float(out.grad_norm),
+            "bytes_per_s": bytes_per_s,
+            "flops_per_s": bytes_per_s * self.flops_per_byte,
+            "step_time_s": interval.step_time / interval.steps,
+            "data_time_s": interval.data_time / interval.steps,
+            "peak_mem_gib": peak_memory_gib(self.device),
+            "tokens_seen": self.state.tokens_seen,
+        }
+        self.metrics.log(m)
+        if self.args.logging.console and self.env.rank == 0:
+            logger.info(console_line(m))
+        interval.reset()
+        return m
+
+    # ---------------------------------------------------------------- checkpoints
+    def maybe_save(self) -> None:
+        step = self.state.step
+        ckpt = self.args.checkpoint
+        if ckpt.dump.every > 0 and step % ckpt.dump.every == 0:
+            self.save("dump")
+        elif ckpt.eval.every > 0 and step % ckpt.eval.every == 0:
+            self.save("eval")
+
+    def save(self, kind: str) -> None:
+        """The one save path: periodic, eval, preemption and final saves all come through here."""
+        if self._last_saved_step == self.state.step:
+            return
+        self.state.data_state = self.data.get_state().model_dump(mode="json")
+        self.state.scheduler = self.scheduler.state_dict()
+        self.state.rng = capture_rng_state()
+        self.checkpoints.save(
+            self.state.step,
+            self.model,
+            self.optimizer,
+            train_state=self.state.model_dump(mode="json"),
+            params=self.args.model_dump(mode="json"),
+            kind=kind,
+        )
+        self._last_saved_step = self.state.step
+
+    def handle_preemption(self) -> None:
+        logger.info("preemption: saving at step %d", self.state.step)
+        self.save("preempt")
+        self.checkpoints.wait()
+        if under_slurm():
+            requeue_slurm_job(self.env.rank == 0)
+        else:
+            logger.info("stopped at step %d; run the same command again to resume from %s", self.state.step, self.args.checkpoint.path)
+
+    def close(self) -> None:
+        self.preemption.uninstall()
+        self.metrics.close()
+        close = getattr(self.data, "close", None) or getattr(self.data, "shutdown", None)
+        if close is not None:
+            close()
+        gc.enable()
+
