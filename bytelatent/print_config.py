@@ -1,0 +1,24 @@
+"""`python -m bytelatent.print_config config=... [key=value ...]`: print the resolved config as YAML."""
+
+from __future__ import annotations
+
+import sys
+
+from bytelatent.errors import UserError
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bytelatent.args import TrainArgs
+    from bytelatent.config import dump_yaml, parse_args
+
+    try:
+        args = parse_args(TrainArgs, sys.argv[1:] if argv is None else argv)
+    except UserError as e:
+        print(e.one_line(), file=sys.stderr)
+        return 2
+    print(dump_yaml(args), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
