@@ -22,6 +22,7 @@ query head h uses kv head ``h // (n_heads // n_kv_heads)``, as the reference ``r
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -268,6 +269,7 @@ def _check_backend(backend: str) -> None:
         )
 
 
+@functools.cache
 def _xformers_available() -> bool:
     try:
         _import_xformers_fmha()
