@@ -15,6 +15,7 @@ INSTALL_REQUIRES = [
 EXTRAS = {
     "test": [
         "pytest>=8",
+        "pytest-timeout>=2.3",
         "moto[server]>=5",
         "s3fs[boto3]>=2024.1",
         "wandb>=0.18",
