@@ -1,0 +1,21 @@
+"""Config loading: YAML includes + CLI dotlist -> validated pydantic arg models."""
+
+from bytelatent.config.parser import (
+    ConfigValidationError,
+    dump_yaml,
+    load_config_tree,
+    load_yaml_file,
+    merge_config_trees,
+    parse_args,
+    parse_dotlist,
+)
+
+__all__ = [
+    "ConfigValidationError",
+    "dump_yaml",
+    "load_config_tree",
+    "load_yaml_file",
+    "merge_config_trees",
+    "parse_args",
+    "parse_dotlist",
+]
