@@ -1,0 +1,227 @@
+"""Masks and backends of bytelatent.model.attention against a brute-force masked softmax."""
+
+import logging
+import math
+
+import pytest
+import torch
+
+from bytelatent.model import attention
+from bytelatent.model.attention import (
+    AttnMask,
+    attend,
+    document_lengths,
+    resolve_backend,
+    self_attn_mask,
+)
+
+EOS = 2
+HAS_CUDA = torch.cuda.is_available()
+
+
+def packed_rows(bsz: int, seqlen: int, seed: int) -> torch.Tensor:
+    """Rows of bytes with several EOS each, at different places per row."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(4, 260, (bsz, seqlen), generator=gen)
+    for row in range(bsz):
+        n_eos = 2 + row
+        cuts = torch.randperm(seqlen, generator=gen)[:n_eos]
+        tokens[row, cuts] = EOS
+    tokens[0, 0] = EOS  # a one-token document at the start of a row
+    return tokens
+
+
+def brute_force_allowed(
+    kind: str | None, tokens: torch.Tensor, window: int | None
+) -> torch.Tensor:
+    """allowed[b, i, j] written out with loops from the mask definitions."""
+    bsz, seqlen = tokens.shape
+    allowed = torch.zeros(bsz, seqlen, seqlen, dtype=torch.bool)
+    for b in range(bsz):
+        doc_start = 0
+        for i in range(seqlen):
+            for j in range(i + 1):
+                ok = True
+                if kind in ("block_causal", "local_block_causal"):
+                    ok = j >= doc_start
+                if kind == "local_block_causal":
+                    ok = ok and i - j < window
+                allowed[b, i, j] = ok
+            if tokens[b, i] == EOS:
+                doc_start = i + 1  # the EOS closes its document
+    return allowed
+
+
+def brute_force_attention(q, k, v, allowed):
+    n_rep = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(n_rep, dim=1)
+    v = v.repeat_interleave(n_rep, dim=1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+def qkv(bsz, seqlen, n_heads=4, n_kv_heads=4, head_dim=16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(bsz, n_heads, seqlen, head_dim, generator=gen, dtype=torch.float64)
+    k = torch.randn(
+        bsz, n_kv_heads, seqlen, head_dim, generator=gen, dtype=torch.float64
+    )
+    v = torch.randn(
+        bsz, n_kv_heads, seqlen, head_dim, generator=gen, dtype=torch.float64
+    )
+    return [t.requires_grad_() for t in (q, k, v)]
+
+
+def forward_backward(fn, q, k, v):
+    out = fn(q, k, v)
+    gen = torch.Generator(device=out.device).manual_seed(1)
+    grad_out = torch.randn(out.shape, generator=gen, dtype=out.dtype, device=out.device)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    return out, grads
+
+
+CASES = [
+    (None, None),
+    ("causal", None),
+    ("block_causal", None),
+    ("local_block_causal", 1),
+    ("local_block_causal", 4),
+    ("local_block_causal", 9),
+]
+
+
+@pytest.mark.parametrize(("kind", "window"), CASES)
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_sdpa_masks_match_brute_force(kind, window, n_kv_heads):
+    tokens = packed_rows(3, 40, seed=CASES.index((kind, window)))
+    mask = self_attn_mask(kind, tokens, eos_id=EOS, window=window)
+    allowed = brute_force_allowed(kind, tokens, window)
+    if mask.dense is not None:
+        dense = mask.dense.expand(3, 1, 40, 40)[:, 0]
+        assert torch.equal(dense, allowed)
+    q, k, v = qkv(3, 40, n_kv_heads=n_kv_heads)
+    out, grads = forward_backward(lambda a, b, c: attend(a, b, c, mask), q, k, v)
+    ref_out, ref_grads = forward_backward(
+        lambda a, b, c: brute_force_attention(a, b, c, allowed), q, k, v
+    )
+    torch.testing.assert_close(out, ref_out, rtol=1e-9, atol=1e-9)
+    for grad, ref_grad in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-9)
+
+
+def test_documents_are_separated():
+    """Changing document 1 must not change the attention output of document 2."""
+    tokens = torch.tensor([[7, 8, 9, EOS, 10, 11, 12, 13]])
+    mask = self_attn_mask("block_causal", tokens, eos_id=EOS)
+    q, k, v = (t.detach() for t in qkv(1, 8))
+    out = attend(q, k, v, mask)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, :4] += 5.0
+    v2[:, :, :4] -= 3.0
+    out2 = attend(q, k2, v2, mask)
+    torch.testing.assert_close(out[:, :, 4:], out2[:, :, 4:])
+    assert not torch.allclose(out[:, :, :4], out2[:, :, :4])
+
+
+def test_window_semantics_match_xformers_local_attention():
+    """window w: a query sees itself and the w - 1 previous positions (xformers triu(1 - w))."""
+    tokens = torch.full((1, 6), 9)
+    dense = self_attn_mask("local_block_causal", tokens, eos_id=EOS, window=3).dense[
+        0, 0
+    ]
+    expected = torch.ones(6, 6).tril().triu(diagonal=1 - 3).bool()
+    assert torch.equal(dense, expected)
+
+
+def test_document_lengths_flatten_rows_like_xformers_seqlens():
+    tokens = torch.tensor([[5, 6, EOS, 7, 8, 9, EOS, 5], [EOS, 5, 5, 5, 5, EOS, 6, 6]])
+    assert document_lengths(tokens, EOS) == [3, 4, 1, 1, 5, 2]
+
+
+def test_fully_masked_query_row_gives_zeros_and_finite_grads():
+    allowed = torch.ones(2, 1, 5, 7, dtype=torch.bool).tril()
+    allowed[0, 0, 3] = False  # query 3 of row 0 may attend nothing (e.g. padding)
+    allowed[1, 0, :, :] = False
+    mask = AttnMask.from_dense(allowed)
+    q = torch.randn(2, 2, 5, 8, requires_grad=True)
+    k = torch.randn(2, 2, 7, 8, requires_grad=True)
+    v = torch.randn(2, 2, 7, 8, requires_grad=True)
+    out = attend(q, k, v, mask)
+    assert torch.isfinite(out).all()
+    assert out[0, :, 3].abs().max() == 0 and out[1].abs().max() == 0
+    out.square().sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+    assert q.grad[1].abs().max() == 0
+    ref = brute_force_attention(
+        q[:1, :, :3].detach(), k[:1].detach(), v[:1].detach(), allowed[:1, 0, :3]
+    )
+    torch.testing.assert_close(out[:1, :, :3], ref)
+
+
+def test_bad_arguments_raise():
+    tokens = packed_rows(1, 8, seed=0)
+    with pytest.raises(ValueError, match="sliding window"):
+        self_attn_mask("local_block_causal", tokens)
+    with pytest.raises(ValueError, match="unknown attention mask kind"):
+        self_attn_mask("sliding", tokens)
+    with pytest.raises(ValueError, match="fmha"):
+        self_attn_mask("causal", tokens, backend="fmha")
+    with pytest.raises(ValueError, match="exactly one"):
+        AttnMask()
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU error path")
+@pytest.mark.parametrize("backend", ["flex_attention", "xformers"])
+def test_cuda_only_backends_fail_clearly_on_cpu(backend):
+    q, k, v = (t.detach().float() for t in qkv(1, 8))
+    with pytest.raises(RuntimeError, match="CUDA|not installed"):
+        attend(q, k, v, AttnMask.causal(), backend=backend)
+    tokens = packed_rows(1, 8, seed=0)
+    with pytest.raises(RuntimeError, match="CUDA|not installed"):
+        self_attn_mask("block_causal", tokens, backend=backend)
+
+
+def test_resolve_backend_falls_back_to_sdpa_off_cuda(caplog, monkeypatch):
+    monkeypatch.setattr(attention, "_warned_fallbacks", set())
+    with caplog.at_level(logging.WARNING, logger="bytelatent.model.attention"):
+        assert resolve_backend("xformers", "cpu") == "sdpa"
+        assert resolve_backend("xformers", "cpu") == "sdpa"
+        assert resolve_backend("flex_attention", "cpu") == "sdpa"
+    assert resolve_backend("sdpa", "cpu") == "sdpa"
+    fallback_logs = [
+        r for r in caplog.records if "using sdpa with the same masks" in r.message
+    ]
+    assert len(fallback_logs) == 2  # once per (impl, device type)
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        resolve_backend("triton", "cpu")
+
+
+def _cuda_backend_available(backend: str) -> bool:
+    if not HAS_CUDA:
+        return False
+    return backend != "xformers" or attention._xformers_available()
+
+
+@pytest.mark.parametrize("backend", ["flex_attention", "xformers"])
+@pytest.mark.parametrize(("kind", "window"), CASES[1:])
+def test_cuda_backends_match_sdpa(backend, kind, window):
+    if not _cuda_backend_available(backend):
+        pytest.skip(f"{backend} needs CUDA (and xformers installed)")
+    tokens = packed_rows(2, 256, seed=3).cuda()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (
+        torch.randn(2, 4, 256, 64, device="cuda", generator=gen, requires_grad=True)
+        for _ in range(3)
+    )
+    ref_mask = self_attn_mask(kind, tokens, eos_id=EOS, window=window)
+    mask = self_attn_mask(kind, tokens, eos_id=EOS, window=window, backend=backend)
+    ref_out, ref_grads = forward_backward(
+        lambda a, b, c: attend(a, b, c, ref_mask), q, k, v
+    )
+    out, grads = forward_backward(
+        lambda a, b, c: attend(a, b, c, mask, backend=backend), q, k, v
+    )
+    torch.testing.assert_close(out, ref_out, rtol=2e-3, atol=2e-3)
+    for grad, ref_grad in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref_grad, rtol=2e-3, atol=2e-3)
