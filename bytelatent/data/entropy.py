@@ -1,0 +1,263 @@
+"""Next-byte entropies from an entropy model (a byte LM), computed one document at a time.
+
+Rules (improvements over the reference, which flattens the whole batch into one stream so that
+rows bleed into each other, issue #123):
+
+- Every row / document is cut on its own into consecutive, non-overlapping windows of
+  ``max_length`` tokens (default: the model's ``max_seqlen``). The model's context restarts at
+  each window boundary, exactly like the reference does every 8192 bytes of a document. A window
+  never holds tokens of two rows or two documents.
+- Windows are batched ``batch_size`` at a time (longest first, to keep padding small) and
+  right-padded with token 0. The entropy model is causal, so padding after a window's tokens
+  never changes their outputs.
+- ``entropy`` is ``-sum p log p`` of the softmax, in nats, computed in float32.
+
+``load_entropy_model`` reads our checkpoints and the released layout (``params.json`` with an
+``entropy_model`` section, ``consolidated.pth`` = ``{"model": state_dict}``) without touching the
+global default dtype (the reference sets it to bf16).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import fsspec
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bytelatent.errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:
+    from bytelatent.model.transformer import LMTransformerArgs
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_LENGTH = 8192  # the reference's window when a model does not say
+WEIGHT_FILES = ("consolidated.pth", os.path.join("consolidated", "consolidated.pth"))
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats of softmax(logits) over the last dim: [..., V] -> [...] float32."""
+    log_probs = F.log_softmax(logits.float(), dim=-1)
+    return -(log_probs.exp() * log_probs).sum(dim=-1)
+
+
+def resolve_device(name: str | torch.device | None) -> torch.device:
+    """'auto' -> cuda if available else cpu; 'cuda' without CUDA is a ConfigError."""
+    if isinstance(name, torch.device):
+        return name
+    if name is None or name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"device {name!r} asked for but CUDA is not available; use 'cpu' or 'auto'"
+        )
+    return device
+
+
+def model_max_length(model: nn.Module) -> int:
+    """The window length a model can take: args.max_seqlen, max_seqlen or max_length."""
+    args = getattr(model, "args", None)
+    for value in (
+        getattr(args, "max_seqlen", None),
+        getattr(model, "max_seqlen", None),
+        getattr(model, "max_length", None),
+    ):
+        if isinstance(value, int) and value > 0:
+            return value
+    return DEFAULT_MAX_LENGTH
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for tensor in model.parameters():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def _forward_logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    out = model(tokens)
+    if isinstance(out, (tuple, list)):  # some LMs return (logits, ...)
+        out = out[0]
+    return out
+
+
+@torch.no_grad()
+def per_document_outputs(
+    docs: Sequence[torch.Tensor],
+    model: nn.Module,
+    reduce: Callable[[torch.Tensor], torch.Tensor],
+    batch_size: int,
+    device: str | torch.device | None = None,
+    max_length: int | None = None,
+) -> list[torch.Tensor]:
+    """Run ``model`` over each 1-D token tensor in windows; ``reduce(logits [b,S,V]) -> [b,S]``.
+
+    Returns one tensor per document (same length as it, on the CPU), never mixing documents.
+    """
+    if batch_size < 1:
+        raise ConfigError(f"patching_batch_size={batch_size} must be >= 1")
+    window = max_length or model_max_length(model)
+    run_device = _model_device(model) if device is None else resolve_device(device)
+    pieces: list[tuple[int, int, int]] = []  # (doc index, start, end)
+    for index, doc in enumerate(docs):
+        if doc.dim() != 1:
+            raise ValueError(
+                f"document {index} must be 1-D, got shape {tuple(doc.shape)}"
+            )
+        for start in range(0, doc.numel(), window):
+            pieces.append((index, start, min(start + window, doc.numel())))
+    # longest first: each batch pads only to its own longest window
+    pieces.sort(key=lambda piece: piece[2] - piece[1], reverse=True)
+    results: list[torch.Tensor | None] = [None] * len(docs)
+    chunks: list[list[tuple[int, torch.Tensor]]] = [[] for _ in docs]
+    for first in range(0, len(pieces), batch_size):
+        group = pieces[first : first + batch_size]
+        width = group[0][2] - group[0][1]
+        batch = torch.zeros((len(group), width), dtype=torch.long)
+        for row, (index, start, end) in enumerate(group):
+            batch[row, : end - start] = docs[index][start:end]
+        values = reduce(_forward_logits(model, batch.to(run_device))).cpu()
+        for row, (index, start, end) in enumerate(group):
+            chunks[index].append((start, values[row, : end - start]))
+    for index, doc in enumerate(docs):
+        if doc.numel() == 0:
+            results[index] = reduce(torch.zeros((1, 0, 1))).reshape(0)
+            continue
+        ordered = sorted(chunks[index], key=lambda chunk: chunk[0])
+        results[index] = torch.cat([values for _, values in ordered])
+    return results  # type: ignore[return-value]
+
+
+def document_entropies(
+    docs: Sequence[torch.Tensor | Sequence[int]],
+    entropy_model: nn.Module,
+    batch_size: int,
+    device: str | torch.device | None = None,
+    max_length: int | None = None,
+) -> list[torch.Tensor]:
+    """Entropies (float32, nats) per token of each document (ragged list in, list out)."""
+    tensors = [torch.as_tensor(doc, dtype=torch.long) for doc in docs]
+    return per_document_outputs(
+        tensors, entropy_model, entropy, batch_size, device, max_length
+    )
+
+
+def calculate_entropies(
+    tokens: torch.Tensor,
+    entropy_model: nn.Module,
+    batch_size: int,
+    device: str | torch.device | None = None,
+    max_length: int | None = None,
+) -> torch.Tensor:
+    """tokens [B,N] -> entropies [B,N] float32 (nats) on tokens.device, row by row.
+
+    ``device`` is where the model runs (default: where its parameters are).
+    """
+    if tokens.dim() != 2:
+        raise ValueError(f"tokens must be [B, N], got shape {tuple(tokens.shape)}")
+    rows = list(tokens.detach().to("cpu", torch.long).unbind(0))
+    values = per_document_outputs(
+        rows, entropy_model, entropy, batch_size, device, max_length
+    )
+    if not values:
+        return torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
+    return torch.stack(values).to(tokens.device)
+
+
+def _read_params(checkpoint_dir: str) -> dict:
+    path = os.path.join(checkpoint_dir, "params.json")
+    try:
+        with fsspec.open(path, "r") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{path}: not found; an entropy model directory needs params.json and consolidated.pth"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: invalid JSON ({exc})") from None
+
+
+def entropy_model_args(params: dict, where: str = "params.json") -> LMTransformerArgs:
+    """LMTransformerArgs from a params.json dict (our layout or the reference TrainArgs)."""
+    from pydantic import ValidationError
+
+    from bytelatent.model.transformer import LMTransformerArgs
+
+    section = params.get("entropy_model")
+    if not section:
+        section = params if "dim" in params and "n_layers" in params else None
+    if not section:
+        raise CheckpointError(
+            f"{where}: no 'entropy_model' section; is this an entropy model checkpoint?"
+        )
+    try:
+        return LMTransformerArgs.model_validate(section)
+    except ValidationError as first_error:
+        try:
+            from bytelatent.model.reference_compat import lm_args_from_reference
+        except ImportError:
+            raise CheckpointError(
+                f"{where}: entropy_model args invalid: {first_error.errors()[0]['msg']}"
+            ) from None
+        try:
+            args, ignored = lm_args_from_reference(section)
+        except (ValidationError, ValueError) as exc:
+            raise CheckpointError(
+                f"{where}: entropy_model args invalid: {exc}"
+            ) from None
+        if ignored:
+            logger.info("%s: ignoring reference-only fields %s", where, sorted(ignored))
+        return args
+
+
+def _load_state_dict(checkpoint_dir: str) -> dict:
+    for name in WEIGHT_FILES:
+        path = os.path.join(checkpoint_dir, name)
+        fs, local = fsspec.core.url_to_fs(path)
+        if fs.exists(local):
+            with fs.open(local, "rb") as handle:
+                state = torch.load(handle, map_location="cpu", weights_only=True)
+            return state.get("model", state) if isinstance(state, dict) else state
+    raise CheckpointError(
+        f"{checkpoint_dir}: no consolidated.pth (looked for {', '.join(WEIGHT_FILES)})"
+    )
+
+
+def load_entropy_model(
+    checkpoint_dir: str,
+    device: str | torch.device | None = "auto",
+    dtype: torch.dtype = torch.float32,
+) -> nn.Module:
+    """Build the LMTransformer in params.json and load consolidated.pth, in eval mode, no grads.
+
+    Strict loading: a missing or unexpected weight is a CheckpointError (the reference silently
+    uses strict=False). The global default dtype is left alone.
+    """
+    from bytelatent.model.transformer import LMTransformer
+
+    where = os.path.join(checkpoint_dir, "params.json")
+    args = entropy_model_args(_read_params(checkpoint_dir), where)
+    state = _load_state_dict(checkpoint_dir)
+    target = resolve_device(device)
+    with torch.device("meta"):
+        model = LMTransformer(args)
+    model.to_empty(device=target)
+    model.init_weights()  # also recomputes non-persistent buffers (RoPE table)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()
+        detail = " ".join(line.strip() for line in first[:3])
+        raise CheckpointError(
+            f"{checkpoint_dir}: weights do not match params.json: {detail}"
+        ) from None
+    model = model.to(dtype=dtype)
+    model.eval()
+    model.requires_grad_(False)
+    return model
