@@ -1,0 +1,332 @@
+"""BLT's byte-level local encoder/decoder and the patch-level global transformer.
+
+Parameter names and shapes follow the reference checkpoints (``BLT_REFERENCE_FACTS.md`` §3.11).
+Deliberate differences, all in configurations where the reference crashes or does nothing:
+
+- cross-attention encoder without ``cross_attn_init_by_pooling``: the reference passes ``None`` as
+  the queries and fails; here the queries start from a learned ``patch_queries`` [k, dim] (one
+  vector per slot, shared by all patches), so the k slots can differ;
+- ``use_rope=False``: the reference creates ``pos_embeddings`` but never adds them (the local
+  models then have no position information at all); here they are added to the local models'
+  inputs (learned absolute byte positions, like RoPE not reset at document boundaries);
+- pooling with several ops ("avg,max") before the encoder cross-attention: the projection takes
+  the concatenated width (the reference's projection only accepts one op);
+- the decoder's patch projection exists whenever its output is needed (``dim_global != dim`` or
+  k > 1 slots for cross-attention), and without decoder cross-attention it is applied per patch
+  before gathering per byte (the reference gathers first: same result, k*N/P times the FLOPs).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bytelatent.model.attention import AttnMask, self_attn_mask
+from bytelatent.model.cross_attention import CrossAttention
+from bytelatent.model.layers import (
+    RMSNorm,
+    RotaryEmbedding,
+    TransformerBlock,
+    block_head_counts,
+    init_std_factor,
+)
+from bytelatent.model.patch_utils import PatchCrossMask, pool_patches
+from bytelatent.model.transformer import BaseTransformerArgs
+from bytelatent.tokenizers.constants import BOE_ID
+
+if TYPE_CHECKING:
+    from bytelatent.model.blt import ByteLatentTransformerArgs
+
+
+def _trunc_normal_(weight: torch.Tensor, std: float) -> None:
+    nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+
+def _identity_rotation(seqlen: int, head_dim: int, like: torch.Tensor) -> torch.Tensor:
+    """RoPE table of angle 0 (no rotation): what blocks get when use_rope=False."""
+    eye = torch.eye(2, dtype=torch.float32, device=like.device)
+    return eye.expand(seqlen, head_dim // 2, 2, 2)
+
+
+class LocalModelBase(nn.Module):
+    """Layers, positions and cross-attention layers shared by the local encoder and decoder."""
+
+    def __init__(
+        self,
+        block_args: BaseTransformerArgs,
+        args: ByteLatentTransformerArgs,
+        n_cross: int,
+    ) -> None:
+        super().__init__()
+        self.dim = block_args.dim
+        self.dropout = args.dropout
+        self.use_rope = args.use_rope
+        self.init_std_factor = args.init_std_factor
+        self.head_dim, n_heads, _ = block_head_counts(block_args)
+        self.layers = nn.ModuleList(
+            TransformerBlock(block_args) for _ in range(block_args.n_layers)
+        )
+        if args.use_rope:
+            self.rope = RotaryEmbedding(
+                theta=block_args.rope_theta,
+                head_dim=self.head_dim,
+                max_seqlen=block_args.max_seqlen,
+                use_fp32_outer=block_args.rope_use_fp32_in_outer_product,
+            )
+            self.pos_embeddings = None
+        else:
+            self.rope = None
+            self.pos_embeddings = nn.Embedding(block_args.max_seqlen, self.dim)
+        cross_heads = args.cross_attn_nheads or n_heads
+        self.cross_attn_layers = (
+            nn.ModuleList(
+                CrossAttention(
+                    self.dim,
+                    self.dim // cross_heads,
+                    cross_heads,
+                    cross_heads,
+                    args.norm_eps,
+                )
+                for _ in range(n_cross)
+            )
+            if n_cross
+            else None
+        )
+
+    def freqs(self, seqlen: int, like: torch.Tensor) -> torch.Tensor:
+        if self.rope is not None:
+            return self.rope(seqlen=seqlen)
+        return _identity_rotation(seqlen, self.head_dim, like)
+
+    def add_positions(self, h: torch.Tensor) -> torch.Tensor:
+        if self.pos_embeddings is None:
+            return h
+        if h.shape[1] > self.pos_embeddings.num_embeddings:
+            raise ValueError(
+                f"{h.shape[1]} bytes exceed the learned position table "
+                f"(max_encoder_seq_length={self.pos_embeddings.num_embeddings})"
+            )
+        return h + self.pos_embeddings.weight[: h.shape[1]]
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        std = self.dim**-0.5
+        if self.rope is not None:
+            self.rope.reset_parameters()
+        if self.pos_embeddings is not None:
+            _trunc_normal_(self.pos_embeddings.weight, std)
+        n_layers = len(self.layers)
+        for depth, layer in enumerate(self.layers):
+            layer.init_weights(
+                None, init_std_factor(self.init_std_factor, depth, n_layers, self.dim)
+            )
+        for depth, layer in enumerate(self.cross_attn_layers or ()):
+            layer.init_weights(
+                None, init_std_factor(self.init_std_factor, depth, n_layers, self.dim)
+            )
+
+
+class LocalEncoder(LocalModelBase):
+    """Bytes -> byte states h [B,N,d] and, with cross-attention, patch states [B,P*k,d]."""
+
+    def __init__(self, args: ByteLatentTransformerArgs) -> None:
+        block_args = args.encoder_block_args()
+        n_cross = 0
+        if args.cross_attn_encoder:
+            n_cross = (
+                args.n_layers_local_encoder if args.cross_attn_all_layers_encoder else 1
+            )
+        super().__init__(block_args, args, n_cross)
+        self.cross_attn_encoder = args.cross_attn_encoder
+        self.cross_attn_all_layers = args.cross_attn_all_layers_encoder
+        self.cross_attn_k = args.cross_attn_k
+        self.pooling = args.pooling_modes()
+        self.init_by_pooling = args.cross_attn_init_by_pooling
+        self.patch_embedding_projection = None
+        self.patch_queries = None
+        if args.cross_attn_encoder and args.cross_attn_init_by_pooling:
+            self.patch_embedding_projection = nn.Linear(
+                self.dim * len(self.pooling), self.dim * args.cross_attn_k, bias=False
+            )
+        elif args.cross_attn_encoder:
+            self.patch_queries = nn.Parameter(torch.empty(args.cross_attn_k, self.dim))
+        self.tok_embeddings = nn.Embedding(args.vocab_size + args.pm_size, self.dim)
+
+    def forward(
+        self,
+        embeds: torch.Tensor,
+        mask: AttnMask,
+        patch_ids: torch.Tensor,
+        num_patches: int,
+        cross_mask: PatchCrossMask | None,
+        backend: str,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """embeds [B,N,d] (byte + hash embeddings) -> (h [B,N,d], patch states [B,P*k,d] or None)."""
+        h = F.dropout(
+            self.add_positions(embeds), p=self.dropout, training=self.training
+        )
+        freqs = self.freqs(h.shape[1], h)
+        patch_embeds = None
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            h = layer(h, freqs, mask, backend)
+            if self.cross_attn_encoder and (i == last or self.cross_attn_all_layers):
+                if patch_embeds is None:
+                    patch_embeds = self._initial_patch_queries(
+                        h, patch_ids, num_patches
+                    )
+                cross = self.cross_attn_layers[i if self.cross_attn_all_layers else 0]
+                # double residual, as the reference: CrossAttention already returns x + out
+                patch_embeds = patch_embeds + cross(
+                    patch_embeds, h, cross_mask, backend
+                )
+        return h, patch_embeds
+
+    def _initial_patch_queries(
+        self, h: torch.Tensor, patch_ids: torch.Tensor, num_patches: int
+    ) -> torch.Tensor:
+        bsz = h.shape[0]
+        if self.patch_queries is not None:
+            queries = self.patch_queries.to(h.dtype)
+            return queries.repeat(num_patches, 1).unsqueeze(0).expand(bsz, -1, -1)
+        pooled = self.patch_embedding_projection(
+            pool_patches(h, patch_ids, num_patches, self.pooling)
+        )
+        return pooled.reshape(bsz, num_patches * self.cross_attn_k, self.dim)
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        super().init_weights()
+        std = self.dim**-0.5
+        _trunc_normal_(self.tok_embeddings.weight, std)
+        if self.patch_queries is not None:
+            _trunc_normal_(self.patch_queries, std)
+        if self.patch_embedding_projection is not None:
+            _trunc_normal_(
+                self.patch_embedding_projection.weight,
+                self.patch_embedding_projection.in_features**-0.5,
+            )
+
+
+class LocalDecoder(LocalModelBase):
+    """Byte states + global patch states -> logits [B,N,vocab+pm_size] float32."""
+
+    def __init__(self, args: ByteLatentTransformerArgs) -> None:
+        block_args = args.decoder_block_args()
+        n_cross = 0
+        if args.cross_attn_decoder:
+            n_cross = (
+                args.n_layers_local_decoder if args.cross_attn_all_layers_decoder else 1
+            )
+        super().__init__(block_args, args, n_cross)
+        self.cross_attn_decoder = args.cross_attn_decoder
+        self.cross_attn_all_layers = args.cross_attn_all_layers_decoder
+        self.slots = args.cross_attn_k if args.cross_attn_decoder else 1
+        self.patch_embedding_projection = None
+        if args.dim != self.dim or self.slots > 1:
+            self.patch_embedding_projection = nn.Linear(
+                args.dim, self.dim * self.slots, bias=False
+            )
+        self.norm = RMSNorm(self.dim, eps=args.norm_eps)
+        self.output = nn.Linear(self.dim, args.vocab_size + args.pm_size, bias=False)
+
+    def forward(
+        self,
+        embeds: torch.Tensor,
+        patch_embeds: torch.Tensor,
+        decoder_patch_ids: torch.Tensor,
+        mask: AttnMask,
+        cross_mask: PatchCrossMask | None,
+        backend: str,
+    ) -> torch.Tensor:
+        """embeds [B,N,d], patch_embeds [B,P,dim_global] -> logits [B,N,V] float32."""
+        bsz, num_patches = patch_embeds.shape[:2]
+        if self.patch_embedding_projection is not None:
+            patch_embeds = self.patch_embedding_projection(patch_embeds)
+        h = embeds
+        if self.cross_attn_decoder:
+            patch_embeds = patch_embeds.reshape(bsz, num_patches * self.slots, self.dim)
+        else:
+            index = decoder_patch_ids.unsqueeze(-1).expand(-1, -1, self.dim)
+            h = h + torch.gather(patch_embeds, 1, index)
+        h = F.dropout(self.add_positions(h), p=self.dropout, training=self.training)
+        freqs = self.freqs(h.shape[1], h)
+        for i, layer in enumerate(self.layers):
+            if self.cross_attn_decoder and (i == 0 or self.cross_attn_all_layers):
+                cross = self.cross_attn_layers[i if self.cross_attn_all_layers else 0]
+                # double residual, as the reference: CrossAttention already returns x + out
+                h = h + cross(h, patch_embeds, cross_mask, backend)
+            h = layer(h, freqs, mask, backend)
+        h = F.dropout(self.norm(h), p=self.dropout, training=self.training)
+        return self.output(h).float()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        super().init_weights()
+        self.norm.reset_parameters()
+        _trunc_normal_(self.output.weight, self.dim**-0.5)
+        if self.patch_embedding_projection is not None:
+            _trunc_normal_(
+                self.patch_embedding_projection.weight,
+                self.patch_embedding_projection.in_features**-0.5,
+            )
+
+
+class GlobalTransformer(nn.Module):
+    """Patch embeddings [B,P,in] -> patch states [B,P,dim_global] (no final norm, as the reference)."""
+
+    def __init__(self, args: ByteLatentTransformerArgs) -> None:
+        super().__init__()
+        block_args = args.global_block_args()
+        self.args = block_args
+        self.dim = block_args.dim
+        self.dropout = args.dropout
+        self.eos_id = args.eos_id
+        head_dim, _, _ = block_head_counts(block_args)
+        self.layers = nn.ModuleList(
+            TransformerBlock(block_args) for _ in range(block_args.n_layers)
+        )
+        self.rope_embeddings = RotaryEmbedding(
+            theta=block_args.rope_theta,
+            head_dim=head_dim,
+            max_seqlen=block_args.max_seqlen,
+            use_fp32_outer=block_args.rope_use_fp32_in_outer_product,
+        )
+        in_dim = args.global_input_dim()
+        self.token_embedding_projection = (
+            nn.Linear(in_dim, self.dim, bias=False) if in_dim != self.dim else None
+        )
+
+    def forward(
+        self, h: torch.Tensor, patch_has_eos: torch.Tensor | None, backend: str
+    ) -> torch.Tensor:
+        """h [B,P,in]; patch_has_eos [B,P] bool (documents end at patches holding an EOS)."""
+        kind = self.args.attn_bias_type
+        if kind == "block_causal":
+            tokens = torch.where(patch_has_eos, self.eos_id, BOE_ID)
+        else:
+            tokens = torch.zeros(h.shape[:2], dtype=torch.long, device=h.device)
+        mask = self_attn_mask(kind, tokens, eos_id=self.eos_id, backend=backend)
+        if self.token_embedding_projection is not None:
+            h = self.token_embedding_projection(h)
+        h = F.dropout(h, p=self.dropout, training=self.training)
+        freqs = self.rope_embeddings(seqlen=h.shape[1])
+        for layer in self.layers:
+            h = layer(h, freqs, mask, backend)
+        return h
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        args = self.args
+        self.rope_embeddings.reset_parameters()
+        for depth, layer in enumerate(self.layers):
+            layer.init_weights(
+                args.init_base_std,
+                init_std_factor(args.init_std_factor, depth, args.n_layers, args.dim),
+            )
+        if self.token_embedding_projection is not None:
+            proj = self.token_embedding_projection
+            _trunc_normal_(proj.weight, proj.in_features**-0.5)
