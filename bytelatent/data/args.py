@@ -1,0 +1,252 @@
+"""`DataArgs`: where the data is and how it becomes batches; `build_from_rank` builds the chain
+
+    per source: FileIterator -> LoopingIterator -> PreprocessIterator -> SequenceIterator
+    -> SamplingIterator(sources, weights) -> PackingIterator -> [MultiprocessIterator if load_async]
+
+Field names follow the reference `DataloaderArgs` where it has them. `seq_len` counts patches in
+patch mode (the reference meaning) and target bytes in byte mode. Byte mode is used when
+`add_patches` is false or `patcher_args.patching_mode` is `byte`.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from bytelatent.data.iterators.base import StatefulIterator, numpy_rng_state
+from bytelatent.data.iterators.file import (
+    FileIteratorState,
+    LoopingIteratorState,
+    assign_shards,
+)
+from bytelatent.data.iterators.multiprocess import MultiprocessIteratorState
+from bytelatent.data.iterators.packing import PackingArgs, PackingIteratorState
+from bytelatent.data.iterators.preprocess import PreprocessIteratorState
+from bytelatent.data.iterators.sampling import SamplingIteratorState
+from bytelatent.data.iterators.sequence import SequenceArgs, SequenceIteratorState
+from bytelatent.data.iterators.states import load_state
+from bytelatent.data.patcher import PatcherArgs, PatchingMode
+from bytelatent.data.sources import file_formats, source_files
+from bytelatent.errors import ConfigError
+from bytelatent.tokenizers.args import TokenizerArgs
+
+DATASET_FILES_SOURCE = "dataset_files"
+
+
+class DataArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    root_dir: str | None = Field(
+        None, description="directory (or s3:// prefix) that holds the sources"
+    )
+    sources: dict[str, float] = Field(
+        default_factory=dict, description="source -> sampling weight"
+    )
+    dataset_files: list[str] | None = Field(
+        None, description="explicit files/globs, used instead of sources"
+    )
+    batch_size: int = Field(2, ge=1)
+    seq_len: int = Field(
+        2048,
+        ge=1,
+        description="patches per row (patch mode) or bytes per row (byte mode)",
+    )
+    seed: int = 42
+    add_bos: bool = True
+    add_eos: bool = True
+    load_async: bool = True
+    async_persist_type: Literal["exact", "approximate"] = Field(
+        "exact",
+        description="accepted for reference configs; the state is always exact (and free)",
+    )
+    prefetch_size: int = Field(64, ge=1)
+    preprocess_dir: str | None = None
+    entropy_model_name: str | None = "transformer_100m"
+    arrow_batch_size: int = Field(20, ge=1)
+    buffer_size: int = Field(
+        64, ge=1, description="sequences shuffled together; 1 disables shuffling"
+    )
+    file_format: Literal["auto", "arrow", "json", "jsonl"] = "auto"
+    pad_to_max_length: bool = True
+    max_encoder_seq_length: int = Field(
+        12288, ge=1, description="bytes per row in patch mode"
+    )
+    enable_byte_ngrams: bool = False
+    add_patches: bool = True
+    tokenizer_args: TokenizerArgs = Field(default_factory=TokenizerArgs)
+    patcher_args: PatcherArgs = Field(default_factory=PatcherArgs)
+    s3_profile: str | None = None
+    storage_options: dict[str, Any] | None = Field(
+        None, description="extra fsspec options for URLs"
+    )
+    skip_bad_records: bool = Field(
+        False, description="skip (and count) unreadable records instead of failing"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> DataArgs:
+        if self.enable_byte_ngrams:
+            raise ValueError(
+                "enable_byte_ngrams: byte n-gram ids are not implemented; set it to false"
+            )
+        if self.dataset_files is not None and self.sources:
+            raise ValueError(
+                "set either sources (with root_dir) or dataset_files, not both"
+            )
+        if any(w < 0 for w in self.sources.values()):
+            raise ValueError(f"sources: weights must be >= 0, got {self.sources}")
+        if self.sources and not any(w > 0 for w in self.sources.values()):
+            raise ValueError(
+                f"sources: at least one weight must be > 0, got {self.sources}"
+            )
+        if self.packing_mode == "patches" and self.seq_len < 2:
+            raise ValueError(
+                f"seq_len={self.seq_len}: patch mode needs at least 2 patches per row"
+            )
+        return self
+
+    @property
+    def packing_mode(self) -> Literal["bytes", "patches"]:
+        if self.add_patches and self.patcher_args.patching_mode != PatchingMode.byte:
+            return "patches"
+        return "bytes"
+
+    def fsspec_options(self) -> dict[str, Any]:
+        options = dict(self.storage_options or {})
+        if self.s3_profile is not None:
+            options.setdefault("profile", self.s3_profile)
+        return options
+
+    def tokenizer_for_data(self) -> TokenizerArgs:
+        """tokenizer_args with data.add_bos/add_eos applied unless init_kwargs sets them."""
+        kwargs = dict(self.tokenizer_args.init_kwargs or {})
+        kwargs.setdefault("add_bos", self.add_bos)
+        kwargs.setdefault("add_eos", self.add_eos)
+        return self.tokenizer_args.model_copy(update={"init_kwargs": kwargs})
+
+    def source_weights(self) -> dict[str, float]:
+        if self.dataset_files is not None:
+            return {DATASET_FILES_SOURCE: 1.0}
+        if not self.sources:
+            raise ConfigError(
+                "data.sources: no data configured; set data.root_dir and data.sources (or data.dataset_files)"
+            )
+        return {name: w for name, w in self.sources.items() if w > 0}
+
+    def files_of(self, source: str) -> list[str]:
+        options = self.fsspec_options()
+        if source == DATASET_FILES_SOURCE and self.dataset_files is not None:
+            files: list[str] = []
+            for entry in self.dataset_files:
+                files.extend(
+                    source_files(
+                        entry,
+                        root_dir=self.root_dir,
+                        file_format=self.file_format,
+                        storage_options=options,
+                    )
+                )
+            return files
+        return source_files(
+            source,
+            root_dir=self.root_dir,
+            preprocess_dir=self.preprocess_dir,
+            entropy_model_name=self.entropy_model_name,
+            file_format=self.file_format,
+            storage_options=options,
+        )
+
+    def _sequence_state(
+        self, source: str, index: int, rank: int, world: int
+    ) -> SequenceIteratorState:
+        files = self.files_of(source)
+        shards = assign_shards(
+            files, rank, world, file_formats(files, self.file_format)
+        )
+        file_state = FileIteratorState(
+            shards=shards,
+            storage_options=self.fsspec_options() or None,
+            arrow_batch_size=self.arrow_batch_size,
+            skip_bad_records=self.skip_bad_records,
+        )
+        preprocess = PreprocessIteratorState(
+            source=LoopingIteratorState(file_state=file_state),
+            tokenizer_args=self.tokenizer_for_data(),
+            patcher_args=self.patcher_args if self.packing_mode == "patches" else None,
+            skip_bad_records=self.skip_bad_records,
+        )
+        sequence_args = SequenceArgs(
+            mode=self.packing_mode,
+            seq_len=self.seq_len,
+            max_length=self.max_encoder_seq_length
+            if self.packing_mode == "patches"
+            else None,
+            buffer_size=self.buffer_size,
+        )
+        rng_state = None
+        if self.buffer_size > 1:
+            # one stream per (seed, rank, world, source): ranks and sources shuffle independently
+            rng = np.random.default_rng(
+                (self.seed + 1, rank, world, zlib.crc32(source.encode()))
+            )
+            rng_state = numpy_rng_state(rng)
+        return SequenceIteratorState(
+            args=sequence_args, source=preprocess, rng_state=rng_state
+        )
+
+    def initial_state(self, dp_rank: int, dp_world_size: int) -> PackingIteratorState:
+        """The state of a fresh pipeline for this rank (no prefetcher)."""
+        if not 0 <= dp_rank < dp_world_size:
+            raise ConfigError(
+                f"dp_rank {dp_rank} is outside a data-parallel world of {dp_world_size}"
+            )
+        weights = self.source_weights()
+        sources = {
+            name: self._sequence_state(name, i, dp_rank, dp_world_size)
+            for i, name in enumerate(sorted(weights))
+        }
+        sampling = SamplingIteratorState(
+            rng_state=numpy_rng_state(
+                np.random.default_rng((self.seed + 1, dp_rank, dp_world_size))
+            ),
+            weights=weights,
+            sources=sources,
+        )
+        packing_args = PackingArgs(
+            mode=self.packing_mode,
+            batch_size=self.batch_size,
+            seq_len=self.seq_len,
+            max_length=self.max_encoder_seq_length
+            if self.packing_mode == "patches"
+            else None,
+            pad_to_max_length=self.pad_to_max_length,
+        )
+        return PackingIteratorState(args=packing_args, source=sampling)
+
+    def build_from_rank(
+        self, dp_rank: int, dp_world_size: int, state: str | dict | None = None
+    ) -> StatefulIterator:
+        """Iterator of `Batch` for one data-parallel rank; `state` (from `get_state()`) resumes it.
+
+        A saved state carries its own position and shapes; whether batches are prefetched in a
+        background process follows this config's `load_async`, whatever the saved state used.
+        """
+        if state is None:
+            base = self.initial_state(dp_rank, dp_world_size)
+        else:
+            loaded = load_state(state)
+            base = (
+                loaded.base if isinstance(loaded, MultiprocessIteratorState) else loaded
+            )
+            if not isinstance(base, PackingIteratorState):
+                raise ConfigError(
+                    f"data state: expected a packing or multiprocess state, got '{base.type}'"
+                )
+        if self.load_async:
+            return MultiprocessIteratorState(
+                base=base, prefetch_size=self.prefetch_size
+            ).build()
+        return base.build()

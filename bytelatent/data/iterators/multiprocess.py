@@ -1,0 +1,238 @@
+"""Prefetch batches in a background process, with an exact state that costs nothing to read.
+
+The worker process runs the packing iterator and sends (batch, state after that batch) pairs
+through a bounded queue. The consumer's state is the state attached to the last batch it
+consumed, so `get_state()` is exact at any moment, never stops or restarts the worker, and
+batches still queued are simply produced again by whoever resumes from that state (the
+reference either kills and restarts the worker at every checkpoint or loses queued batches).
+
+* Start method: `spawn` by default (works under `python -m ...`, under torchrun and with threads
+  already running; the entry point needs the usual `if __name__ == "__main__":` guard). The
+  worker receives only the state as JSON.
+* A worker error re-raises in the consumer as the same exception (DataError stays DataError),
+  chained to a `RemoteTraceback` holding the worker's traceback. A worker that dies without a
+  word (killed, segfault) raises RuntimeError with its exit code. Nothing waits forever.
+* `close()`, the context manager, garbage collection and interpreter exit stop the worker; the
+  worker also exits by itself when its parent dies. It ignores SIGINT/SIGTERM so that a Ctrl-C or
+  a preemption signal reaches only the trainer, which then saves the (already exact) state.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import multiprocessing as mp
+import pickle
+import queue
+import signal
+import traceback
+import weakref
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from bytelatent.data.batch import Batch
+from bytelatent.data.iterators.base import IteratorState, StatefulIterator
+from bytelatent.data.iterators.packing import PackingIteratorState
+
+_LIVE: weakref.WeakSet[MultiprocessIterator] = weakref.WeakSet()
+_POLL_S = 0.5
+
+
+class RemoteTraceback(Exception):
+    """The data-loader worker's traceback, attached as the cause of the re-raised error."""
+
+    def __str__(self) -> str:
+        return "\n" + self.args[0]
+
+
+class MultiprocessIteratorState(IteratorState):
+    type: Literal["multiprocess"] = "multiprocess"
+    base: PackingIteratorState  # the state after the last batch the consumer took
+    prefetch_size: int = Field(64, ge=1)
+
+    def build(self) -> MultiprocessIterator:
+        return MultiprocessIterator(self)
+
+
+def _compact(array: np.ndarray) -> np.ndarray:
+    """Smallest integer dtype that holds the ids (the queue pickles bytes; int64 wastes 4-8x)."""
+    if array.size == 0:
+        return array
+    low, high = int(array.min()), int(array.max())
+    if -(2**15) <= low and high < 2**15:
+        return array.astype(np.int16)
+    return array.astype(np.int32) if -(2**31) <= low and high < 2**31 else array
+
+
+def _encode(batch: Batch) -> tuple:
+    patch_lengths = (
+        None if batch.patch_lengths is None else _compact(batch.patch_lengths)
+    )
+    return (_compact(batch.x), _compact(batch.y), batch.mask, patch_lengths)
+
+
+def _decode(payload: tuple) -> Batch:
+    x, y, mask, patch_lengths = payload
+    return Batch(
+        x=x.astype(np.int64),
+        y=y.astype(np.int64),
+        mask=mask,
+        patch_lengths=None if patch_lengths is None else patch_lengths.astype(np.int64),
+    )
+
+
+def _put(q, item, stop) -> bool:
+    """Put unless asked to stop or orphaned; False means: exit now."""
+    parent = mp.parent_process()
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=_POLL_S)
+            return True
+        except queue.Full:
+            if parent is not None and not parent.is_alive():
+                break
+    # Leaving early: exiting must not wait for nobody to drain what is still buffered. (A normal
+    # exit does wait, so that the final "end"/"error" message reaches the consumer.)
+    q.cancel_join_thread()
+    return False
+
+
+def _worker(state_json: str, q, stop) -> None:
+    """Body of the worker process: produce (batch, state) pairs until stopped or done."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        iterator = PackingIteratorState.model_validate_json(state_json).build()
+        for batch in iterator:
+            if not _put(
+                q,
+                ("batch", _encode(batch), iterator.get_state().model_dump_json()),
+                stop,
+            ):
+                return
+        _put(q, ("end", None, None), stop)
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the consumer
+        text = traceback.format_exc()
+        try:
+            blob = pickle.dumps(exc)
+            pickle.loads(blob)
+        except Exception:  # noqa: BLE001 - unpicklable exceptions travel as text
+            blob = None
+        _put(q, ("error", (blob, f"{type(exc).__name__}: {exc}", text), None), stop)
+
+
+class MultiprocessIterator(StatefulIterator[Batch]):
+    """Batches from a background process (see module docstring)."""
+
+    def __init__(
+        self, state: MultiprocessIteratorState, start_method: str = "spawn"
+    ) -> None:
+        self.prefetch_size = state.prefetch_size
+        self.start_method = start_method
+        self._state_json: str | None = (
+            None  # state after the last consumed batch (JSON from the worker)
+        )
+        self._initial = state.base
+        self._process = None
+        self._queue = None
+        self._stop = None
+        self._finished = False
+
+    def _start(self) -> None:
+        ctx = mp.get_context(self.start_method)
+        self._queue = ctx.Queue(maxsize=self.prefetch_size)
+        self._stop = ctx.Event()
+        base_json = self._state_json or self._initial.model_dump_json()
+        self._process = ctx.Process(
+            target=_worker,
+            args=(base_json, self._queue, self._stop),
+            name="bytelatent-data",
+            daemon=True,
+        )
+        self._process.start()
+        _LIVE.add(self)
+
+    def __next__(self) -> Batch:
+        if self._finished:
+            raise StopIteration
+        if self._process is None:
+            self._start()
+        kind, payload, state_json = self._receive()
+        if kind == "batch":
+            self._state_json = state_json
+            return _decode(payload)
+        self._finished = True
+        self.close()
+        if kind == "end":
+            raise StopIteration
+        self._raise_remote(payload)
+
+    def _receive(self) -> tuple:
+        while True:
+            try:
+                return self._queue.get(timeout=_POLL_S)
+            except queue.Empty:
+                if self._process.is_alive():
+                    continue
+                try:  # it may have put its last item just before exiting
+                    return self._queue.get(timeout=_POLL_S)
+                except queue.Empty:
+                    code = self._process.exitcode
+                    self._finished = True
+                    self.close()
+                    raise RuntimeError(
+                        f"data loader worker exited with code {code} without reporting an error "
+                        "(killed? out of memory?)"
+                    ) from None
+
+    @staticmethod
+    def _raise_remote(payload: tuple) -> None:
+        blob, summary, text = payload
+        remote = RemoteTraceback(text)
+        if blob is not None:
+            raise pickle.loads(blob) from remote
+        raise RuntimeError(f"data loader worker failed: {summary}") from remote
+
+    def get_state(self) -> MultiprocessIteratorState:
+        base = (
+            self._initial
+            if self._state_json is None
+            else PackingIteratorState.model_validate_json(self._state_json)
+        )
+        return MultiprocessIteratorState(base=base, prefetch_size=self.prefetch_size)
+
+    @property
+    def worker_pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def close(self) -> None:
+        """Stop and reap the worker (idempotent); the state stays readable."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        self._stop.set()
+        process.join(timeout=2 * _POLL_S + 1)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=5)
+        self._queue.close()
+        self._queue.cancel_join_thread()
+        _LIVE.discard(self)
+        if not self._finished:
+            self._initial = self.get_state().base  # a later next() restarts from here
+            self._state_json = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown may have torn down mp
+            self.close()
+
+
+@atexit.register
+def _close_all() -> None:
+    for iterator in list(_LIVE):
+        iterator.close()

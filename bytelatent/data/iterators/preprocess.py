@@ -1,0 +1,137 @@
+"""Tokenize documents and (optionally) patch each one with the Patcher.
+
+Patches are computed per document with `include_next_token=False`, so a document's patch lengths
+sum to its number of tokens. In entropy mode the entropies stored with the document (one per
+token, BOS and EOS included) are used; a document without them is an error unless the patcher
+computes entropies itself (`realtime_patching`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from bytelatent.data.iterators.base import IteratorState, StatefulIterator
+from bytelatent.data.iterators.file import (
+    Document,
+    FileIteratorState,
+    LoopingIteratorState,
+)
+from bytelatent.data.patcher import Patcher, PatcherArgs, PatchingMode
+from bytelatent.errors import DataError
+from bytelatent.tokenizers.args import TokenizerArgs
+
+logger = logging.getLogger(__name__)
+
+DocumentSourceState = Annotated[
+    FileIteratorState | LoopingIteratorState, Field(discriminator="type")
+]
+
+
+class _NoTokens(Exception):
+    pass
+
+
+@dataclass
+class TokenizedDocument:
+    tokens: np.ndarray  # int64 [n]
+    patch_lengths: np.ndarray | None  # int64 [p], sums to n; None when not patching
+
+
+class PreprocessIteratorState(IteratorState):
+    type: Literal["preprocess"] = "preprocess"
+    source: DocumentSourceState
+    tokenizer_args: TokenizerArgs = Field(default_factory=TokenizerArgs)
+    patcher_args: PatcherArgs | None = None  # None: no patch lengths (byte packing)
+    skip_bad_records: bool = False
+    n_skipped: int = 0
+
+    def build(self) -> PreprocessIterator:
+        return PreprocessIterator(self)
+
+
+class PreprocessIterator(StatefulIterator[TokenizedDocument]):
+    def __init__(self, state: PreprocessIteratorState) -> None:
+        self.source = state.source.build()
+        self.tokenizer_args = state.tokenizer_args
+        self.patcher_args = state.patcher_args
+        self.skip_bad_records = state.skip_bad_records
+        self.n_skipped = state.n_skipped
+        self.tokenizer = state.tokenizer_args.build()
+        self.patcher: Patcher | None = None
+        if state.patcher_args is not None:
+            self.patcher = state.patcher_args.build()
+
+    def get_state(self) -> PreprocessIteratorState:
+        return PreprocessIteratorState(
+            source=self.source.get_state(),
+            tokenizer_args=self.tokenizer_args,
+            patcher_args=self.patcher_args,
+            skip_bad_records=self.skip_bad_records,
+            n_skipped=self.n_skipped,
+        )
+
+    def __next__(self) -> TokenizedDocument:
+        while True:
+            doc = next(self.source)
+            problem = self._problem(doc)
+            if problem is None:
+                try:
+                    return self._process(doc)
+                except UnicodeEncodeError as exc:
+                    problem = f"text is not valid Unicode (unpaired surrogate at character {exc.start})"
+                except _NoTokens:
+                    problem = "the tokenizer produced no tokens"
+            if not self.skip_bad_records:
+                raise DataError(
+                    f"{doc.path}: row {doc.row}: {problem}; fix the record or set data.skip_bad_records=true"
+                )
+            self.n_skipped += 1
+            logger.warning("skipping %s row %d: %s", doc.path, doc.row, problem)
+
+    @staticmethod
+    def _problem(doc: Document) -> str | None:
+        if not doc.text:
+            return "empty text"
+        return None
+
+    def _process(self, doc: Document) -> TokenizedDocument:
+        tokens = self.tokenizer.encode_array(doc.text, strict=True)
+        if len(tokens) == 0:
+            raise _NoTokens
+        if self.patcher is None:
+            return TokenizedDocument(tokens=tokens, patch_lengths=None)
+        entropies = None
+        if self.patcher.patching_mode == PatchingMode.entropy:
+            entropies = self._entropies(doc, len(tokens))
+        patch_lengths, _ = self.patcher.patch(
+            torch.from_numpy(tokens)[None],
+            include_next_token=False,
+            entropies=entropies,
+        )
+        return TokenizedDocument(tokens=tokens, patch_lengths=patch_lengths[0].numpy())
+
+    def _entropies(self, doc: Document, n_tokens: int) -> torch.Tensor | None:
+        if doc.entropies is None:
+            if self.patcher.entropy_model is not None:
+                return None  # the patcher runs its entropy model
+            raise DataError(
+                f"{doc.path}: row {doc.row}: no 'entropies' for patching_mode=entropy; run "
+                "apps/preprocess_entropies on this data or set data.patcher_args.patching_mode=space"
+            )
+        if len(doc.entropies) != n_tokens:
+            raise DataError(
+                f"{doc.path}: row {doc.row}: {len(doc.entropies)} entropies for {n_tokens} tokens "
+                "(one per token incl. BOS/EOS expected); were they computed with another tokenizer?"
+            )
+        return torch.from_numpy(np.ascontiguousarray(doc.entropies, dtype=np.float32))[
+            None
+        ]
+
+    def close(self) -> None:
+        self.source.close()

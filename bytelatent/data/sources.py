@@ -1,0 +1,134 @@
+"""Find the files of a data source (local paths or URLs such as s3://bucket/prefix).
+
+A source name `S` (a key of data.sources) resolves, in this order, to:
+1. `{preprocess_dir}/{S}/{entropy_model_name}/*.arrow` when preprocess_dir is set (the reference
+   entropy-preprocessing layout); only shards with a `<shard>.complete` marker are used;
+2. the files matching `S` when it is a glob (relative to root_dir unless absolute or a URL);
+3. the file `S` itself;
+4. a directory `S`: its `*.arrow` files (if any `.complete` markers exist there, only marked ones),
+   else its `*.chunk.*.jsonl` files (the reference layout `{root}/{S}/{S}.chunk.NN.jsonl`), else its
+   `*.jsonl` files except `*.val.jsonl` (validation files live beside the training chunks).
+Files are sorted naturally (`shard_2` before `shard_10`). Anything missing is a DataError that
+names the path.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from bytelatent.data.iterators.file import FileFormat, file_format_of, open_fs
+from bytelatent.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+_GLOB_CHARS = re.compile(r"[*?\[]")
+COMPLETE_SUFFIX = ".complete"
+
+
+def natural_key(path: str) -> list:
+    """Sort key that orders embedded numbers numerically."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path)]
+
+
+def _join(root: str | None, name: str) -> str:
+    if root is None or "://" in name or name.startswith("/"):
+        return name
+    return root.rstrip("/") + "/" + name
+
+
+def _full(fs, path: str, like: str) -> str:
+    """A path returned by fs.glob/ls, with the protocol back when `like` is a URL."""
+    return fs.unstrip_protocol(path) if "://" in like else path
+
+
+def _glob(pattern: str, storage_options: dict | None) -> list[str]:
+    fs, fs_pattern = open_fs(pattern, storage_options)
+    return [_full(fs, p, pattern) for p in fs.glob(fs_pattern)]
+
+
+def _complete_arrow(
+    paths: list[str], all_paths: set[str], where: str, require_markers: bool
+) -> list[str]:
+    arrows = [p for p in paths if p.endswith(".arrow")]
+    has_markers = any(p + COMPLETE_SUFFIX in all_paths for p in arrows)
+    if not (require_markers or has_markers):
+        return arrows
+    complete = [p for p in arrows if p + COMPLETE_SUFFIX in all_paths]
+    if len(complete) < len(arrows):
+        logger.warning(
+            "%s: ignoring %d arrow shard(s) without a .complete marker",
+            where,
+            len(arrows) - len(complete),
+        )
+    return complete
+
+
+def _directory_files(
+    directory: str, storage_options: dict | None, file_format: str
+) -> list[str]:
+    fs, fs_dir = open_fs(directory, storage_options)
+    names = [_full(fs, p, directory) for p in fs.ls(fs_dir, detail=False)]
+    everything = set(names)
+    if file_format in ("auto", "arrow"):
+        arrows = _complete_arrow(names, everything, directory, require_markers=False)
+        if arrows or file_format == "arrow":
+            return arrows
+    jsonl = [p for p in names if p.endswith(".jsonl")]
+    chunks = [p for p in jsonl if re.search(r"\.chunk\.\d+\.jsonl$", p)]
+    return chunks or [p for p in jsonl if not p.endswith(".val.jsonl")]
+
+
+def source_files(
+    source: str,
+    *,
+    root_dir: str | None,
+    preprocess_dir: str | None = None,
+    entropy_model_name: str | None = None,
+    file_format: str = "auto",
+    storage_options: dict | None = None,
+) -> list[str]:
+    """The sorted files of `source` (resolution rules in the module docstring)."""
+    if preprocess_dir is not None:
+        directory = _join(_join(preprocess_dir, source), entropy_model_name or "")
+        fs, fs_dir = open_fs(directory, storage_options)
+        if not fs.isdir(fs_dir):
+            raise DataError(
+                f"data source '{source}': preprocessed directory {directory} does not exist "
+                "(check data.preprocess_dir / data.entropy_model_name, or run apps/preprocess_entropies)"
+            )
+        names = [_full(fs, p, directory) for p in fs.ls(fs_dir, detail=False)]
+        files = _complete_arrow(names, set(names), directory, require_markers=True)
+        if not files:
+            raise DataError(
+                f"data source '{source}': no complete .arrow shards (with .complete markers) in {directory}"
+            )
+        return sorted(files, key=natural_key)
+    location = _join(root_dir, source)
+    if _GLOB_CHARS.search(location):
+        files = _glob(location, storage_options)
+        if not files:
+            raise DataError(f"data source '{source}': no files match {location}")
+        return sorted(files, key=natural_key)
+    fs, fs_path = open_fs(location, storage_options)
+    if fs.isfile(fs_path):
+        return [location]
+    if not fs.isdir(fs_path):
+        raise DataError(
+            f"data source '{source}': {location} does not exist (check data.root_dir and data.sources)"
+        )
+    files = _directory_files(location, storage_options, file_format)
+    if not files:
+        raise DataError(
+            f"data source '{source}': no .arrow or .jsonl files in {location}"
+        )
+    return sorted(files, key=natural_key)
+
+
+def file_formats(paths: list[str], file_format: str) -> list[FileFormat]:
+    """Reader format of each file: forced by data.file_format, else from the extension."""
+    if file_format == "arrow":
+        return ["arrow"] * len(paths)
+    if file_format in ("json", "jsonl"):
+        return ["json"] * len(paths)
+    return [file_format_of(p) for p in paths]

@@ -1,0 +1,50 @@
+"""`TokenizerArgs`: which tokenizer a run uses (`blt`/`bytes`, `sp`, `tiktoken`) and its kwargs."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from bytelatent.errors import ConfigError
+from bytelatent.tokenizers.base import Tokenizer
+
+TokenizerName = Literal["blt", "bytes", "sp", "tiktoken"]
+
+
+class TokenizerArgs(BaseModel):
+    """`bytes` is an alias of `blt` (the reference's default name, which could not be built there)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: TokenizerName = "blt"
+    init_kwargs: dict[str, Any] | None = None
+
+    def build(self) -> Tokenizer:
+        kwargs = dict(self.init_kwargs or {})
+        try:
+            if self.name in ("blt", "bytes"):
+                from bytelatent.tokenizers.blt import BltTokenizer
+
+                return BltTokenizer(**kwargs)
+            if self.name == "sp":
+                from bytelatent.tokenizers.sentence_piece import SentencePieceTokenizer
+
+                return SentencePieceTokenizer(**kwargs)
+            from bytelatent.tokenizers.tiktoken_tokenizer import TikTokenTokenizer
+
+            return TikTokenTokenizer(**kwargs)
+        except TypeError as exc:
+            raise ConfigError(
+                f"tokenizer_args.init_kwargs: {exc} (tokenizer '{self.name}')"
+            ) from exc
+        except ValueError as exc:
+            raise ConfigError(f"tokenizer_args.init_kwargs: {exc}") from exc
+        except FileNotFoundError as exc:
+            raise ConfigError(
+                f"tokenizer_args.init_kwargs: model file not found: {exc.filename or exc}"
+            ) from exc
+
+    def is_byte_level(self) -> bool:
+        """True when every token is one byte (bpb's byte count is then the number of targets)."""
+        return self.name in ("blt", "bytes")
