@@ -1,0 +1,170 @@
+"""DCP checkpoint -> released layout (`params.json` + `consolidated.pth`), and readers for both formats.
+
+The released layout is what BLT publishes and what `load_init` / evaluation read:
+`consolidated.pth` holds `{"model": state_dict}` (plus `"optim"` with `--with-optim`) with plain
+CPU tensors, loadable with `torch.load` in a single process. Works for local and s3:// paths
+(torch's `dcp_to_torch_save` only handles local paths, so this reads through `FsspecReader`).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+from bytelatent.checkpoint import fs as cfs
+from bytelatent.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+METADATA_FILE = ".metadata"
+PARAMS_FILE = "params.json"
+CONSOLIDATED_FILE = "consolidated.pth"
+CONSOLIDATE_FOLDER = "consolidated"
+
+
+def _step_folders(fs: Any, path: str) -> list[str]:
+    return [
+        name for name in cfs.listdir(fs, path) if len(name) == 10 and name.isdigit()
+    ]
+
+
+def require_dcp_dir(path: str, s3_profile: str | None = None) -> None:
+    """Raise a one-line CheckpointError unless `path` holds a DCP checkpoint (a `.metadata` file)."""
+    fs = cfs.get_fs(path, s3_profile)
+    if cfs.exists(fs, cfs.join(path, METADATA_FILE)):
+        return
+    if not cfs.exists(fs, path):
+        raise CheckpointError(f"{path}: does not exist")
+    steps = _step_folders(fs, path)
+    if steps:
+        raise CheckpointError(
+            f"{path}: no {METADATA_FILE} here; it holds step folders, pass one of them (e.g. {cfs.join(path, steps[-1])})"
+        )
+    if cfs.exists(fs, cfs.join(path, CONSOLIDATED_FILE)):
+        raise CheckpointError(
+            f"{path}: already a consolidated checkpoint ({CONSOLIDATED_FILE}), not a DCP folder"
+        )
+    raise CheckpointError(
+        f"{path}: no {METADATA_FILE}; not a DCP checkpoint folder (or its save was interrupted)"
+    )
+
+
+def load_dcp_state_dict(
+    path: str, keys: set[str] | None = None, s3_profile: str | None = None
+) -> dict[str, Any]:
+    """Read a whole DCP checkpoint (or only the top-level `keys`) into plain CPU tensors, in this process only."""
+    require_dcp_dir(path, s3_profile)
+    state: dict[str, Any] = {}
+    reader = FsspecReader(path, **cfs.storage_options(path, s3_profile))
+    with warnings.catch_warnings():
+        # no_dist=True is intended here (one process reads everything); silence DCP's reminder.
+        warnings.simplefilter("ignore", UserWarning)
+        _load_state_dict(
+            state,
+            storage_reader=reader,
+            planner=_EmptyStateDictLoadPlanner(keys=keys),
+            no_dist=True,
+        )
+    return state
+
+
+def find_consolidated_file(path: str, s3_profile: str | None = None) -> str | None:
+    """The consolidated weights file for `path`: the file itself, `path/consolidated.pth` or `path/consolidated/consolidated.pth`."""
+    fs = cfs.get_fs(path, s3_profile)
+    candidates = [path] if path.endswith((".pth", ".pt")) else []
+    candidates += [
+        cfs.join(path, CONSOLIDATED_FILE),
+        cfs.join(path, CONSOLIDATE_FOLDER, CONSOLIDATED_FILE),
+    ]
+    for candidate in candidates:
+        if cfs.exists(fs, candidate) and not cfs.isdir(fs, candidate):
+            return candidate
+    return None
+
+
+def load_consolidated_state_dict(
+    path: str, s3_profile: str | None = None
+) -> dict[str, torch.Tensor]:
+    """Model state dict from a released/consolidated checkpoint (`{"model": sd}` or a bare state dict)."""
+    file = find_consolidated_file(path, s3_profile)
+    if file is None:
+        raise CheckpointError(
+            f"{path}: no {CONSOLIDATED_FILE} found (looked in the folder and its {CONSOLIDATE_FOLDER}/)"
+        )
+    fs = cfs.get_fs(file, s3_profile)
+    try:
+        with fs.open(file, "rb") as f:
+            payload = torch.load(f, map_location="cpu", weights_only=True)
+    except Exception as e:  # corrupt/truncated files surface as pickle or zip errors
+        raise CheckpointError(
+            f"{file}: cannot read with torch.load ({type(e).__name__}: {e})"
+        ) from e
+    if isinstance(payload, dict) and isinstance(payload.get("model"), dict):
+        payload = payload["model"]
+    if not isinstance(payload, dict) or not all(
+        isinstance(v, torch.Tensor) for v in payload.values()
+    ):
+        raise CheckpointError(
+            f"{file}: expected a state dict of tensors (or {{'model': state_dict}})"
+        )
+    return payload
+
+
+def consolidate(
+    ckpt_dir: str,
+    out_dir: str | None = None,
+    *,
+    with_optim: bool = False,
+    s3_profile: str | None = None,
+) -> str:
+    """Convert the DCP checkpoint in `ckpt_dir` to `out_dir/{params.json, consolidated.pth}`; returns out_dir.
+
+    `out_dir` defaults to `ckpt_dir/consolidated` (the reference location). params.json is copied
+    when the checkpoint has one. The .pth is written atomically, so an interrupted run leaves no
+    half-written file behind.
+    """
+    ckpt_dir = str(ckpt_dir).rstrip("/")
+    out_dir = (out_dir or cfs.join(ckpt_dir, CONSOLIDATE_FOLDER)).rstrip("/")
+    keys = {"model", "optim"} if with_optim else {"model"}
+    state = load_dcp_state_dict(ckpt_dir, keys=keys, s3_profile=s3_profile)
+    if "model" not in state:
+        raise CheckpointError(
+            f"{ckpt_dir}: the checkpoint has no 'model' entries (was it written by dcp.save of {{'model': ...}}?)"
+        )
+    if with_optim and "optim" not in state:
+        raise CheckpointError(
+            f"{ckpt_dir}: --with-optim given but the checkpoint has no 'optim' entries"
+        )
+
+    in_fs = cfs.get_fs(ckpt_dir, s3_profile)
+    out_fs = cfs.get_fs(out_dir, s3_profile)
+    cfs.makedirs(out_fs, out_dir)
+    params_path = cfs.join(ckpt_dir, PARAMS_FILE)
+    if cfs.exists(in_fs, params_path):
+        cfs.write_text_atomic(
+            out_fs, cfs.join(out_dir, PARAMS_FILE), cfs.read_text(in_fs, params_path)
+        )
+    else:
+        logger.warning(
+            "%s: no %s; writing %s without it", ckpt_dir, PARAMS_FILE, CONSOLIDATED_FILE
+        )
+    payload = {key: state[key] for key in sorted(keys)}
+    with cfs.open_atomic_write(out_fs, cfs.join(out_dir, CONSOLIDATED_FILE)) as f:
+        torch.save(payload, f)
+    n_params = sum(
+        t.numel() for t in state["model"].values() if isinstance(t, torch.Tensor)
+    )
+    logger.info(
+        "consolidated %s -> %s (%d tensors, %d values)",
+        ckpt_dir,
+        out_dir,
+        len(state["model"]),
+        n_params,
+    )
+    return out_dir

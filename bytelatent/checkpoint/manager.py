@@ -1,0 +1,670 @@
+"""Training checkpoints: DCP save/load that is atomic, resumable, retained, local or s3://.
+
+On-disk layout (compatible with the reference; `.complete` is ours):
+
+    {path}/{step:010d}/
+        .metadata, __{rank}_0.distcp      DCP of {"model": model_sd, "optim": optim_sd}
+        train_state_{dp_rank:05d}.json    one per DP rank (written by its TP rank 0)
+        params.json                       full config (global rank 0)
+        .complete                         JSON {"step", "kinds", "dp_size", "world_size", "time"},
+                                          written last by rank 0 once every rank has finished
+
+A folder without `.complete` is a partial save (killed, crashed, or still being written): it is
+never resumed from automatically and is deleted by rank 0 after a later successful save.
+Retention classifies folders by the kinds recorded in `.complete`, not by `step % every`, so it
+stays correct when `every` changes between runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+from bytelatent.checkpoint import fs as cfs
+from bytelatent.checkpoint.consolidate import (
+    METADATA_FILE,
+    PARAMS_FILE,
+    find_consolidated_file,
+    load_consolidated_state_dict,
+    require_dcp_dir,
+)
+from bytelatent.errors import CheckpointError, ConfigError
+
+logger = logging.getLogger(__name__)
+
+# DCP reports failures as CheckpointException, a BaseException (not an Exception) subclass.
+DCP_ERRORS = (Exception, CheckpointException)
+
+MARKER_FILE = ".complete"
+KINDS = ("dump", "eval", "final", "preempt")
+DUMP_KINDS = frozenset({"dump", "final", "preempt"})
+
+
+class SaveEvery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    every: int = Field(default=1000, ge=1)
+    keep: int = 0  # keep the newest `keep` checkpoints of this kind; <= 0 keeps all
+
+
+class CheckpointArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dump: SaveEvery = SaveEvery()
+    eval: SaveEvery = SaveEvery()
+    # None -> dump_dir/checkpoints (filled in by TrainArgs).
+    path: str | None = None
+    # Warm start: model weights only, from a DCP step folder or a consolidated folder/file.
+    init_ckpt_path: str | None = None
+    # With init_ckpt_path: resume model + optimizer + train state from it (a DCP folder) instead.
+    continue_training_from_init: bool = False
+    s3_profile: str | None = None
+    # Write DCP data in a background thread; the marker and retention follow when it completes.
+    async_save: bool = False
+    init_ckpt_strict: bool = True
+    # Checkpoint key prefix -> model key prefix, applied when warm starting (longest prefix wins).
+    init_ckpt_rename: dict[str, str] | None = None
+    # Resume from this step folder instead of the newest complete one under `path`.
+    load_path: str | None = None
+
+
+@dataclass
+class LoadInfo:
+    """What `CheckpointManager.load` restored (read it from `manager.last_load`)."""
+
+    path: str
+    step: int | None
+    saved_dp_size: int | None
+    # True when the checkpoint was written with another DP size: step, acc_step and scheduler state
+    # in the returned train state are valid, but its data-loader state belongs to a rank of the old
+    # layout; the trainer must rebuild the data iterators from (dp_rank, dp_size) instead.
+    dp_size_changed: bool
+    train_state_rank: int  # whose train_state_XXXXX.json was returned
+
+
+@dataclass
+class InitLoadReport:
+    """Result of `load_init`: which keys were loaded and which were skipped (non-strict mode)."""
+
+    path: str
+    format: str  # "dcp" or "consolidated"
+    loaded: list[str] = field(default_factory=list)
+    # Model keys the checkpoint did not provide, and checkpoint keys with no model key.
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+
+
+def step_folder_name(step: int) -> str:
+    return f"{step:010d}"
+
+
+def parse_step(name: str) -> int | None:
+    name = str(name).rstrip("/").rsplit("/", 1)[-1]
+    return int(name) if len(name) == 10 and name.isdigit() else None
+
+
+def train_state_name(dp_rank: int) -> str:
+    return f"train_state_{dp_rank:05d}.json"
+
+
+def _normalize_kinds(kind: str | Sequence[str]) -> list[str]:
+    kinds = [kind] if isinstance(kind, str) else list(kind)
+    bad = [k for k in kinds if k not in KINDS]
+    if not kinds or bad:
+        raise ValueError(
+            f"checkpoint kind must be one or more of {KINDS}, got {kind!r}"
+        )
+    return sorted(set(kinds))
+
+
+def _rename_key(key: str, rename: dict[str, str] | None) -> str:
+    for old in sorted(rename or {}, key=len, reverse=True):
+        if key.startswith(old):
+            return rename[old] + key[len(old) :]
+    return key
+
+
+def _short(keys: Sequence[str], limit: int = 5) -> str:
+    keys = sorted(keys)
+    more = f" (+{len(keys) - limit} more)" if len(keys) > limit else ""
+    return ", ".join(keys[:limit]) + more
+
+
+class _PendingSave:
+    """An async DCP save in flight; `finalize` (rank 0) writes the marker and applies retention once."""
+
+    def __init__(
+        self, step: int, folder: str, future: Future, finalize_fn: Any
+    ) -> None:
+        self.step, self.folder, self.future = step, folder, future
+        self._finalize_fn = finalize_fn
+        self._lock = threading.Lock()
+        self._done = False
+        self.error: BaseException | None = None
+
+    def finalize(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            try:
+                if self.future.exception() is None:
+                    self._finalize_fn()
+            except BaseException as e:  # re-raised by wait() on the main thread
+                self.error = e
+                logger.exception("finalizing checkpoint %s failed", self.folder)
+
+
+class CheckpointManager:
+    """Saves, retains and loads training checkpoints for one rank; every rank makes the same calls."""
+
+    def __init__(
+        self,
+        args: CheckpointArgs,
+        dump_dir: str | None = None,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        is_tp_rank0: bool = True,
+        process_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        if args.path is None and dump_dir is None:
+            raise ConfigError(
+                "checkpoint.path: not set and no dump_dir to default it to (dump_dir/checkpoints)"
+            )
+        self.args = args
+        self.path = str(args.path or cfs.join(str(dump_dir), "checkpoints")).rstrip("/")
+        self.dp_rank, self.dp_size, self.is_tp_rank0 = dp_rank, dp_size, is_tp_rank0
+        self.process_group = process_group
+        self.fs = cfs.get_fs(self.path, args.s3_profile)
+        self._options = cfs.storage_options(self.path, args.s3_profile)
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.is_rank0 = not self.distributed or dist.get_rank() == 0
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        self._pending: _PendingSave | None = None
+        self._last_saved_step: int | None = None
+        self.last_load: LoadInfo | None = None
+        # Background DCP collectives must not interleave with the training loop's collectives on
+        # the same group, so async saves get their own gloo group (collective: all ranks build it).
+        self._async_group: dist.ProcessGroup | None = None
+        if args.async_save and self.distributed:
+            ranks = (
+                dist.get_process_group_ranks(process_group)
+                if process_group is not None
+                else None
+            )
+            self._async_group = dist.new_group(ranks=ranks, backend="gloo")
+
+    # ------------------------------------------------------------------ listing
+
+    def step_folder(self, step: int) -> str:
+        return cfs.join(self.path, step_folder_name(step))
+
+    def _marker(self, folder: str) -> dict[str, Any] | None:
+        """Contents of the folder's completion marker, or None if the save never completed."""
+        marker = cfs.join(folder, MARKER_FILE)
+        if not cfs.exists(self.fs, marker):
+            return None
+        try:
+            info = json.loads(cfs.read_text(self.fs, marker))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            info = {}
+        return info if isinstance(info, dict) else {}
+
+    def _scan(self) -> list[tuple[int, str, dict[str, Any] | None]]:
+        """(step, folder, marker or None) for every step folder under `path`, oldest first."""
+        found = []
+        for name in cfs.listdir(self.fs, self.path):
+            step = parse_step(name)
+            if step is not None:
+                folder = cfs.join(self.path, name)
+                found.append((step, folder, self._marker(folder)))
+        return sorted(found)
+
+    def latest_complete(self) -> str | None:
+        """Newest step folder whose save completed (has the marker); partial folders are ignored."""
+        complete = [folder for _, folder, marker in self._scan() if marker is not None]
+        return complete[-1] if complete else None
+
+    def resume_path(self) -> str | None:
+        """Where a (re)started run resumes from: load_path, else the newest complete save, else
+        init_ckpt_path when continue_training_from_init; None means start fresh (maybe `load_init`)."""
+        if self.args.load_path:
+            return self.args.load_path
+        latest = self.latest_complete()
+        if latest is not None:
+            return latest
+        if self.args.init_ckpt_path and self.args.continue_training_from_init:
+            return self.args.init_ckpt_path
+        return None
+
+    # ------------------------------------------------------------------ saving
+
+    def _barrier(self) -> None:
+        if self.distributed:
+            dist.barrier(group=self.process_group)
+
+    def _state_dict(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer | None
+    ) -> dict[str, Any]:
+        if optimizer is None:
+            return {"model": get_model_state_dict(model)}
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def save(
+        self,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        train_state: dict[str, Any],
+        params: dict[str, Any] | None = None,
+        kind: str | Sequence[str] = "dump",
+    ) -> str:
+        """Write checkpoint `step` and return its folder; a step that is already saved is a no-op.
+
+        `kind` ("dump", "eval", "final", "preempt", or several of them for a step that is both a
+        dump and an eval step) drives retention. With `async_save` this returns once the state is
+        copied to CPU; `wait()` (called by the next save/load/close) finishes it.
+        """
+        kinds = _normalize_kinds(kind)
+        self.wait()
+        folder = self.step_folder(step)
+        if step == self._last_saved_step or self._marker(folder) is not None:
+            logger.info("checkpoint %s already saved; skipping", folder)
+            return folder
+        if self.is_rank0 and cfs.exists(self.fs, folder):
+            # Leftover of an interrupted save of this same step: start from an empty folder.
+            logger.warning(
+                "removing partial checkpoint %s before saving it again", folder
+            )
+            cfs.rm(self.fs, folder)
+        self._barrier()
+        cfs.makedirs(self.fs, folder)
+        # Tiny files go first and synchronously: the marker must never precede them.
+        if self.is_tp_rank0:
+            text = json.dumps(train_state, indent=2)
+            cfs.write_text_atomic(
+                self.fs, cfs.join(folder, train_state_name(self.dp_rank)), text
+            )
+        if self.is_rank0 and params is not None:
+            cfs.write_text_atomic(
+                self.fs,
+                cfs.join(folder, PARAMS_FILE),
+                json.dumps(params, indent=2, default=str),
+            )
+        state = self._state_dict(model, optimizer)
+        writer = FsspecWriter(folder, **self._options)
+        self._last_saved_step = step
+
+        def finalize() -> None:
+            self._write_marker(folder, step, kinds)
+            self._apply_retention(step)
+
+        if self.args.async_save:
+            group = self._async_group if self.distributed else None
+            with _quiet_single_process():
+                future = dcp.async_save(
+                    state,
+                    storage_writer=writer,
+                    process_group=group,
+                    no_dist=not self.distributed,
+                )
+            pending = _PendingSave(step, folder, future, finalize)
+            self._pending = pending
+            if self.is_rank0:
+                # Rank 0's DCP future resolves only after every rank reported its files written
+                # (DCP gathers the write results to write .metadata), so no extra barrier is needed.
+                future.add_done_callback(lambda _: pending.finalize())
+            return folder
+        try:
+            with _quiet_single_process():
+                dcp.save(
+                    state,
+                    storage_writer=writer,
+                    process_group=self.process_group,
+                    no_dist=not self.distributed,
+                )
+        except DCP_ERRORS as e:
+            raise CheckpointError(f"{folder}: saving failed ({_first_line(e)})") from e
+        self._barrier()  # every rank has finished writing before the marker appears
+        if self.is_rank0:
+            finalize()
+        return folder
+
+    def wait(self) -> None:
+        """Block until the in-flight async save (if any) is written, marked complete and retained."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        try:
+            pending.future.result()
+        except DCP_ERRORS as e:
+            raise CheckpointError(
+                f"{pending.folder}: async save failed ({_first_line(e)})"
+            ) from e
+        if self.is_rank0:
+            pending.finalize()
+            if pending.error is not None:
+                raise CheckpointError(
+                    f"{pending.folder}: finalizing failed ({pending.error})"
+                ) from pending.error
+
+    def close(self) -> None:
+        self.wait()
+
+    def _write_marker(self, folder: str, step: int, kinds: list[str]) -> None:
+        info = {
+            "step": step,
+            "kinds": kinds,
+            "dp_size": self.dp_size,
+            "world_size": self.world_size,
+            "time": time.time(),
+        }
+        cfs.write_text_atomic(self.fs, cfs.join(folder, MARKER_FILE), json.dumps(info))
+
+    def _delete(self, folder: str) -> None:
+        # Marker first: a deletion cut short leaves an "incomplete" folder that is cleaned later,
+        # never a folder that claims to be complete with files missing.
+        cfs.rm(self.fs, cfs.join(folder, MARKER_FILE), recursive=False)
+        cfs.rm(self.fs, folder)
+
+    def _apply_retention(self, just_saved: int) -> None:
+        """Rank 0, after `just_saved` is complete: drop old periodic/eval saves and stale partial ones."""
+        entries = self._scan()
+        complete = [
+            (step, folder, marker)
+            for step, folder, marker in entries
+            if marker is not None
+        ]
+        newest = complete[-1][0] if complete else None
+        delete_votes: dict[int, list[bool]] = {step: [] for step, _, _ in complete}
+        for kinds_of_group, keep in (
+            (DUMP_KINDS, self.args.dump.keep),
+            ({"eval"}, self.args.eval.keep),
+        ):
+            members = [
+                step
+                for step, _, marker in complete
+                if kinds_of_group & set(marker.get("kinds", []))
+            ]
+            kept = set(members[-keep:]) if keep > 0 else set(members)
+            for step in members:
+                delete_votes[step].append(step not in kept)
+        for step, folder, marker in entries:
+            if marker is None:
+                # Only older partial folders: a newer one may be the next save starting on another rank.
+                if step < just_saved:
+                    logger.info("removing partial checkpoint %s", folder)
+                    self._delete(folder)
+            elif step != newest and delete_votes[step] and all(delete_votes[step]):
+                logger.info("retention: removing checkpoint %s", folder)
+                self._delete(folder)
+
+    # ------------------------------------------------------------------ loading
+
+    def _read_train_state(self, path: str) -> tuple[dict[str, Any], LoadInfo]:
+        marker = self._marker(path) or {}
+        names = cfs.listdir(self.fs, path)
+        saved_dp_size = marker.get("dp_size")
+        if saved_dp_size is None:
+            # Unmarked (e.g. reference) checkpoint: count the per-rank files.
+            saved_dp_size = (
+                sum(
+                    name.startswith("train_state_") and name.endswith(".json")
+                    for name in names
+                )
+                or None
+            )
+        source_rank = self.dp_rank if train_state_name(self.dp_rank) in names else 0
+        file = cfs.join(path, train_state_name(source_rank))
+        if train_state_name(source_rank) not in names:
+            raise CheckpointError(
+                f"{path}: no {train_state_name(self.dp_rank)} nor {train_state_name(0)}; not a training checkpoint"
+            )
+        try:
+            train_state = json.loads(cfs.read_text(self.fs, file))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{file}: not valid JSON ({e})") from e
+        info = LoadInfo(
+            path=path,
+            step=parse_step(path),
+            saved_dp_size=saved_dp_size,
+            dp_size_changed=(saved_dp_size not in (None, self.dp_size))
+            or source_rank != self.dp_rank,
+            train_state_rank=source_rank,
+        )
+        if info.dp_size_changed:
+            logger.warning(
+                "%s was saved with dp_size=%s, now %d: returning %s; its data-loader state must be re-derived",
+                path, saved_dp_size, self.dp_size, train_state_name(source_rank),
+            )  # fmt: skip
+        return train_state, info
+
+    def load(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        path: str | None = None,
+    ) -> dict[str, Any]:
+        """Restore model (+ optimizer) from `path` (default: `resume_path()`); returns this DP rank's train state.
+
+        Works across sharding changes (FSDP/TP layouts, DP sizes). See `self.last_load` for the
+        folder, step and whether the DP size changed.
+        """
+        self.wait()
+        path = str(path or self.resume_path() or "").rstrip("/")
+        if not path:
+            raise CheckpointError(
+                f"{self.path}: no complete checkpoint to resume from (a step folder needs {MARKER_FILE}); "
+                "set checkpoint.load_path to load a specific folder"
+            )
+        require_dcp_dir(path, self.args.s3_profile)
+        if self._marker(path) is None:
+            logger.warning(
+                "%s has no %s marker (older format or partial save); loading it as asked",
+                path,
+                MARKER_FILE,
+            )
+        train_state, info = self._read_train_state(path)
+        state = self._state_dict(model, optimizer)
+        try:
+            with _quiet_single_process():
+                dcp.load(
+                    state,
+                    storage_reader=FsspecReader(path, **self._options),
+                    process_group=self.process_group,
+                )
+        except DCP_ERRORS as e:
+            raise CheckpointError(
+                f"{path}: cannot load into this model/optimizer ({_first_line(e)})"
+            ) from e
+        if optimizer is None:
+            set_model_state_dict(model, state["model"])
+        else:
+            set_state_dict(
+                model,
+                optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optim"],
+            )
+        self.last_load = info
+        logger.info("loaded checkpoint %s", path)
+        return train_state
+
+    def load_init(
+        self,
+        model: nn.Module,
+        path: str | None = None,
+        strict: bool | None = None,
+        rename: dict[str, str] | None = None,
+    ) -> InitLoadReport:
+        """Warm start: model weights only, from a DCP step folder or a consolidated folder/.pth file.
+
+        `rename` maps checkpoint key prefixes to model key prefixes. Call after `init_weights()`:
+        non-persistent buffers (RoPE tables) are not in checkpoints and keep their initialised values.
+        """
+        path = str(path or self.args.init_ckpt_path or "").rstrip("/")
+        if not path:
+            raise ConfigError(
+                "checkpoint.init_ckpt_path: load_init called without a path"
+            )
+        strict = self.args.init_ckpt_strict if strict is None else strict
+        rename = self.args.init_ckpt_rename if rename is None else rename
+        fs = cfs.get_fs(path, self.args.s3_profile)
+        if cfs.exists(fs, cfs.join(path, METADATA_FILE)):
+            report = self._load_init_dcp(model, path, strict, rename)
+        elif find_consolidated_file(path, self.args.s3_profile) is not None:
+            report = self._load_init_consolidated(model, path, strict, rename)
+        else:
+            raise CheckpointError(
+                f"{path}: neither a DCP folder (.metadata) nor a consolidated checkpoint (consolidated.pth)"
+            )
+        if report.missing or report.unexpected:
+            logger.warning(
+                "warm start from %s: missing %s; unexpected %s",
+                path,
+                _short(report.missing),
+                _short(report.unexpected),
+            )
+        return report
+
+    def _match_keys(
+        self,
+        path: str,
+        fmt: str,
+        model_shapes: dict[str, torch.Size],
+        ckpt_shapes: dict[str, torch.Size],
+        strict: bool,
+        rename: dict[str, str] | None,
+    ) -> tuple[dict[str, str], InitLoadReport]:
+        """Map checkpoint keys to model keys; raise on shape mismatches, and on missing/extra keys if strict."""
+        mapping = {ckpt_key: _rename_key(ckpt_key, rename) for ckpt_key in ckpt_shapes}
+        matched = {c: m for c, m in mapping.items() if m in model_shapes}
+        report = InitLoadReport(
+            path=path,
+            format=fmt,
+            loaded=sorted(matched.values()),
+            missing=sorted(set(model_shapes) - set(matched.values())),
+            unexpected=sorted(c for c, m in mapping.items() if m not in model_shapes),
+        )
+        for ckpt_key, model_key in matched.items():
+            if tuple(ckpt_shapes[ckpt_key]) != tuple(model_shapes[model_key]):
+                raise CheckpointError(
+                    f"{path}: {ckpt_key} has shape {tuple(ckpt_shapes[ckpt_key])} but model key {model_key} "
+                    f"needs {tuple(model_shapes[model_key])}; check the model config matches the checkpoint"
+                )
+        if strict and (report.missing or report.unexpected):
+            raise CheckpointError(
+                f"{path}: keys do not match the model (missing: {_short(report.missing) or '-'}; "
+                f"unexpected: {_short(report.unexpected) or '-'}); fix checkpoint.init_ckpt_rename or set "
+                "checkpoint.init_ckpt_strict=false"
+            )
+        return matched, report
+
+    def _load_init_dcp(
+        self, model: nn.Module, path: str, strict: bool, rename: dict[str, str] | None
+    ) -> InitLoadReport:
+        metadata = FsspecReader(path, **self._options).read_metadata()
+        planner_paths = metadata.planner_data or {}
+        nested = any(
+            planner_paths.get(k, (None,))[0] == "model"
+            for k in metadata.state_dict_metadata
+        )
+        ckpt_shapes: dict[str, torch.Size] = {}
+        for flat_key, md in metadata.state_dict_metadata.items():
+            obj_path = planner_paths.get(flat_key, (flat_key,))
+            if nested and (obj_path[0] != "model" or len(obj_path) != 2):
+                continue  # optimizer state and anything else outside "model"
+            if hasattr(md, "size"):
+                ckpt_shapes[obj_path[1] if nested else flat_key] = md.size
+        model_sd = get_model_state_dict(model)
+        matched, report = self._match_keys(
+            path,
+            "dcp",
+            {k: v.shape for k, v in model_sd.items()},
+            ckpt_shapes,
+            strict,
+            rename,
+        )
+        targets = {
+            ckpt_key: model_sd[model_key] for ckpt_key, model_key in matched.items()
+        }
+        state = {"model": targets} if nested else targets
+        try:
+            with _quiet_single_process():
+                dcp.load(
+                    state,
+                    storage_reader=FsspecReader(path, **self._options),
+                    process_group=self.process_group,
+                )
+        except DCP_ERRORS as e:
+            raise CheckpointError(
+                f"{path}: warm start failed ({_first_line(e)})"
+            ) from e
+        loaded = state["model"] if nested else state
+        set_model_state_dict(
+            model,
+            {matched[c]: t for c, t in loaded.items()},
+            options=StateDictOptions(strict=False),
+        )
+        return report
+
+    def _load_init_consolidated(
+        self, model: nn.Module, path: str, strict: bool, rename: dict[str, str] | None
+    ) -> InitLoadReport:
+        ckpt = load_consolidated_state_dict(path, self.args.s3_profile)
+        model_sd = get_model_state_dict(model)
+        matched, report = self._match_keys(
+            path,
+            "consolidated",
+            {k: v.shape for k, v in model_sd.items()},
+            {k: v.shape for k, v in ckpt.items()},
+            strict,
+            rename,
+        )
+        full = {model_key: ckpt[ckpt_key] for ckpt_key, model_key in matched.items()}
+        # full_state_dict=True: every rank holds the whole tensors and FSDP/TP slice out their shard.
+        set_model_state_dict(
+            model, full, options=StateDictOptions(full_state_dict=True, strict=False)
+        )
+        return report
+
+
+@contextlib.contextmanager
+def _quiet_single_process() -> Iterator[None]:
+    """Silence DCP's "assuming a single process" warning: without a process group that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _first_line(error: BaseException) -> str:
+    """`Type: message` of the root cause, unwrapping DCP's multi-rank CheckpointException."""
+    if isinstance(error, CheckpointException) and error.failures:
+        rank, (cause, _trace) = min(error.failures.items(), key=lambda item: item[0])
+        return f"rank {rank}: {_first_line(cause)}"
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
