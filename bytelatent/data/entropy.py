@@ -102,7 +102,14 @@ def per_document_outputs(
     """
     if batch_size < 1:
         raise ConfigError(f"patching_batch_size={batch_size} must be >= 1")
-    window = max_length or model_max_length(model)
+    window = model_max_length(model)
+    if max_length is not None:
+        if max_length > window:
+            raise ConfigError(
+                f"window max_length={max_length} exceeds the entropy model's max_seqlen="
+                f"{window}; use a value <= {window}"
+            )
+        window = max_length
     run_device = _model_device(model) if device is None else resolve_device(device)
     pieces: list[tuple[int, int, int]] = []  # (doc index, start, end)
     for index, doc in enumerate(docs):

@@ -139,3 +139,12 @@ def test_load_errors(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="no 'entropy_model' section"):
         load_entropy_model(str(tmp_path / "em"), device="cpu")
     shutil.rmtree(tmp_path / "em")
+
+
+def test_window_longer_than_model_is_rejected() -> None:
+    from bytelatent.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="exceeds the entropy model's max_seqlen=16"):
+        calculate_entropies(
+            torch.ones((1, 4), dtype=torch.long), tiny_model(), 1, None, 32
+        )
