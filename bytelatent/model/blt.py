@@ -116,7 +116,8 @@ class ByteLatentTransformerArgs(BaseModel):
     # patches
     patch_in_forward: bool = False
     patch_size: float | None = None
-    downsampling_by_pooling: str | None = None
+    # the reference default (None, concatenation) needs an integer patch_size; "max" as released
+    downsampling_by_pooling: str | None = "max"
     # cross-attention
     cross_attn_encoder: bool = False
     cross_attn_decoder: bool = False
@@ -175,6 +176,11 @@ class ByteLatentTransformerArgs(BaseModel):
             _require(
                 value is None or value >= 1, f"{name}={value} must be >= 1 or null"
             )
+        _require(
+            self.dim_local_decoder == self.dim_local_encoder,
+            f"dim_local_decoder={self.dim_local_decoder} must equal dim_local_encoder="
+            f"{self.dim_local_encoder}: the decoder's input is the encoder's byte states",
+        )
         self.pooling_modes()  # raises on unknown pooling names
         self._check_patch_representation()
         self._check_embeddings()

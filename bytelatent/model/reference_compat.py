@@ -300,6 +300,9 @@ def _map_patch_settings(
             "model.cross_attn_k is null but cross-attention is enabled; set it (released models: 2)"
         )
     pooling = model_dict.get("downsampling_by_pooling")
+    fields["downsampling_by_pooling"] = (
+        pooling  # reference default None (concatenation)
+    )
     needs_patch_size = not ref("cross_attn_encoder") and not pooling
     if "patch_size" in model_dict:
         if needs_patch_size:

@@ -1,0 +1,199 @@
+"""Patch ids, pooling and cross-attention masks against brute-force definitions."""
+
+import pytest
+import torch
+
+from bytelatent.errors import DataError
+from bytelatent.model.cross_attention import CrossAttention
+from bytelatent.model.patch_utils import (
+    build_cross_mask,
+    check_patch_lengths,
+    concat_patches,
+    decoder_cross_attn_allowed,
+    decoder_patch_ids_from_lengths,
+    encoder_cross_attn_allowed,
+    parse_pooling,
+    patch_ids_from_lengths,
+    pool_patches,
+)
+
+
+def random_lengths(
+    gen: torch.Generator, bsz: int, seq_len: int, max_len: int = 5
+) -> torch.Tensor:
+    """Rows: first patch 1, random lengths, summing to N or N+1, right-padded with zeros."""
+    rows = []
+    for b in range(bsz):
+        total = seq_len + (b % 2)
+        row = [1]
+        while sum(row) < total:
+            row.append(
+                min(
+                    int(torch.randint(1, max_len + 1, (1,), generator=gen)),
+                    total - sum(row),
+                )
+            )
+        rows.append(row)
+    width = max(len(r) for r in rows) + 1  # at least one padded column
+    return torch.tensor([r + [0] * (width - len(r)) for r in rows])
+
+
+def brute_patch_ids(lengths: list[int], seq_len: int) -> tuple[list[int], list[int]]:
+    starts, ends, pos = [], [], 0
+    for length in lengths:
+        if length == 0:
+            break
+        starts.append(pos)
+        pos += length
+        ends.append(pos - 1)  # inclusive
+    enc = [max(p for p, s in enumerate(starts) if s <= i) for i in range(seq_len)]
+    dec = [max(p for p, e in enumerate(ends) if e <= i) for i in range(seq_len)]
+    return enc, dec
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_patch_ids_brute_force(seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    seq_len = 23
+    lengths = random_lengths(gen, 4, seq_len)
+    check_patch_lengths(lengths, seq_len)
+    enc = patch_ids_from_lengths(lengths, seq_len)
+    dec = decoder_patch_ids_from_lengths(lengths, seq_len)
+    for b in range(4):
+        want_enc, want_dec = brute_patch_ids(lengths[b].tolist(), seq_len)
+        assert enc[b].tolist() == want_enc
+        assert dec[b].tolist() == want_dec
+
+
+def test_decoder_ids_never_point_at_padding_when_rows_sum_to_n() -> None:
+    lengths = torch.tensor([[1, 3, 2, 0, 0], [1, 1, 1, 1, 2]])
+    assert decoder_patch_ids_from_lengths(lengths, 6).tolist() == [
+        [0, 0, 0, 1, 1, 2],
+        [0, 1, 2, 3, 3, 4],
+    ]
+
+
+@pytest.mark.parametrize("window", [None, 1, 2, 3])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_cross_masks_brute_force(window: int | None, k: int) -> None:
+    gen = torch.Generator().manual_seed(k * 10 + (window or 0))
+    seq_len = 15
+    lengths = random_lengths(gen, 2, seq_len, max_len=4)
+    num_patches = lengths.shape[1]
+    enc_ids = patch_ids_from_lengths(lengths, seq_len)
+    dec_ids = decoder_patch_ids_from_lengths(lengths, seq_len)
+    enc = encoder_cross_attn_allowed(enc_ids, num_patches, k, window)
+    dec = decoder_cross_attn_allowed(dec_ids, num_patches, k, window)
+    assert enc.shape == (2, 1, num_patches * k, seq_len)
+    assert dec.shape == (2, 1, seq_len, num_patches * k)
+    span = 1 if window is None else window
+    for b in range(2):
+        for slot in range(num_patches * k):
+            patch = slot // k
+            for i in range(seq_len):
+                want_enc = patch - span < int(enc_ids[b, i]) <= patch
+                want_dec = int(dec_ids[b, i]) - span < patch <= int(dec_ids[b, i])
+                assert bool(enc[b, 0, slot, i]) == want_enc
+                assert bool(dec[b, 0, i, slot]) == want_dec
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_structured_cross_attention_equals_dense(side: str, n_kv_heads: int) -> None:
+    torch.manual_seed(0)
+    seq_len, dim, k = 19, 32, 2
+    lengths = random_lengths(torch.Generator().manual_seed(3), 3, seq_len)
+    num_patches = lengths.shape[1]
+    layer = CrossAttention(dim, 8, 4, n_kv_heads, 1e-5)
+    layer.init_weights()
+    if side == "encoder":
+        ids = patch_ids_from_lengths(lengths, seq_len)
+        x, kv = torch.randn(3, num_patches * k, dim), torch.randn(3, seq_len, dim)
+    else:
+        ids = decoder_patch_ids_from_lengths(lengths, seq_len)
+        x, kv = torch.randn(3, seq_len, dim), torch.randn(3, num_patches * k, dim)
+    outputs, grads = [], []
+    for structured in (True, False):
+        xs, kvs = x.clone().requires_grad_(), kv.clone().requires_grad_()
+        mask = build_cross_mask(side, ids, num_patches, k, None, structured=structured)
+        assert mask.structured == structured
+        out = layer(xs, kvs, mask)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        outputs.append(out.detach())
+        grads.append((xs.grad, kvs.grad, layer.wq.weight.grad.clone()))
+        layer.zero_grad()
+    torch.testing.assert_close(outputs[0], outputs[1], atol=1e-5, rtol=1e-5)
+    for got, want in zip(grads[0], grads[1]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    if (
+        side == "encoder"
+    ):  # padded patch slots: no byte to attend, so only the residual remains
+        padded = (lengths == 0).repeat_interleave(k, dim=1)
+        torch.testing.assert_close(outputs[0][padded], x[padded])
+
+
+def test_cross_attention_double_residual() -> None:
+    """forward returns x + out: with zero output weights it is exactly x."""
+    layer = CrossAttention(16, 4, 4, 4, 1e-5)
+    layer.init_weights()
+    torch.nn.init.zeros_(layer.wo.weight)
+    x, kv = torch.randn(1, 9, 16), torch.randn(1, 4, 16)
+    mask = build_cross_mask("decoder", torch.zeros(1, 9, dtype=torch.long), 2, 2, None)
+    torch.testing.assert_close(layer(x, kv, mask), x)
+
+
+@pytest.mark.parametrize(
+    "modes", [("avg",), ("min",), ("max",), ("avg", "max"), ("avg", "min", "max")]
+)
+def test_pool_patches_brute_force(modes: tuple[str, ...]) -> None:
+    lengths = torch.tensor([[1, 3, 2, 0], [1, 1, 2, 2]])
+    ids = patch_ids_from_lengths(lengths, 6)
+    h = torch.randn(2, 6, 5)
+    pooled = pool_patches(h, ids, 4, modes)
+    assert pooled.shape == (2, 4, 5 * len(modes))
+    ops = {
+        "avg": lambda t: t.mean(0),
+        "min": lambda t: t.min(0).values,
+        "max": lambda t: t.max(0).values,
+    }
+    for b in range(2):
+        for p in range(4):
+            members = h[b][ids[b] == p]
+            want = (
+                torch.cat([ops[m](members) for m in modes])
+                if len(members)
+                else torch.zeros(5 * len(modes))
+            )
+            torch.testing.assert_close(pooled[b, p], want)
+
+
+def test_concat_patches_takes_last_bytes_of_each_patch() -> None:
+    h = torch.arange(8, dtype=torch.float32).view(1, 8, 1)
+    lengths = torch.tensor([[1, 4, 3]])  # sums to N: patches end at bytes 0, 4, 7
+    out = concat_patches(h, lengths, 2)
+    assert out.tolist() == [[[0.0, 0.0], [3.0, 4.0], [6.0, 7.0]]]
+    # N+1: the last patch ends past the row; clamped to the last byte
+    out = concat_patches(h[:, :7], lengths, 2)
+    assert out[0, -1].tolist() == [6.0, 6.0]
+
+
+def test_parse_pooling() -> None:
+    assert parse_pooling("max") == ("max",)
+    assert parse_pooling("max,mean") == ("avg", "max")
+    assert parse_pooling(None) == () == parse_pooling("")
+    with pytest.raises(ValueError, match="unknown pooling 'sum'"):
+        parse_pooling("avg,sum")
+
+
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [
+        ([[2, 3, 4]], "first patch"),
+        ([[1, 3, 3]], "sums to 7"),
+        ([[1, 0, 8]], "right"),
+        ([[1, -1, 9]], "negative"),
+    ],
+)
+def test_check_patch_lengths_errors(lengths: list[list[int]], message: str) -> None:
+    with pytest.raises(DataError, match=message):
+        check_patch_lengths(torch.tensor(lengths), 9)

@@ -1,0 +1,84 @@
+"""Hash n-gram ids: the reference's verified vectors and a big-integer re-derivation."""
+
+import pytest
+import torch
+from torch import nn
+
+from bytelatent.model.hashing import (
+    HASH_PRIMES,
+    byte_group_hash,
+    compute_hash_embeddings,
+    hash_table_specs,
+)
+
+TOKENS = torch.tensor([[1, 76, 105, 120]])
+VOCAB = 500002
+
+
+@pytest.mark.parametrize(
+    ("size", "func_nb", "expected"),
+    [
+        (3, 0, [443987, 124875, 393970, 34523]),
+        (3, 1, [45033, 214129, 1694, 425593]),
+        (4, 0, [437197, 433869, 117936, 58968]),
+        (8, 0, [172383, 205585, 456240, 394396]),
+    ],
+)
+def test_reference_vectors(size: int, func_nb: int, expected: list[int]) -> None:
+    assert byte_group_hash(TOKENS, size, func_nb, VOCAB).tolist() == [expected]
+
+
+def _slow_hash(row: list[int], size: int, prime: int, vocab: int) -> list[int]:
+    """Exact integers, then the int64 wrap-around and Python's floor-mod, one position at a time."""
+    padded = [0] * (size - 1) + row
+    out = []
+    for t in range(len(row)):
+        window = padded[t : t + size]  # window[0] is the oldest token
+        exact = sum(w * prime**j for j, w in enumerate(window))
+        wrapped = exact % (1 << 64)
+        signed = wrapped - (1 << 64) if wrapped >= 1 << 63 else wrapped
+        out.append(signed % vocab)
+    return out
+
+
+@pytest.mark.parametrize("func_nb", [0, 2, 6, 10])
+@pytest.mark.parametrize("size", [1, 2, 5, 8])
+def test_matches_big_integer_definition(size: int, func_nb: int) -> None:
+    gen = torch.Generator().manual_seed(size * 100 + func_nb)
+    tokens = torch.randint(0, 260, (3, 17), generator=gen)
+    got = byte_group_hash(tokens, size, func_nb, 30011)
+    for row in range(3):
+        expected = _slow_hash(tokens[row].tolist(), size, HASH_PRIMES[func_nb], 30011)
+        assert got[row].tolist() == expected
+
+
+def test_hash_ids_in_range_and_batch_rows_independent() -> None:
+    tokens = torch.randint(0, 260, (4, 64))
+    ids = byte_group_hash(tokens, 6, 0, 1009)
+    assert ids.min() >= 0 and ids.max() < 1009
+    assert torch.equal(byte_group_hash(tokens[2:3], 6, 0, 1009), ids[2:3])
+
+
+def test_bad_arguments_raise() -> None:
+    with pytest.raises(ValueError, match="n-gram size"):
+        byte_group_hash(TOKENS, 0)
+    with pytest.raises(ValueError, match="function number"):
+        byte_group_hash(TOKENS, 3, len(HASH_PRIMES))
+
+
+def test_compute_hash_embeddings_sums_tables_in_reference_order() -> None:
+    sizes, nb_functions, vocab, dim = [3, 5], 2, 101, 8
+    tok = nn.Embedding(260, dim)
+    tables = nn.ModuleList(nn.Embedding(vocab, dim) for _ in range(4))
+    tokens = torch.randint(0, 260, (2, 9))
+    got = compute_hash_embeddings(tokens, tok, tables, sizes, nb_functions, vocab)
+    assert hash_table_specs(sizes, nb_functions) == [(0, 3), (0, 5), (1, 3), (1, 5)]
+    expected = tok(tokens)
+    for index, (func_nb, size) in enumerate(hash_table_specs(sizes, nb_functions)):
+        expected = expected + tables[index](
+            byte_group_hash(tokens, size, func_nb, vocab)
+        )
+    torch.testing.assert_close(got, expected)
+    assert torch.equal(
+        compute_hash_embeddings(tokens, tok, None, None, 1, vocab), tok(tokens)
+    )
