@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bytelatent.errors import CheckpointError, ConfigError
+from bytelatent.errors import CheckpointError, ConfigError, UserError
 
 if TYPE_CHECKING:
     from bytelatent.model.transformer import LMTransformerArgs
@@ -194,6 +194,7 @@ def entropy_model_args(params: dict, where: str = "params.json") -> LMTransforme
     """LMTransformerArgs from a params.json dict (our layout or the reference TrainArgs)."""
     from pydantic import ValidationError
 
+    from bytelatent.model.reference_compat import lm_args_from_reference
     from bytelatent.model.transformer import LMTransformerArgs
 
     section = params.get("entropy_model")
@@ -205,22 +206,15 @@ def entropy_model_args(params: dict, where: str = "params.json") -> LMTransforme
         )
     try:
         return LMTransformerArgs.model_validate(section)
-    except ValidationError as first_error:
-        try:
-            from bytelatent.model.reference_compat import lm_args_from_reference
-        except ImportError:
-            raise CheckpointError(
-                f"{where}: entropy_model args invalid: {first_error.errors()[0]['msg']}"
-            ) from None
-        try:
-            args, ignored = lm_args_from_reference(section)
-        except (ValidationError, ValueError) as exc:
-            raise CheckpointError(
-                f"{where}: entropy_model args invalid: {exc}"
-            ) from None
-        if ignored:
-            logger.info("%s: ignoring reference-only fields %s", where, sorted(ignored))
-        return args
+    except ValidationError:
+        pass  # e.g. the reference's vocab_size=-1: map it as the reference would
+    try:
+        args, ignored = lm_args_from_reference(section)
+    except (ValidationError, ValueError, UserError) as exc:
+        raise CheckpointError(f"{where}: entropy_model args invalid: {exc}") from None
+    if ignored:
+        logger.info("%s: reference fields without effect: %s", where, ignored)
+    return args
 
 
 def _load_state_dict(checkpoint_dir: str) -> dict:

@@ -148,3 +148,18 @@ def test_window_longer_than_model_is_rejected() -> None:
         calculate_entropies(
             torch.ones((1, 4), dtype=torch.long), tiny_model(), 1, None, 32
         )
+
+
+def test_reference_params_are_mapped(tmp_path: Path) -> None:
+    """A reference params.json with vocab_size=-1 (filled from the tokenizer there) loads."""
+    model = tiny_model()
+    write_released_layout(model, tmp_path / "em")
+    params = json.loads((tmp_path / "em" / "params.json").read_text())
+    params["entropy_model"]["vocab_size"] = -1
+    (tmp_path / "em" / "params.json").write_text(json.dumps(params))
+    loaded = load_entropy_model(str(tmp_path / "em"), device="cpu")
+    assert loaded.args.vocab_size == 260
+    params["entropy_model"]["not_a_field"] = 1
+    (tmp_path / "em" / "params.json").write_text(json.dumps(params))
+    with pytest.raises(CheckpointError, match="not_a_field"):
+        load_entropy_model(str(tmp_path / "em"), device="cpu")
