@@ -24,4 +24,7 @@ def model_flops_per_byte(args: TrainArgs) -> float:
             model = LMTransformer(m)
         n_non_embedding = model.num_params(exclude_embeddings=True)
         return lm_flops_per_token(n_non_embedding, m.n_layers, m.dim, args.data.seq_len, m.sliding_window)
-    return blt_flops_per_byte(args.model, mean_patch_size=args.data.expected_patch_size(), seq_len=args.data.seq_len)
+    patcher = args.data.patcher_args
+    # Nominal patch size: exact for static/byte patching, the configured average otherwise.
+    mean_patch = 1.0 if patcher.patching_mode == "byte" else float(patcher.patch_size)
+    return blt_flops_per_byte(args.model, mean_patch_size=mean_patch, seq_len=args.data.seq_len)

@@ -6,7 +6,6 @@ The loop (`train`) reads in one screen; each piece is a small method:
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import os
@@ -23,8 +22,13 @@ from bytelatent.config import dump_yaml
 from bytelatent.data.batch import Batch
 from bytelatent.distributed.clip import clip_grad_norm_
 from bytelatent.distributed.env import DistEnv
-from bytelatent.distributed.mesh import build_mesh, dp_rank_and_size
-from bytelatent.distributed.parallelize import init_model_weights, parallelize_model, set_gradient_sync
+from bytelatent.distributed.mesh import build_mesh, dp_rank_and_size, tp_rank_and_size
+from bytelatent.distributed.parallelize import (
+    forward_context,
+    init_model_weights,
+    parallelize_model,
+    set_gradient_sync,
+)
 from bytelatent.distributed.signals import PreemptionFlag, requeue_slurm_job, under_slurm
 from bytelatent.trainer.build import build_model, model_flops_per_byte
 from bytelatent.trainer.metrics import MetricLogger, bits_per_byte, console_line, peak_memory_gib
@@ -32,8 +36,6 @@ from bytelatent.trainer.optim import build_optimizer
 from bytelatent.trainer.state import TrainState, capture_rng_state, restore_rng_state
 
 logger = logging.getLogger("bytelatent")
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -69,6 +71,7 @@ class Trainer:
             torch.set_num_threads(args.num_threads)
         self.mesh = build_mesh(args.distributed, env.world_size, self.device.type)
         self.dp_rank, self.dp_size = dp_rank_and_size(self.mesh)
+        self._dp_group_cache = None
         self.model = self._build_model()
         self.optimizer, self.scheduler = build_optimizer(self.model, args.optim, args.steps, self.device.type)
         self.checkpoints = CheckpointManager(
@@ -76,7 +79,7 @@ class Trainer:
             dump_dir=args.dump_dir,
             dp_rank=self.dp_rank,
             dp_size=self.dp_size,
-            is_tp_rank0=self._tp_rank() == 0,
+            is_tp_rank0=tp_rank_and_size(self.mesh)[0] == 0,
         )
         self.state = TrainState()
         self._resume_or_warm_start()
@@ -84,15 +87,9 @@ class Trainer:
         self.metrics = MetricLogger(os.path.join(args.dump_dir, "metrics.jsonl") if env.rank == 0 else None)
         self.flops_per_byte = model_flops_per_byte(args)
         self.preemption = PreemptionFlag().install()
-        self.autocast = self._autocast_context()
         self._last_saved_step = self.state.step if self.state.step > 0 else -1
 
     # ---------------------------------------------------------------- setup
-    def _tp_rank(self) -> int:
-        if self.mesh is not None and "tp" in (self.mesh.mesh_dim_names or ()):
-            return self.mesh["tp"].get_local_rank()
-        return 0
-
     def _build_model(self) -> torch.nn.Module:
         with torch.device("meta"):
             model = build_model(self.args)
@@ -104,15 +101,8 @@ class Trainer:
         model.train()
         return model
 
-    def _autocast_context(self):
-        dtype = DTYPES[self.args.distributed.model_dtype]
-        sharded = self.mesh is not None  # FSDP's mixed-precision policy casts parameters instead
-        if dtype == torch.float32 or sharded:
-            return contextlib.nullcontext
-        return lambda: torch.autocast(device_type=self.device.type, dtype=dtype)
-
     def _resume_or_warm_start(self) -> None:
-        path = self.checkpoints.latest_complete()
+        path = self.checkpoints.resume_path()
         if path is not None:
             train_state = self.checkpoints.load(self.model, self.optimizer, path)
             self.state = TrainState.model_validate(train_state)
@@ -181,7 +171,7 @@ class Trainer:
         x = torch.from_numpy(batch.x).to(self.device, non_blocking=True)
         y = torch.from_numpy(batch.y).to(self.device, non_blocking=True)
         mask = torch.from_numpy(batch.mask).to(self.device, non_blocking=True)
-        with self.autocast():
+        with forward_context(self.mesh, self.args.distributed, self.device.type):
             if batch.patch_lengths is not None and not self.args.train_entropy_model:
                 patch_lengths = torch.from_numpy(batch.patch_lengths).to(self.device, non_blocking=True)
                 logits = self.model(x, patch_lengths=patch_lengths)
@@ -201,10 +191,9 @@ class Trainer:
         return int(t.item())
 
     def _dp_group(self):
-        names = [n for n in ("dp_replicate", "dp_shard") if n in (self.mesh.mesh_dim_names or ())]
-        if len(names) == 1:
-            return self.mesh[names[0]].get_group()
-        return self.mesh[tuple(names)]._flatten("dp").get_group()
+        if self._dp_group_cache is None:
+            self._dp_group_cache = self.mesh["dp_replicate", "dp_shard"]._flatten("dp").get_group()
+        return self._dp_group_cache
 
     # ---------------------------------------------------------------- metrics
     def _accumulate(self, interval: Interval, out: StepOutput, batches, data_time, step_time) -> None:
@@ -285,6 +274,7 @@ class Trainer:
     def close(self) -> None:
         self.preemption.uninstall()
         self.metrics.close()
+        self.checkpoints.close()
         close = getattr(self.data, "close", None) or getattr(self.data, "shutdown", None)
         if close is not None:
             close()
