@@ -1,0 +1,128 @@
+"""Device mesh (dp_replicate × dp_shard × tp) and the ranks derived from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from bytelatent.distributed.env import DistributedArgs
+from bytelatent.errors import ConfigError
+
+MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
+
+
+@dataclass(frozen=True)
+class MeshLayout:
+    """Resolved sizes of the three mesh dimensions (no -1 left)."""
+
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+
+    @property
+    def dp_size(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world_size(self) -> int:
+        return self.dp_size * self.tp
+
+
+def resolve_layout(args: DistributedArgs, world_size: int) -> MeshLayout:
+    """Fill the -1 dimension and check the product against the world size."""
+    sizes = {
+        "dp_replicate": args.dp_replicate,
+        "dp_shard": args.dp_shard,
+        "tp_size": args.tp_size,
+    }
+    if args.fsdp_type == "no_shard":
+        # Replication only: every data-parallel rank goes to dp_replicate.
+        sizes["dp_shard"] = 1
+        if args.tp_size != -1 and args.dp_replicate == 1:
+            sizes["dp_replicate"] = -1
+    fill = [name for name, size in sizes.items() if size == -1]
+    if fill:
+        known = 1
+        for size in sizes.values():
+            if size != -1:
+                known *= size
+        if world_size % known:
+            others = " × ".join(f"{n}({s})" for n, s in sizes.items() if s != -1)
+            raise ConfigError(
+                f"distributed: WORLD_SIZE {world_size} is not divisible by {others} = {known}, "
+                f"so {fill[0]}=-1 cannot fill it"
+            )
+        sizes[fill[0]] = world_size // known
+    product = sizes["dp_replicate"] * sizes["dp_shard"] * sizes["tp_size"]
+    if product != world_size:
+        dims = " × ".join(f"{n}({s})" for n, s in sizes.items())
+        raise ConfigError(
+            f"distributed: {dims} = {product} but WORLD_SIZE is {world_size}; "
+            "change them or set one to -1 to fill"
+        )
+    return MeshLayout(sizes["dp_replicate"], sizes["dp_shard"], sizes["tp_size"])
+
+
+def build_mesh(
+    args: DistributedArgs, world_size: int, device_type: str
+) -> DeviceMesh | None:
+    """A 3-D mesh named MESH_DIMS (size-1 dims included), or None for a single process."""
+    layout = resolve_layout(args, world_size)
+    if world_size == 1:
+        return None
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "build_mesh needs the process group: call setup_distributed first"
+        )
+    return init_device_mesh(
+        device_type,
+        (layout.dp_replicate, layout.dp_shard, layout.tp),
+        mesh_dim_names=MESH_DIMS,
+    )
+
+
+class _MeshLike(Protocol):
+    mesh_dim_names: tuple[str, ...] | None
+    shape: tuple[int, ...]
+
+    def get_coordinate(self) -> list[int] | None: ...
+
+
+def dp_rank_from_coords(replicate_rank: int, shard_rank: int, shard_size: int) -> int:
+    """Row-major rank over (dp_replicate, dp_shard).
+
+    The reference multiplies by size(dp_replicate) instead of size(dp_shard), so two ranks get
+    the same data whenever both dims are > 1 and their sizes differ.
+    """
+    return replicate_rank * shard_size + shard_rank
+
+
+def _coords(mesh: _MeshLike) -> dict[str, tuple[int, int]]:
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        raise RuntimeError("this rank is not part of the device mesh")
+    names = mesh.mesh_dim_names or ()
+    return {
+        name: (rank, size)
+        for name, rank, size in zip(names, coordinate, mesh.shape, strict=True)
+    }
+
+
+def dp_rank_and_size(mesh: _MeshLike | None) -> tuple[int, int]:
+    """(data-parallel rank, number of data-parallel ranks): which slice of the data to read."""
+    if mesh is None:
+        return 0, 1
+    coords = _coords(mesh)
+    rep_rank, rep_size = coords.get("dp_replicate", (0, 1))
+    shard_rank, shard_size = coords.get("dp_shard", (0, 1))
+    return dp_rank_from_coords(rep_rank, shard_rank, shard_size), rep_size * shard_size
+
+
+def tp_rank_and_size(mesh: _MeshLike | None) -> tuple[int, int]:
+    """(tensor-parallel rank, tensor-parallel degree); ranks sharing a dp rank differ here."""
+    if mesh is None:
+        return 0, 1
+    return _coords(mesh).get("tp", (0, 1))
