@@ -121,6 +121,14 @@ def dp_rank_and_size(mesh: _MeshLike | None) -> tuple[int, int]:
     return dp_rank_from_coords(rep_rank, shard_rank, shard_size), rep_size * shard_size
 
 
+def dp_group(mesh: DeviceMesh | None) -> dist.ProcessGroup | None:
+    """The process group of all data-parallel ranks (for loss/byte-count sums); None alone."""
+    if mesh is None:
+        return None
+    # _flatten caches by name, so repeated calls return the same group.
+    return mesh["dp_replicate", "dp_shard"]._flatten("dp").get_group()
+
+
 def tp_rank_and_size(mesh: _MeshLike | None) -> tuple[int, int]:
     """(tensor-parallel rank, tensor-parallel degree); ranks sharing a dp rank differ here."""
     if mesh is None:

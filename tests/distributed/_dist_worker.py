@@ -21,6 +21,7 @@ from bytelatent.distributed import (
     build_mesh,
     cleanup_and_exit,
     clip_grad_norm_,
+    dp_group,
     dp_rank_and_size,
     setup_distributed,
     tp_rank_and_size,
@@ -59,6 +60,11 @@ def run_scenario(kind: str, overrides: dict, options: dict) -> tuple[dict, dict]
     init = full_params(model)
     dp_rank, dp_size = dp_rank_and_size(mesh)
     result = train(model, kind, dp_rank, dp_size, grad_acc=options.get("grad_acc", 1))
+    count = torch.ones(())
+    dist.all_reduce(
+        count, group=dp_group(mesh)
+    )  # the dp group spans exactly dp_size ranks
+    assert count.item() == dp_size, (count.item(), dp_size)
     ranks: list = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, [dp_rank, dp_size, *tp_rank_and_size(mesh)])
     result["ranks"] = ranks  # per global rank: dp_rank, dp_size, tp_rank, tp_size
