@@ -350,27 +350,41 @@ class CheckpointManager:
         except DCP_ERRORS as e:
             raise CheckpointError(f"{folder}: saving failed ({_first_line(e)})") from e
         self._barrier()  # every rank has finished writing before the marker appears
-        if self.is_rank0:
-            finalize()
+        try:
+            if self.is_rank0:
+                finalize()
+        finally:
+            self._barrier()  # on return the marker is visible to every rank (even if rank 0 failed)
         return folder
 
     def wait(self) -> None:
-        """Block until the in-flight async save (if any) is written, marked complete and retained."""
+        """Block until the in-flight async save (if any) is written, marked complete and retained.
+
+        Collective like `save`: on return the marker is visible to every rank.
+        """
         pending, self._pending = self._pending, None
         if pending is None:
             return
+        error: CheckpointError | None = None
         try:
             pending.future.result()
-        except DCP_ERRORS as e:
-            raise CheckpointError(
+        except DCP_ERRORS as e:  # DCP raises on every rank, so all ranks agree here
+            error = CheckpointError(
                 f"{pending.folder}: async save failed ({_first_line(e)})"
-            ) from e
-        if self.is_rank0:
+            )
+            error.__cause__ = e
+        if self.is_rank0 and error is None:
             pending.finalize()
             if pending.error is not None:
-                raise CheckpointError(
+                error = CheckpointError(
                     f"{pending.folder}: finalizing failed ({pending.error})"
-                ) from pending.error
+                )
+                error.__cause__ = pending.error
+        if self._async_group is not None:
+            # Other ranks must not look for the marker (load, resave) before rank 0 wrote it.
+            dist.barrier(group=self._async_group)
+        if error is not None:
+            raise error
 
     def close(self) -> None:
         self.wait()
