@@ -19,13 +19,11 @@ global default dtype (the reference sets it to bf16).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-import fsspec
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -38,7 +36,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_LENGTH = 8192  # the reference's window when a model does not say
-WEIGHT_FILES = ("consolidated.pth", os.path.join("consolidated", "consolidated.pth"))
 
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -177,19 +174,6 @@ def calculate_entropies(
     return torch.stack(values).to(tokens.device)
 
 
-def _read_params(checkpoint_dir: str) -> dict:
-    path = os.path.join(checkpoint_dir, "params.json")
-    try:
-        with fsspec.open(path, "r") as handle:
-            return json.load(handle)
-    except FileNotFoundError:
-        raise CheckpointError(
-            f"{path}: not found; an entropy model directory needs params.json and consolidated.pth"
-        ) from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: invalid JSON ({exc})") from None
-
-
 def entropy_model_args(params: dict, where: str = "params.json") -> LMTransformerArgs:
     """LMTransformerArgs from a params.json dict (our layout or the reference TrainArgs)."""
     from pydantic import ValidationError
@@ -217,19 +201,6 @@ def entropy_model_args(params: dict, where: str = "params.json") -> LMTransforme
     return args
 
 
-def _load_state_dict(checkpoint_dir: str) -> dict:
-    for name in WEIGHT_FILES:
-        path = os.path.join(checkpoint_dir, name)
-        fs, local = fsspec.core.url_to_fs(path)
-        if fs.exists(local):
-            with fs.open(local, "rb") as handle:
-                state = torch.load(handle, map_location="cpu", weights_only=True)
-            return state.get("model", state) if isinstance(state, dict) else state
-    raise CheckpointError(
-        f"{checkpoint_dir}: no consolidated.pth (looked for {', '.join(WEIGHT_FILES)})"
-    )
-
-
 def load_entropy_model(
     checkpoint_dir: str,
     device: str | torch.device | None = "auto",
@@ -240,24 +211,18 @@ def load_entropy_model(
     Strict loading: a missing or unexpected weight is a CheckpointError (the reference silently
     uses strict=False). The global default dtype is left alone.
     """
-    from bytelatent.model.transformer import LMTransformer
+    from bytelatent.checkpoint.pretrained import (
+        build_and_load,
+        read_params,
+        read_weights,
+    )
 
     where = os.path.join(checkpoint_dir, "params.json")
-    args = entropy_model_args(_read_params(checkpoint_dir), where)
-    state = _load_state_dict(checkpoint_dir)
-    target = resolve_device(device)
-    with torch.device("meta"):
-        model = LMTransformer(args)
-    model.to_empty(device=target)
-    model.init_weights()  # also recomputes non-persistent buffers (RoPE table)
+    args = entropy_model_args(read_params(checkpoint_dir), where)
     try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        first = str(exc).strip().splitlines()
-        detail = " ".join(line.strip() for line in first[:3])
-        raise CheckpointError(
-            f"{checkpoint_dir}: weights do not match params.json: {detail}"
-        ) from None
+        model = build_and_load(args, "entropy", read_weights(checkpoint_dir), resolve_device(device), False)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{checkpoint_dir}: {exc}") from None
     model = model.to(dtype=dtype)
     model.eval()
     model.requires_grad_(False)

@@ -1,0 +1,122 @@
+"""Load consolidated weights (`params.json` + `consolidated.pth`) into our models.
+
+Two layouts share the file names: the released facebook/blt weights (`blt_1b/`, `entropy_model/`,
+whose params.json is the reference's TrainArgs) and our own consolidated checkpoints
+(`python -m bytelatent.checkpoint consolidate`, whose params.json is our TrainArgs).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Literal
+
+import fsspec
+import torch
+from pydantic import BaseModel, ValidationError
+
+from bytelatent.errors import CheckpointError, UserError
+
+logger = logging.getLogger("bytelatent")
+
+WEIGHT_FILES = ("consolidated.pth", "consolidated/consolidated.pth")
+Kind = Literal["auto", "blt", "entropy"]
+
+
+def _join(base: str, name: str) -> str:
+    return base.rstrip("/") + "/" + name
+
+
+def read_params(path: str) -> dict[str, Any]:
+    for name in ("params.json", "consolidated/params.json"):
+        fs, local = fsspec.core.url_to_fs(_join(path, name))
+        if fs.exists(local):
+            with fs.open(local, "r") as handle:
+                try:
+                    return json.load(handle)
+                except json.JSONDecodeError as exc:
+                    raise CheckpointError(f"{_join(path, name)}: invalid JSON ({exc})") from None
+    raise CheckpointError(f"{path}: no params.json; expected params.json + consolidated.pth")
+
+
+def read_weights(path: str) -> dict[str, torch.Tensor]:
+    for name in WEIGHT_FILES:
+        fs, local = fsspec.core.url_to_fs(_join(path, name))
+        if fs.exists(local):
+            with fs.open(local, "rb") as handle:
+                state = torch.load(handle, map_location="cpu", weights_only=True)
+            return state.get("model", state) if isinstance(state, dict) else state
+    raise CheckpointError(f"{path}: no consolidated.pth (looked for {', '.join(WEIGHT_FILES)})")
+
+
+def _resolve_kind(params: dict[str, Any], kind: Kind) -> Literal["blt", "entropy"]:
+    if kind != "auto":
+        return kind
+    if params.get("train_entropy_model") or not params.get("model"):
+        return "entropy"
+    return "blt"
+
+
+def model_args_from_params(params: dict[str, Any], kind: Kind = "auto", where: str = "params.json"):
+    """(model args, kind, reference fields without effect) for either params.json layout."""
+    from bytelatent.data.entropy import entropy_model_args
+    from bytelatent.model.blt import ByteLatentTransformerArgs
+    from bytelatent.model.reference_compat import blt_args_from_reference
+
+    resolved = _resolve_kind(params, kind)
+    if resolved == "entropy":
+        return entropy_model_args(params, where), resolved, []
+    section = params.get("model")
+    if not isinstance(section, dict):
+        raise CheckpointError(f"{where}: no 'model' section; is this a BLT checkpoint?")
+    try:
+        return ByteLatentTransformerArgs.model_validate(section), resolved, []
+    except ValidationError:
+        pass  # not our layout: read it as the reference's
+    try:
+        args, ignored = blt_args_from_reference(section)
+    except (ValidationError, ValueError, UserError) as exc:
+        raise CheckpointError(f"{where}: model args invalid: {exc}") from None
+    return args, resolved, ignored
+
+
+def build_and_load(args: BaseModel, kind: str, state: dict, device: torch.device, reference: bool):
+    """Meta build → to_empty → init (buffers) → strict load of `state`."""
+    from bytelatent.model.blt import ByteLatentTransformer
+    from bytelatent.model.reference_compat import adapt_reference_blt_state_dict
+    from bytelatent.model.transformer import LMTransformer
+
+    cls = LMTransformer if kind == "entropy" else ByteLatentTransformer
+    with torch.device("meta"):
+        model = cls(args)
+    model.to_empty(device=device)
+    model.init_weights()  # recomputes non-persistent buffers (RoPE tables) too
+    if kind == "blt" and reference:
+        state, notes = adapt_reference_blt_state_dict(state, args)
+        for note in notes:
+            logger.info("reference weights: %s", note)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        detail = " ".join(line.strip() for line in str(exc).strip().splitlines()[:3])
+        raise CheckpointError(f"weights do not match params.json: {detail}") from None
+    return model
+
+
+def load_pretrained(path: str, device: str | torch.device = "cpu", kind: Kind = "auto"):
+    """Load a consolidated checkpoint directory; returns `(model, model_args)`, model in eval mode.
+
+    `kind="auto"` picks the entropy model when params.json says `train_entropy_model: true` (or has
+    no `model` section), else the BLT. Reference fields with no effect here are listed once in a
+    warning. `model(tokens)` (entropy model) / `model(tokens, patch_lengths=...)` (BLT) give logits
+    `[batch, length, vocab]`.
+    """
+    params = read_params(path)
+    where = _join(path, "params.json")
+    args, resolved, ignored = model_args_from_params(params, kind, where)
+    if ignored:
+        logger.warning("%s: reference fields without effect here: %s", where, ", ".join(ignored))
+    reference = bool(ignored) or "eval_on_gpus" in params  # only the reference TrainArgs has it
+    model = build_and_load(args, resolved, read_weights(path), torch.device(device), reference)
+    model.eval()
+    return model, args
