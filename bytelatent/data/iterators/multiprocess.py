@@ -6,9 +6,11 @@ consumed, so `get_state()` is exact at any moment, never stops or restarts the w
 batches still queued are simply produced again by whoever resumes from that state (the
 reference either kills and restarts the worker at every checkpoint or loses queued batches).
 
-* Start method: `spawn` by default (works under `python -m ...`, under torchrun and with threads
-  already running; the entry point needs the usual `if __name__ == "__main__":` guard). The
-  worker receives only the state as JSON.
+* Start method: `forkserver` where available, else `spawn`: both work under `python -m ...`,
+  under torchrun and with threads (gloo, CUDA) already running, unlike `fork`; the entry point
+  needs the usual `if __name__ == "__main__":` guard. The fork server preloads this module (and
+  so torch), so only the first worker of a process pays for the imports. The worker receives
+  only the state as JSON.
 * A worker error re-raises in the consumer as the same exception (DataError stays DataError),
   chained to a `RemoteTraceback` holding the worker's traceback. A worker that dies without a
   word (killed, segfault) raises RuntimeError with its exit code. Nothing waits forever.
@@ -54,6 +56,10 @@ class MultiprocessIteratorState(IteratorState):
 
     def build(self) -> MultiprocessIterator:
         return MultiprocessIterator(self)
+
+
+def default_start_method() -> str:
+    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
 def _compact(array: np.ndarray) -> np.ndarray:
@@ -130,13 +136,12 @@ class MultiprocessIterator(StatefulIterator[Batch]):
     """Batches from a background process (see module docstring)."""
 
     def __init__(
-        self, state: MultiprocessIteratorState, start_method: str = "spawn"
+        self, state: MultiprocessIteratorState, start_method: str | None = None
     ) -> None:
         self.prefetch_size = state.prefetch_size
-        self.start_method = start_method
-        self._state_json: str | None = (
-            None  # state after the last consumed batch (JSON from the worker)
-        )
+        self.start_method = start_method or default_start_method()
+        # state after the last consumed batch, as JSON from the worker (None: nothing consumed)
+        self._state_json: str | None = None
         self._initial = state.base
         self._process = None
         self._queue = None
@@ -145,6 +150,8 @@ class MultiprocessIterator(StatefulIterator[Batch]):
 
     def _start(self) -> None:
         ctx = mp.get_context(self.start_method)
+        if self.start_method == "forkserver":
+            ctx.set_forkserver_preload([__name__])
         self._queue = ctx.Queue(maxsize=self.prefetch_size)
         self._stop = ctx.Event()
         base_json = self._state_json or self._initial.model_dump_json()
@@ -228,7 +235,9 @@ class MultiprocessIterator(StatefulIterator[Batch]):
             self._state_json = None
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # interpreter shutdown may have torn down mp
+        with contextlib.suppress(
+            Exception
+        ):  # interpreter shutdown may have torn down mp
             self.close()
 
 

@@ -1,0 +1,176 @@
+"""The prefetching worker process: exact state without restarts, errors, cleanup."""
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from datagen import batches_equal, write_jsonl
+
+from bytelatent.data.args import DataArgs
+from bytelatent.data.iterators.multiprocess import MultiprocessIterator, RemoteTraceback
+from bytelatent.errors import DataError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def wait_gone(pid: int, seconds: float = 10.0) -> bool:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def make_args(root, **overrides) -> DataArgs:
+    base = {
+        "root_dir": str(root),
+        "sources": {"a": 1.0, "b": 1.0},
+        "batch_size": 2,
+        "seq_len": 12,
+        "max_encoder_seq_length": 32,
+        "buffer_size": 3,
+        "load_async": True,
+        "prefetch_size": 3,
+        "patcher_args": {"patching_mode": "space"},
+    }
+    return DataArgs(**(base | overrides))
+
+
+def take(it, n):
+    return [next(it) for _ in range(n)]
+
+
+def test_state_is_exact_while_the_worker_keeps_running(corpus):
+    args = make_args(corpus)
+    sync = args.model_copy(update={"load_async": False})
+    straight = take(sync.build_from_rank(0, 1), 16)
+    with args.build_from_rank(0, 1) as it:
+        assert isinstance(it, MultiprocessIterator)
+        head = take(it, 5)
+        pid = it.worker_pid
+        time.sleep(0.5)  # let the worker run ahead and fill the queue
+        state_after_5 = it.get_state().model_dump_json()
+        middle = take(it, 6)
+        state_after_11 = it.get_state().model_dump_json()
+        assert it.worker_pid == pid and pid_alive(pid)  # no restart for a state
+        tail = take(it, 5)
+    assert wait_gone(pid)
+    assert batches_equal(head + middle + tail, straight)
+    # resuming from either state, synchronously, gives exactly the rest of the stream
+    assert batches_equal(
+        take(sync.build_from_rank(0, 1, state=state_after_5), 11), straight[5:]
+    )
+    assert json.loads(state_after_11)["type"] == "multiprocess"
+    resumed = args.build_from_rank(
+        0, 1, state=state_after_11
+    )  # and through a new worker
+    try:
+        assert batches_equal(take(resumed, 5), straight[11:])
+    finally:
+        resumed.close()
+
+
+def test_worker_error_reraises_with_its_traceback(tmp_path):
+    bad = tmp_path / "s" / "s.chunk.00.jsonl"
+    write_jsonl(bad, "s", range(3))
+    with open(bad, "a") as f:
+        f.write('{"text": broken\n')
+    args = make_args(tmp_path, sources={"s": 1.0}, seq_len=4)
+    it = args.build_from_rank(0, 1)
+    with pytest.raises(
+        DataError, match=r"s\.chunk\.00\.jsonl: row 3: malformed JSON"
+    ) as info:
+        take(it, 1000)
+    assert isinstance(info.value.__cause__, RemoteTraceback)
+    assert "Traceback" in str(info.value.__cause__) and "_next_json" in str(
+        info.value.__cause__
+    )
+    assert it._process is None and not mp.active_children()
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_killed_worker_raises_instead_of_hanging(corpus):
+    it = make_args(corpus).build_from_rank(0, 1)
+    next(it)
+    pid = it.worker_pid
+    os.kill(pid, signal.SIGKILL)
+    start = time.time()
+    with pytest.raises(RuntimeError, match="exited with code -9"):
+        take(it, 100)  # queued batches first, then the error
+    assert time.time() - start < 30
+    assert not pid_alive(pid)
+
+
+def test_close_reaps_and_next_restarts_from_state(corpus):
+    args = make_args(corpus)
+    straight = take(
+        args.model_copy(update={"load_async": False}).build_from_rank(0, 1), 6
+    )
+    it = args.build_from_rank(0, 1)
+    first = take(it, 3)
+    pid = it.worker_pid
+    it.close()
+    it.close()  # idempotent
+    assert not pid_alive(pid) and not mp.active_children()
+    rest = take(it, 3)  # a fresh worker continues from the exact state
+    assert it.worker_pid != pid
+    it.close()
+    assert batches_equal(first + rest, straight)
+
+
+@pytest.mark.slow
+def test_python_dash_m_entry_point_and_exit_without_close(corpus, tmp_path):
+    module = tmp_path / "loader_main.py"
+    module.write_text(
+        textwrap.dedent(
+            f"""
+            from bytelatent.data.args import DataArgs
+
+            def main():
+                args = DataArgs(root_dir={str(corpus)!r}, sources={{"a": 1.0}}, batch_size=2, seq_len=8,
+                                max_encoder_seq_length=32, prefetch_size=2,
+                                patcher_args={{"patching_mode": "space"}})
+                it = args.build_from_rank(0, 1)
+                batch = next(it)
+                print("pid", it.worker_pid, "shape", tuple(batch.x.shape), flush=True)
+                # no close(): interpreter exit must reap the worker
+
+            if __name__ == "__main__":
+                main()
+            """
+        )
+    )
+    env = os.environ | {
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}",
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "loader_main"],
+        capture_output=True,
+        check=False,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    words = done.stdout.split()
+    assert words[0] == "pid" and words[3:] == ["(2,", "32)"]
+    assert wait_gone(int(words[1]))
