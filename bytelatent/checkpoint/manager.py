@@ -302,22 +302,14 @@ class CheckpointManager:
             )
             cfs.rm(self.fs, folder)
         self._barrier()
-        cfs.makedirs(self.fs, folder)
-        # Tiny files go first and synchronously: the marker must never precede them.
-        if self.is_tp_rank0:
-            text = json.dumps(train_state, indent=2)
-            cfs.write_text_atomic(
-                self.fs, cfs.join(folder, train_state_name(self.dp_rank)), text
-            )
-        if self.is_rank0 and params is not None:
-            cfs.write_text_atomic(
-                self.fs,
-                cfs.join(folder, PARAMS_FILE),
-                json.dumps(params, indent=2, default=str),
-            )
+        try:
+            self._write_small_files(folder, train_state, params)
+        except OSError as e:
+            raise CheckpointError(
+                f"{folder}: cannot write ({_first_line(e)}); check checkpoint.path"
+            ) from e
         state = self._state_dict(model, optimizer)
         writer = FsspecWriter(folder, **self._options)
-        self._last_saved_step = step
 
         def finalize() -> None:
             self._write_marker(folder, step, kinds)
@@ -355,7 +347,22 @@ class CheckpointManager:
                 finalize()
         finally:
             self._barrier()  # on return the marker is visible to every rank (even if rank 0 failed)
+        self._last_saved_step = step
         return folder
+
+    def _write_small_files(
+        self, folder: str, train_state: dict[str, Any], params: dict[str, Any] | None
+    ) -> None:
+        # Written first and synchronously (also for async saves): the marker never precedes them.
+        cfs.makedirs(self.fs, folder)
+        if self.is_tp_rank0:
+            text = json.dumps(train_state, indent=2)
+            cfs.write_text_atomic(
+                self.fs, cfs.join(folder, train_state_name(self.dp_rank)), text
+            )
+        if self.is_rank0 and params is not None:
+            text = json.dumps(params, indent=2, default=str)
+            cfs.write_text_atomic(self.fs, cfs.join(folder, PARAMS_FILE), text)
 
     def wait(self) -> None:
         """Block until the in-flight async save (if any) is written, marked complete and retained.
@@ -385,6 +392,7 @@ class CheckpointManager:
             dist.barrier(group=self._async_group)
         if error is not None:
             raise error
+        self._last_saved_step = pending.step
 
     def close(self) -> None:
         self.wait()

@@ -197,6 +197,15 @@ def test_load_errors_are_one_line(tmp_path):
         manager.load(TinyNet(), path=manager.step_folder(1))
 
 
+def test_unwritable_path_is_a_checkpoint_error(tmp_path):
+    write(str(tmp_path / "file"), "not a folder")
+    manager = CheckpointManager(
+        CheckpointArgs(path=str(tmp_path / "file" / "checkpoints"))
+    )
+    with pytest.raises(CheckpointError, match="cannot write"):
+        manager.save(1, TinyNet(), None, {"step": 1})
+
+
 def test_load_path_and_dp_size_change_flag(tmp_path):
     model, optimizer = build(1)
     manager = CheckpointManager(
