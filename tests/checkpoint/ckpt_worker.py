@@ -43,20 +43,43 @@ class TinyNet(nn.Module):
 
 
 def build(
-    world: int, seed: int = 0, dim: int = DIM
+    world: int, seed: int = 0, dim: int = DIM, tp: bool = False
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """Same full init on every rank (CPU DTensor init would repeat shards), then FSDP2 if world > 1."""
+    """Same full init on every rank (CPU DTensor init would repeat shards), then FSDP2 (or TP) if world > 1."""
     torch.manual_seed(seed)
     model = TinyNet(dim)
     if world > 1:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
 
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
-        for layer in model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        if tp:
+            from torch.distributed.tensor import Replicate
+            from torch.distributed.tensor.parallel import (
+                ColwiseParallel,
+                parallelize_module,
+            )
+
+            mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+            plan = ColwiseParallel(output_layouts=Replicate())
+            for layer in model.layers:
+                parallelize_module(layer, mesh, plan)
+            parallelize_module(model.out, mesh, plan)
+        else:
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
+            for layer in model.layers:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+    # foreach=False: TP mixes DTensor and plain parameters, which foreach kernels reject.
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=1e-2, weight_decay=0.1, foreach=not tp
+    )
+    return model, optimizer
+
+
+def layout(args: argparse.Namespace, rank: int, world: int) -> tuple[int, int, bool]:
+    """(dp_rank, dp_size, is_tp_rank0): with --tp every rank is one TP group sharing the data."""
+    return (0, 1, rank == 0) if args.tp else (rank, world, True)
 
 
 def train_step(
@@ -102,37 +125,37 @@ def _assert_close(got: dict, want: dict, atol: float, what: str) -> None:
 
 def scenario_save(args: argparse.Namespace, rank: int, world: int) -> None:
     """Train 2 steps, save step 2 (maybe async), then record the weights after step 3."""
-    model, optimizer = build(world)
+    model, optimizer = build(world, tp=args.tp)
+    dp_rank, dp_size, is_tp_rank0 = layout(args, rank, world)
     ckpt_args = CheckpointArgs(path=args.ckpt_path, async_save=args.async_save)
-    manager = CheckpointManager(ckpt_args, dp_rank=rank, dp_size=world)
-    for step in (1, 2):
-        train_step(model, optimizer, step, rank, world)
-    step2 = full_weights(model)
-    manager.save(
-        2, model, optimizer, {"step": 2, "dp_rank": rank}, {"run": "test"}, kind="dump"
+    manager = CheckpointManager(
+        ckpt_args, dp_rank=dp_rank, dp_size=dp_size, is_tp_rank0=is_tp_rank0
     )
-    if args.async_save:
-        # Training continues (with collectives on the default group) while the save is in flight.
-        train_step(model, optimizer, 3, rank, world)
-        manager.wait()
-    else:
-        train_step(model, optimizer, 3, rank, world)
-    step3 = full_weights(model)  # a collective under FSDP: every rank calls it
+    for step in (1, 2):
+        train_step(model, optimizer, step, dp_rank, dp_size)
+    step2 = full_weights(model)
+    manager.save(2, model, optimizer, {"step": 2, "dp_rank": dp_rank}, {"run": "test"})
+    # With --async, training continues (collectives on the default group) during the save.
+    train_step(model, optimizer, 3, dp_rank, dp_size)
+    manager.wait()
+    step3 = full_weights(model)  # a collective under FSDP/TP: every rank calls it
     if rank == 0:
-        torch.save(
-            {"step2": step2, "step3": step3}, os.path.join(args.out_dir, "expected.pt")
-        )
+        expected = {"step2": step2, "step3": step3}
+        torch.save(expected, os.path.join(args.out_dir, "expected.pt"))
     manager.close()
 
 
 def scenario_load(args: argparse.Namespace, rank: int, world: int) -> None:
     """Load the newest checkpoint (any saved world size), check weights, step once, compare."""
     expected = torch.load(os.path.join(args.out_dir, "expected.pt"))
-    model, optimizer = build(
-        world, seed=123
-    )  # different init: everything must come from the checkpoint
+    # A different init: everything must come from the checkpoint.
+    model, optimizer = build(world, seed=123, tp=args.tp)
+    dp_rank, dp_size, is_tp_rank0 = layout(args, rank, world)
     manager = CheckpointManager(
-        CheckpointArgs(path=args.ckpt_path), dp_rank=rank, dp_size=world
+        CheckpointArgs(path=args.ckpt_path),
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        is_tp_rank0=is_tp_rank0,
     )
     train_state = manager.load(model, optimizer)
     assert train_state["step"] == 2, train_state
@@ -143,13 +166,13 @@ def scenario_load(args: argparse.Namespace, rank: int, world: int) -> None:
         "saved_dp_size": info.saved_dp_size,
     }
     assert_equal(full_weights(model), expected["step2"], 0.0, "weights after load")
-    train_step(model, optimizer, 3, rank, world)
+    train_step(model, optimizer, 3, dp_rank, dp_size)
     # Different world sizes reduce gradients in a different order: allow float rounding only.
     assert_equal(
         full_weights(model), expected["step3"], 1e-6, "weights one step after load"
     )
     if args.init_from:
-        fresh, _ = build(world, seed=321)
+        fresh, _ = build(world, seed=321, tp=args.tp)
         report = manager.load_init(fresh, args.init_from)
         assert not report.missing and not report.unexpected, report
         assert_equal(
@@ -211,6 +234,9 @@ def main() -> int:
     parser.add_argument("ckpt_path")
     parser.add_argument("out_dir")
     parser.add_argument("--async", dest="async_save", action="store_true")
+    parser.add_argument(
+        "--tp", action="store_true", help="tensor parallel instead of FSDP"
+    )
     parser.add_argument("--init-from", default=None)
     parser.add_argument("--kill-at", default="random")
     parser.add_argument("--dim", type=int, default=DIM)

@@ -138,3 +138,18 @@ def test_kill_during_save_keeps_previous_checkpoint(tmp_path, kill_at):
         manager.save(3, model, optimizer, {"step": 3})
         assert not os.path.exists(step2)
         assert manager.latest_complete() == manager.step_folder(3)
+
+
+def test_tensor_parallel_save_loads_in_one_process_and_in_tp(tmp_path, run_ranks):
+    ckpt, out = str(tmp_path / "ck"), str(tmp_path / "out")
+    os.makedirs(out)
+    run_ranks(2, "save", ckpt, out, "--tp")
+    step2 = os.path.join(ckpt, "0000000002")
+    # One DP rank (two TP ranks): a single train state, written by TP rank 0.
+    assert sorted(n for n in os.listdir(step2) if n.startswith("train_state")) == [
+        "train_state_00000.json"
+    ]
+    run_ranks(1, "load", ckpt, out)
+    assert not read_json(os.path.join(out, "load_world1.json"))["dp_size_changed"]
+    run_ranks(2, "load", ckpt, out, "--tp", "--init-from", step2)
+    assert read_json(os.path.join(out, "load_world2.json"))["init_format"] == "dcp"
