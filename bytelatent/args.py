@@ -7,7 +7,6 @@ module only composes them and checks the few rules that span sections, before an
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -39,21 +38,21 @@ class TrainArgs(BaseModel):
     grad_acc_steps: int = Field(1, ge=1)
     gc_collect_freq: int = Field(1000, ge=0, description="0 leaves Python's GC automatic")
     steps: int = Field(1000, ge=1, description="LR-schedule horizon and loop end")
-    max_steps: Optional[int] = Field(None, ge=1, description="stop early at this step (schedule keeps `steps`)")
+    max_steps: int | None = Field(None, ge=1, description="stop early at this step (schedule keeps `steps`)")
     train_entropy_model: bool = False
-    num_threads: Optional[int] = Field(None, ge=1, description="torch intra-op threads on CPU (default: torch's)")
+    num_threads: int | None = Field(None, ge=1, description="torch intra-op threads on CPU (default: torch's)")
 
     data: DataArgs = Field(default_factory=DataArgs)
     optim: OptimArgs = Field(default_factory=OptimArgs)
-    model: Optional[ByteLatentTransformerArgs] = Field(default_factory=ByteLatentTransformerArgs)
-    entropy_model: Optional[LMTransformerArgs] = None
+    model: ByteLatentTransformerArgs | None = Field(default_factory=ByteLatentTransformerArgs)
+    entropy_model: LMTransformerArgs | None = None
     distributed: DistributedArgs = Field(default_factory=DistributedArgs)
     env: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_ENV))
     checkpoint: CheckpointArgs = Field(default_factory=CheckpointArgs)
     logging: LoggingArgs = Field(default_factory=LoggingArgs)
 
     @model_validator(mode="after")
-    def _cross_section_rules(self) -> "TrainArgs":
+    def _cross_section_rules(self) -> TrainArgs:
         if not self.dump_dir:
             raise ValueError("dump_dir: must be set (e.g. dump_dir=runs/debug)")
         if self.max_steps is not None and self.max_steps > self.steps:

@@ -24,6 +24,9 @@ class LoggingArgs(BaseModel):
 
     freq: int = Field(10, ge=1, description="log every `freq` optimizer steps")
     console: bool = True
+    peak_tflops: float | None = Field(
+        None, gt=0, description="per-device peak for MFU; default: known GPUs' dense bf16 peak, none on CPU"
+    )
 
 
 def setup_logging(dump_dir: str | None, rank: int) -> None:
@@ -55,6 +58,22 @@ def peak_memory_gib(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is KiB on Linux
+
+
+# Dense bf16 tensor-core peaks (TFLOP/s) by device-name substring, from the vendors' datasheets.
+GPU_PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 70.0}
+
+
+def peak_flops_per_device(device: torch.device, configured_tflops: float | None) -> float | None:
+    """FLOP/s of one device for MFU, or None when unknown (CPU peaks depend on the machine)."""
+    if configured_tflops:
+        return configured_tflops * 1e12
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, tflops in GPU_PEAK_BF16_TFLOPS.items():
+            if key in name:
+                return tflops * 1e12
+    return None
 
 
 class MetricLogger:
@@ -102,6 +121,8 @@ def console_line(m: dict) -> str:
     return (
         f"step {m['global_step']:>6} | loss {m['loss']:.4f} | bpb {m['bpb']:.4f} | "
         f"grad {m['grad_norm']:.3g} | lr {m['lr']:.3g} | {m['bytes_per_s']:.0f} B/s | "
-        f"mfu {100 * m.get('mfu', 0.0):.1f}% | step {1000 * m['step_time_s']:.0f} ms | "
+        f"{m['flops_per_s'] / 1e9:.1f} GFLOP/s | "
+        + (f"mfu {100 * m['mfu']:.1f}% | " if "mfu" in m else "")
+        + f"step {1000 * m['step_time_s']:.0f} ms | "
         f"data {1000 * m['data_time_s']:.0f} ms | mem {m['peak_mem_gib']:.2f} GiB"
     )

@@ -32,7 +32,7 @@ class OptimArgs(BaseModel):
     fused: bool | None = None  # None: fused AdamW where the device supports it
 
     @model_validator(mode="after")
-    def _check(self) -> "OptimArgs":
+    def _check(self) -> OptimArgs:
         if self.lr <= 0:
             raise ValueError(f"optim.lr must be > 0, got {self.lr}")
         if self.warmup < 0:

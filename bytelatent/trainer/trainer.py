@@ -31,7 +31,13 @@ from bytelatent.distributed.parallelize import (
 )
 from bytelatent.distributed.signals import PreemptionFlag, requeue_slurm_job, under_slurm
 from bytelatent.trainer.build import build_model, model_flops_per_byte
-from bytelatent.trainer.metrics import MetricLogger, bits_per_byte, console_line, peak_memory_gib
+from bytelatent.trainer.metrics import (
+    MetricLogger,
+    bits_per_byte,
+    console_line,
+    peak_flops_per_device,
+    peak_memory_gib,
+)
 from bytelatent.trainer.optim import build_optimizer
 from bytelatent.trainer.state import TrainState, capture_rng_state, restore_rng_state
 
@@ -86,6 +92,7 @@ class Trainer:
         self.data = args.data.build_from_rank(self.dp_rank, self.dp_size, state=self.state.data_state)
         self.metrics = MetricLogger(os.path.join(args.dump_dir, "metrics.jsonl") if env.rank == 0 else None)
         self.flops_per_byte = model_flops_per_byte(args)
+        self.peak_flops = peak_flops_per_device(self.device, args.logging.peak_tflops)
         self.preemption = PreemptionFlag().install()
         self._last_saved_step = self.state.step if self.state.step > 0 else -1
 
@@ -230,6 +237,8 @@ class Trainer:
             "peak_mem_gib": peak_memory_gib(self.device),
             "tokens_seen": self.state.tokens_seen,
         }
+        if self.peak_flops:
+            m["mfu"] = m["flops_per_s"] / (self.peak_flops * self.env.world_size)
         self.metrics.log(m)
         if self.args.logging.console and self.env.rank == 0:
             logger.info(console_line(m))

@@ -95,11 +95,11 @@ def test_blt_trains_and_bpb_falls(tmp_path, corpus_root):
 
 
 def param_count(argv: list[str]) -> int:
+    import torch
+
     from bytelatent.args import TrainArgs
     from bytelatent.config import parse_args
     from bytelatent.trainer.build import build_model
-
-    import torch
 
     args = parse_args(TrainArgs, argv)
     with torch.device("meta"):

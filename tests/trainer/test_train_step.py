@@ -9,7 +9,6 @@ from bytelatent.config import parse_args
 from bytelatent.data.batch import Batch
 from bytelatent.distributed.env import detect_env
 from bytelatent.trainer.trainer import Trainer
-
 from tests.trainer.test_cli import REPO, TINY_ENTROPY
 
 
