@@ -31,9 +31,7 @@ def _stable_hash(name: str) -> int:
     return zlib.crc32(name.encode("utf-8"))
 
 
-def stdlib_documents(
-    max_bytes: int = 8_000_000, root: Path | None = None
-) -> list[CorpusDocument]:
+def stdlib_documents(max_bytes: int = 8_000_000, root: Path | None = None) -> list[CorpusDocument]:
     """Up to `max_bytes` of UTF-8 .py sources, sorted by path.
 
     Files are taken in a pseudo-random but fixed order (a hash of the path) until the budget is

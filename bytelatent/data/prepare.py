@@ -27,11 +27,7 @@ def _write_jsonl(path: Path, docs: list[CorpusDocument]) -> int:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for doc in docs:
-            f.write(
-                json.dumps(
-                    {"sample_id": doc.sample_id, "text": doc.text}, ensure_ascii=False
-                )
-            )
+            f.write(json.dumps({"sample_id": doc.sample_id, "text": doc.text}, ensure_ascii=False))
             f.write("\n")
         f.flush()
         os.fsync(f.fileno())
@@ -67,9 +63,7 @@ def prepare(
 ) -> dict:
     """Write the shards unless already complete; returns the manifest."""
     if is_complete(out, name):
-        return json.loads(manifest_path(out, name).read_text()) | {
-            "already_prepared": True
-        }
+        return json.loads(manifest_path(out, name).read_text()) | {"already_prepared": True}
     out.mkdir(parents=True, exist_ok=True)
     manifest_path(out, name).unlink(missing_ok=True)
     docs = stdlib_documents(max_bytes=int(max_mb * 1_000_000))
@@ -102,15 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", required=True, type=Path, help="output directory, e.g. data/stdlib"
     )
-    parser.add_argument(
-        "--name", default="stdlib", help="file name prefix (the source name)"
-    )
-    parser.add_argument(
-        "--chunks", type=int, default=4, help="number of training shards"
-    )
-    parser.add_argument(
-        "--max-mb", type=float, default=8.0, help="corpus size budget in MB"
-    )
+    parser.add_argument("--name", default="stdlib", help="file name prefix (the source name)")
+    parser.add_argument("--chunks", type=int, default=4, help="number of training shards")
+    parser.add_argument("--max-mb", type=float, default=8.0, help="corpus size budget in MB")
     parser.add_argument("--val-fraction", type=float, default=0.05)
     args = parser.parse_args(argv)
     if args.chunks < 1 or not 0 < args.val_fraction < 1:

@@ -1,6 +1,7 @@
 import json
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from datagen import doc_text, write_arrow, write_jsonl
 
@@ -52,6 +53,9 @@ def test_arrow_fields_and_entropies(tmp_path):
     assert [d.text for d in docs] == [doc_text("s", i) for i in range(10)]
     assert [d.sample_id for d in docs] == [f"s-{i}" for i in range(10)]
     assert all(len(d.entropies) == len(d.text.encode()) + 2 for d in docs)
+    stored = pa.ipc.open_file(str(path)).read_all().column("entropies").to_pylist()
+    for doc, values in zip(docs, stored):
+        assert np.array_equal(doc.entropies, np.asarray(values, dtype=np.float32))
 
 
 @pytest.mark.parametrize("kind", ["jsonl", "arrow", "arrow_stream"])

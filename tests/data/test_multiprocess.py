@@ -10,6 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from datagen import batches_equal, write_jsonl
 
@@ -73,13 +74,9 @@ def test_state_is_exact_while_the_worker_keeps_running(corpus):
     assert wait_gone(pid)
     assert batches_equal(head + middle + tail, straight)
     # resuming from either state, synchronously, gives exactly the rest of the stream
-    assert batches_equal(
-        take(sync.build_from_rank(0, 1, state=state_after_5), 11), straight[5:]
-    )
+    assert batches_equal(take(sync.build_from_rank(0, 1, state=state_after_5), 11), straight[5:])
     assert json.loads(state_after_11)["type"] == "multiprocess"
-    resumed = args.build_from_rank(
-        0, 1, state=state_after_11
-    )  # and through a new worker
+    resumed = args.build_from_rank(0, 1, state=state_after_11)  # and through a new worker
     try:
         assert batches_equal(take(resumed, 5), straight[11:])
     finally:
@@ -93,14 +90,10 @@ def test_worker_error_reraises_with_its_traceback(tmp_path):
         f.write('{"text": broken\n')
     args = make_args(tmp_path, sources={"s": 1.0}, seq_len=4)
     it = args.build_from_rank(0, 1)
-    with pytest.raises(
-        DataError, match=r"s\.chunk\.00\.jsonl: row 3: malformed JSON"
-    ) as info:
+    with pytest.raises(DataError, match=r"s\.chunk\.00\.jsonl: row 3: malformed JSON") as info:
         take(it, 1000)
     assert isinstance(info.value.__cause__, RemoteTraceback)
-    assert "Traceback" in str(info.value.__cause__) and "_next_json" in str(
-        info.value.__cause__
-    )
+    assert "Traceback" in str(info.value.__cause__) and "_next_json" in str(info.value.__cause__)
     assert it._process is None and not mp.active_children()
     with pytest.raises(StopIteration):
         next(it)
@@ -120,9 +113,7 @@ def test_killed_worker_raises_instead_of_hanging(corpus):
 
 def test_close_reaps_and_next_restarts_from_state(corpus):
     args = make_args(corpus)
-    straight = take(
-        args.model_copy(update={"load_async": False}).build_from_rank(0, 1), 6
-    )
+    straight = take(args.model_copy(update={"load_async": False}).build_from_rank(0, 1), 6)
     it = args.build_from_rank(0, 1)
     first = take(it, 3)
     pid = it.worker_pid
@@ -174,3 +165,23 @@ def test_python_dash_m_entry_point_and_exit_without_close(corpus, tmp_path):
     words = done.stdout.split()
     assert words[0] == "pid" and words[3:] == ["(2,", "32)"]
     assert wait_gone(int(words[1]))
+
+
+def test_wire_format_round_trips_packed_and_other_batches():
+    from bytelatent.data.batch import Batch
+    from bytelatent.data.iterators.multiprocess import _decode, _encode
+
+    x = np.array([[5, 6, 7, 0], [8, 9, 10, 11], [0, 0, 0, 0]])
+    y = np.array([[6, 7, 12, 0], [9, 10, 11, 13], [0, 0, 0, 0]])
+    mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0]], dtype=bool)
+    pl = np.array([[1, 4, 0], [1, 2, 2], [1, 4, 0]])
+    packed = Batch(x=x, y=y, mask=mask, patch_lengths=pl)
+    assert _encode(packed)[0] == "shifted"
+    assert _decode(_encode(packed)).equals(packed)
+    for other in (
+        Batch(x=x, y=y + 1, mask=mask),  # y is not x shifted
+        Batch(x=x, y=y, mask=mask[:, ::-1].copy()),  # mask not a prefix
+        Batch(x=x * 1000, y=y * 100000, mask=mask),  # ids beyond int16
+    ):
+        again = _decode(_encode(other))
+        assert again.equals(other) and again.x.dtype == np.int64

@@ -10,15 +10,13 @@ import urllib.request
 import pytest
 from datagen import batches_equal
 
-pytest.importorskip(
-    "moto", reason="S3 test needs `pip install 'moto[server]' 's3fs[boto3]'`"
-)
+from bytelatent.data.args import DataArgs
+from bytelatent.errors import DataError
+
+pytest.importorskip("moto", reason="S3 test needs `pip install 'moto[server]' 's3fs[boto3]'`")
 s3fs = pytest.importorskip(
     "s3fs", reason="S3 test needs `pip install 'moto[server]' 's3fs[boto3]'`"
 )
-
-from bytelatent.data.args import DataArgs
-from bytelatent.errors import DataError
 
 pytestmark = pytest.mark.s3
 
@@ -106,9 +104,7 @@ def test_pipeline_reads_s3_and_resumes_exactly(corpus, s3_env):
     head = take(it, 5)
     state = it.get_state().model_dump_json()
     assert "s3://blt-data/data/b/b.shard_0.arrow" in state
-    assert batches_equal(
-        head + take(s3_args.build_from_rank(0, 1, state=state), 7), straight
-    )
+    assert batches_equal(head + take(s3_args.build_from_rank(0, 1, state=state), 7), straight)
 
 
 def test_missing_s3_prefix_is_a_data_error(corpus, s3_env):

@@ -90,14 +90,10 @@ def assign_shards(
     if n == 0:
         return []
     if n >= world:
-        return [
-            FileShard(path=paths[f], format=formats[f]) for f in range(rank, n, world)
-        ]
+        return [FileShard(path=paths[f], format=formats[f]) for f in range(rank, n, world)]
     f = rank % n
     sharers = len(range(f, world, n))
-    return [
-        FileShard(path=paths[f], format=formats[f], stride=sharers, offset=rank // n)
-    ]
+    return [FileShard(path=paths[f], format=formats[f], stride=sharers, offset=rank // n)]
 
 
 def open_fs(
@@ -128,25 +124,19 @@ def _document(record: dict, path: str, row: int) -> Document:
         raise _BadRecord("no 'text' or 'content' field (or it is null)")
     if not isinstance(text, str):
         raise _BadRecord(f"'text' must be a string, got {type(text).__name__}")
-    sample_id = next(
-        (record[k] for k in SAMPLE_ID_KEYS if record.get(k) is not None), None
-    )
+    sample_id = next((record[k] for k in SAMPLE_ID_KEYS if record.get(k) is not None), None)
     if sample_id is None:
         sample_id = f"{os.path.basename(path)}:{row}"
     entropies = record.get("entropies")
     if entropies is not None and not isinstance(entropies, np.ndarray):
         entropies = np.asarray(entropies, dtype=np.float32)
-    return Document(
-        sample_id=str(sample_id), text=text, entropies=entropies, path=path, row=row
-    )
+    return Document(sample_id=str(sample_id), text=text, entropies=entropies, path=path, row=row)
 
 
 class _JsonReader:
     """Lines of a JSONL file from a byte offset."""
 
-    def __init__(
-        self, path: str, storage_options: dict | None, byte_offset: int
-    ) -> None:
+    def __init__(self, path: str, storage_options: dict | None, byte_offset: int) -> None:
         fs, fs_path = open_fs(path, storage_options)
         try:
             self.file = fs.open(fs_path, "rb")
@@ -240,14 +230,15 @@ class _ArrowColumns:
 
     @staticmethod
     def _entropies(column: pa.Array) -> list[np.ndarray | None]:
+        # A sliced list array's offsets index its *whole* child array: convert only our span.
         offsets = column.offsets.to_numpy()
-        values = column.values.to_numpy(zero_copy_only=False).astype(
-            np.float32, copy=False
-        )
+        start, end = int(offsets[0]), int(offsets[-1])
+        values = column.values.slice(start, end - start).to_numpy(zero_copy_only=False)
+        values = values.astype(np.float32, copy=False)
+        offsets = offsets - start
         valid = column.is_valid().to_numpy(zero_copy_only=False)
         return [
-            values[offsets[i] : offsets[i + 1]] if valid[i] else None
-            for i in range(len(column))
+            values[offsets[i] : offsets[i + 1]] if valid[i] else None for i in range(len(column))
         ]
 
     def record(self, local_row: int) -> dict:
@@ -266,16 +257,12 @@ class FileIteratorState(IteratorState):
     type: Literal["file"] = "file"
     shards: list[FileShard]
     shard_index: int = 0
-    row: int = (
-        0  # next row of the current file to consider (counts every row of the file)
-    )
+    row: int = 0  # next row of the current file to consider (counts every row of the file)
     byte_offset: int = 0  # json: byte offset of `row`
     batch_index: int = 0  # arrow: the record batch that holds `row`
     batch_start_row: int = 0  # arrow: the first row of that record batch
     storage_options: dict[str, Any] | None = None
-    arrow_batch_size: int = Field(
-        20, ge=1, description="Arrow rows converted to Python at a time"
-    )
+    arrow_batch_size: int = Field(20, ge=1, description="Arrow rows converted to Python at a time")
     skip_bad_records: bool = False
     n_skipped: int = 0
 
@@ -313,11 +300,7 @@ class FileIterator(StatefulIterator[Document]):
         while s.shard_index < len(s.shards):
             shard = s.shards[s.shard_index]
             try:
-                doc = (
-                    self._next_json(shard)
-                    if shard.format == "json"
-                    else self._next_arrow(shard)
-                )
+                doc = self._next_json(shard) if shard.format == "json" else self._next_arrow(shard)
             except _BadRecord as exc:  # the rest of this file is unreadable
                 self._bad(shard.path, s.row, str(exc))
                 doc = None
@@ -375,9 +358,7 @@ class FileIterator(StatefulIterator[Document]):
             if row % shard.stride != shard.offset:
                 continue
             columns = self._columns
-            if columns is None or not columns.start <= local < columns.start + len(
-                columns.texts
-            ):
+            if columns is None or not columns.start <= local < columns.start + len(columns.texts):
                 columns = self._columns = _ArrowColumns(
                     self._batch, local, s.arrow_batch_size, shard.path
                 )

@@ -72,18 +72,46 @@ def _compact(array: np.ndarray) -> np.ndarray:
     return array.astype(np.int32) if -(2**31) <= low and high < 2**31 else array
 
 
+def _shifted_targets(x: np.ndarray, lengths: np.ndarray, last: np.ndarray, pad: int) -> np.ndarray:
+    """y rebuilt from x: y[:, :n-1] = x[:, 1:n], y[:, n-1] = each row's final target, pad after."""
+    y = np.empty_like(x)
+    y[:, :-1] = x[:, 1:]
+    for row, n in enumerate(lengths.tolist()):  # rows are few; slicing beats a [B, L] mask
+        y[row, max(n - 1, 0) :] = pad
+        if n:
+            y[row, n - 1] = last[row]
+    return y
+
+
 def _encode(batch: Batch) -> tuple:
-    patch_lengths = (
-        None if batch.patch_lengths is None else _compact(batch.patch_lengths)
-    )
-    return (_compact(batch.x), _compact(batch.y), batch.mask, patch_lengths)
+    """A small picklable form: the pipe is the prefetcher's bottleneck, so send as few bytes as
+    possible. Packed batches are x plus row lengths (y is x shifted, mask a prefix); anything
+    else travels in full."""
+    x, y, mask = batch.x, batch.y, batch.mask
+    patch_lengths = None if batch.patch_lengths is None else _compact(batch.patch_lengths)
+    lengths = mask.sum(axis=1)
+    padding = ~mask
+    pad = int(x[padding][0]) if padding.any() else 0
+    last = y[np.arange(len(x)), np.maximum(lengths - 1, 0)]
+    is_prefix = np.array_equal(mask, np.arange(x.shape[1]) < lengths[:, None])
+    if is_prefix and np.array_equal(_shifted_targets(x, lengths, last, pad), y):
+        if np.all(x[padding] == pad):
+            return ("shifted", _compact(x), lengths, last, pad, patch_lengths)
+    return ("full", _compact(x), _compact(y), mask, patch_lengths)
 
 
 def _decode(payload: tuple) -> Batch:
-    x, y, mask, patch_lengths = payload
+    if payload[0] == "shifted":
+        _, x, lengths, last, pad, patch_lengths = payload
+        x = x.astype(np.int64)
+        mask = np.arange(x.shape[1]) < lengths[:, None]
+        y = _shifted_targets(x, lengths, last, pad)
+    else:
+        _, x, y, mask, patch_lengths = payload
+        x, y = x.astype(np.int64), y.astype(np.int64)
     return Batch(
-        x=x.astype(np.int64),
-        y=y.astype(np.int64),
+        x=x,
+        y=y,
         mask=mask,
         patch_lengths=None if patch_lengths is None else patch_lengths.astype(np.int64),
     )
@@ -135,9 +163,7 @@ def _worker(state_json: str, q, stop) -> None:
 class MultiprocessIterator(StatefulIterator[Batch]):
     """Batches from a background process (see module docstring)."""
 
-    def __init__(
-        self, state: MultiprocessIteratorState, start_method: str | None = None
-    ) -> None:
+    def __init__(self, state: MultiprocessIteratorState, start_method: str | None = None) -> None:
         self.prefetch_size = state.prefetch_size
         self.start_method = start_method or default_start_method()
         # state after the last consumed batch, as JSON from the worker (None: nothing consumed)
@@ -235,9 +261,7 @@ class MultiprocessIterator(StatefulIterator[Batch]):
             self._state_json = None
 
     def __del__(self) -> None:
-        with contextlib.suppress(
-            Exception
-        ):  # interpreter shutdown may have torn down mp
+        with contextlib.suppress(Exception):  # interpreter shutdown may have torn down mp
             self.close()
 
 

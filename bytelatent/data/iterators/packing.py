@@ -41,9 +41,7 @@ class PackingArgs(BaseModel):
 
     mode: Literal["bytes", "patches"] = "bytes"
     batch_size: int = Field(..., ge=1)
-    seq_len: int = Field(
-        ..., ge=1, description="bytes: row width; patches: patch_lengths columns"
-    )
+    seq_len: int = Field(..., ge=1, description="bytes: row width; patches: patch_lengths columns")
     max_length: int | None = Field(
         None, ge=1, description="patches: bytes per row (max_encoder_seq_length)"
     )
@@ -109,13 +107,9 @@ def pack_patches(windows: list[Sequence], args: PackingArgs) -> Batch:
 def check_patch_invariants(patch_lengths: np.ndarray, width: int) -> None:
     """Raise AssertionError unless every row starts with 1, sums to width + 1 and is zero-padded."""
     assert np.all(patch_lengths[:, 0] == 1), "patch_lengths[:, 0] must be 1"
-    assert np.all(patch_lengths.sum(axis=1) == width + 1), (
-        "patch_lengths rows must sum to L + 1"
-    )
+    assert np.all(patch_lengths.sum(axis=1) == width + 1), "patch_lengths rows must sum to L + 1"
     nonzero = patch_lengths > 0
-    assert np.all(nonzero[:, :-1] | ~nonzero[:, 1:]), (
-        "zeros in patch_lengths must come last"
-    )
+    assert np.all(nonzero[:, :-1] | ~nonzero[:, 1:]), "zeros in patch_lengths must come last"
 
 
 class PackingIterator(StatefulIterator[Batch]):

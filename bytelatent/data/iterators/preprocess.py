@@ -84,7 +84,9 @@ class PreprocessIterator(StatefulIterator[TokenizedDocument]):
                 try:
                     return self._process(doc)
                 except UnicodeEncodeError as exc:
-                    problem = f"text is not valid Unicode (unpaired surrogate at character {exc.start})"
+                    problem = (
+                        f"text is not valid Unicode (unpaired surrogate at character {exc.start})"
+                    )
                 except _NoTokens:
                     problem = "the tokenizer produced no tokens"
             if not self.skip_bad_records:
@@ -129,9 +131,7 @@ class PreprocessIterator(StatefulIterator[TokenizedDocument]):
                 f"{doc.path}: row {doc.row}: {len(doc.entropies)} entropies for {n_tokens} tokens "
                 "(one per token incl. BOS/EOS expected); were they computed with another tokenizer?"
             )
-        return torch.from_numpy(np.ascontiguousarray(doc.entropies, dtype=np.float32))[
-            None
-        ]
+        return torch.from_numpy(np.ascontiguousarray(doc.entropies, dtype=np.float32))[None]
 
     def close(self) -> None:
         self.source.close()

@@ -51,9 +51,7 @@ class SamplingIterator(StatefulIterator[Sequence]):
         self._probabilities()
 
     def _probabilities(self) -> None:
-        live = np.array(
-            [0.0 if n in self.exhausted else self.weights[n] for n in self.names]
-        )
+        live = np.array([0.0 if n in self.exhausted else self.weights[n] for n in self.names])
         self.p = live / live.sum() if live.sum() > 0 else None
 
     def __next__(self) -> Sequence:

@@ -45,9 +45,7 @@ from bytelatent.data.iterators.preprocess import (
 @dataclass
 class Sequence:
     tokens: np.ndarray  # int64 [n + 1]
-    patch_lengths: (
-        np.ndarray | None
-    )  # int64 [p], sums to n + 1, first entry 1; None in bytes mode
+    patch_lengths: np.ndarray | None  # int64 [p], sums to n + 1, first entry 1; None in bytes mode
 
 
 class SequenceArgs(BaseModel):
@@ -68,9 +66,7 @@ class SequenceArgs(BaseModel):
     def _check(self) -> SequenceArgs:
         if self.mode == "patches":
             if self.max_length is None:
-                raise ValueError(
-                    "patches mode needs max_length (data.max_encoder_seq_length)"
-                )
+                raise ValueError("patches mode needs max_length (data.max_encoder_seq_length)")
             if self.seq_len < 2:
                 raise ValueError(
                     "patches mode needs seq_len >= 2 (the first patch is a single carried token)"
@@ -83,9 +79,7 @@ class SequenceIteratorState(IteratorState):
     args: SequenceArgs
     source: PreprocessIteratorState  # positioned at the document holding the buffer's first token
     doc_offset: int = 0  # index of that token within the document
-    rng_state: dict | None = (
-        None  # numpy bit-generator state before the buffer's permutation
-    )
+    rng_state: dict | None = None  # numpy bit-generator state before the buffer's permutation
     n_taken: int = 0  # windows of the current buffer already yielded
 
     def build(self) -> SequenceIterator:
@@ -175,39 +169,33 @@ class _TokenStream:
                 cursor = 0
             # patches of this document from `cursor` on: the first may be the tail of a patch
             first = int(np.searchsorted(self.ends, cursor, side="right"))
-            ends = self.ends[first : first + max_patches - n_patches]
-            sizes = np.diff(ends, prepend=cursor)
-            fits = int(
-                np.searchsorted(np.cumsum(sizes), budget - n_tokens, side="right")
-            )
-            if fits < len(sizes) and n_tokens + int(sizes[:fits].sum()) < budget:
-                # the next patch overflows the byte budget: cut it at the budget
-                sizes = np.append(
-                    sizes[:fits], budget - n_tokens - int(sizes[:fits].sum())
-                )
-            else:
-                sizes = sizes[:fits]
-            taken = int(sizes.sum())
+            cum = self.ends[first : first + max_patches - n_patches] - cursor
+            room = budget - n_tokens
+            fits = int(np.searchsorted(cum, room, side="right"))
+            taken = int(cum[fits - 1]) if fits else 0
+            sizes = self.doc.patch_lengths[first : first + fits].copy()
+            if fits:
+                sizes[0] = cum[0]  # the tail of the patch that holds `cursor`
+            if fits < len(cum) and taken < room:
+                # the next patch overflows the byte budget: cut it there
+                sizes = np.append(sizes, room - taken)
+                taken = room
             parts.append(self.doc.tokens[cursor : cursor + taken])
-            lengths.append(sizes.astype(np.int64, copy=False))
+            lengths.append(sizes)
             n_patches += len(sizes)
             n_tokens += taken
             cursor += taken
         self.pos = cursor - 1
         if n_tokens < 2:
             return None
-        return Sequence(
-            tokens=np.concatenate(parts), patch_lengths=np.concatenate(lengths)
-        )
+        return Sequence(tokens=np.concatenate(parts), patch_lengths=np.concatenate(lengths))
 
 
 class SequenceIterator(StatefulIterator[Sequence]):
     def __init__(self, state: SequenceIteratorState) -> None:
         self.args = state.args
         self.stream = _TokenStream(state.source, state.doc_offset, state.args)
-        self.rng = (
-            None if state.rng_state is None else numpy_rng_from_state(state.rng_state)
-        )
+        self.rng = None if state.rng_state is None else numpy_rng_from_state(state.rng_state)
         self.buffer: list[Sequence] = []
         self.n_taken = 0
         self.buffer_start = self.stream.position()
