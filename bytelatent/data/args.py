@@ -42,9 +42,7 @@ class DataArgs(BaseModel):
     root_dir: str | None = Field(
         None, description="directory (or s3:// prefix) that holds the sources"
     )
-    sources: dict[str, float] = Field(
-        default_factory=dict, description="source -> sampling weight"
-    )
+    sources: dict[str, float] = Field(default_factory=dict, description="source -> sampling weight")
     dataset_files: list[str] | None = Field(
         None, description="explicit files/globs, used instead of sources"
     )
@@ -71,9 +69,7 @@ class DataArgs(BaseModel):
     )
     file_format: Literal["auto", "arrow", "json", "jsonl"] = "auto"
     pad_to_max_length: bool = True
-    max_encoder_seq_length: int = Field(
-        12288, ge=1, description="bytes per row in patch mode"
-    )
+    max_encoder_seq_length: int = Field(12288, ge=1, description="bytes per row in patch mode")
     enable_byte_ngrams: bool = False
     add_patches: bool = True
     tokenizer_args: TokenizerArgs = Field(default_factory=TokenizerArgs)
@@ -93,19 +89,13 @@ class DataArgs(BaseModel):
                 "enable_byte_ngrams: byte n-gram ids are not implemented; set it to false"
             )
         if self.dataset_files is not None and self.sources:
-            raise ValueError(
-                "set either sources (with root_dir) or dataset_files, not both"
-            )
+            raise ValueError("set either sources (with root_dir) or dataset_files, not both")
         if any(w < 0 for w in self.sources.values()):
             raise ValueError(f"sources: weights must be >= 0, got {self.sources}")
         if self.sources and not any(w > 0 for w in self.sources.values()):
-            raise ValueError(
-                f"sources: at least one weight must be > 0, got {self.sources}"
-            )
+            raise ValueError(f"sources: at least one weight must be > 0, got {self.sources}")
         if self.packing_mode == "patches" and self.seq_len < 2:
-            raise ValueError(
-                f"seq_len={self.seq_len}: patch mode needs at least 2 patches per row"
-            )
+            raise ValueError(f"seq_len={self.seq_len}: patch mode needs at least 2 patches per row")
         return self
 
     @property
@@ -163,9 +153,7 @@ class DataArgs(BaseModel):
         self, source: str, index: int, rank: int, world: int
     ) -> SequenceIteratorState:
         files = self.files_of(source)
-        shards = assign_shards(
-            files, rank, world, file_formats(files, self.file_format)
-        )
+        shards = assign_shards(files, rank, world, file_formats(files, self.file_format))
         file_state = FileIteratorState(
             shards=shards,
             storage_options=self.fsspec_options() or None,
@@ -181,21 +169,15 @@ class DataArgs(BaseModel):
         sequence_args = SequenceArgs(
             mode=self.packing_mode,
             seq_len=self.seq_len,
-            max_length=self.max_encoder_seq_length
-            if self.packing_mode == "patches"
-            else None,
+            max_length=self.max_encoder_seq_length if self.packing_mode == "patches" else None,
             buffer_size=self.buffer_size,
         )
         rng_state = None
         if self.buffer_size > 1:
             # one stream per (seed, rank, world, source): ranks and sources shuffle independently
-            rng = np.random.default_rng(
-                (self.seed + 1, rank, world, zlib.crc32(source.encode()))
-            )
+            rng = np.random.default_rng((self.seed + 1, rank, world, zlib.crc32(source.encode())))
             rng_state = numpy_rng_state(rng)
-        return SequenceIteratorState(
-            args=sequence_args, source=preprocess, rng_state=rng_state
-        )
+        return SequenceIteratorState(args=sequence_args, source=preprocess, rng_state=rng_state)
 
     def initial_state(self, dp_rank: int, dp_world_size: int) -> PackingIteratorState:
         """The state of a fresh pipeline for this rank (no prefetcher)."""
@@ -219,9 +201,7 @@ class DataArgs(BaseModel):
             mode=self.packing_mode,
             batch_size=self.batch_size,
             seq_len=self.seq_len,
-            max_length=self.max_encoder_seq_length
-            if self.packing_mode == "patches"
-            else None,
+            max_length=self.max_encoder_seq_length if self.packing_mode == "patches" else None,
             pad_to_max_length=self.pad_to_max_length,
         )
         return PackingIteratorState(args=packing_args, source=sampling)
@@ -238,15 +218,11 @@ class DataArgs(BaseModel):
             base = self.initial_state(dp_rank, dp_world_size)
         else:
             loaded = load_state(state)
-            base = (
-                loaded.base if isinstance(loaded, MultiprocessIteratorState) else loaded
-            )
+            base = loaded.base if isinstance(loaded, MultiprocessIteratorState) else loaded
             if not isinstance(base, PackingIteratorState):
                 raise ConfigError(
                     f"data state: expected a packing or multiprocess state, got '{base.type}'"
                 )
         if self.load_async:
-            return MultiprocessIteratorState(
-                base=base, prefetch_size=self.prefetch_size
-            ).build()
+            return MultiprocessIteratorState(base=base, prefetch_size=self.prefetch_size).build()
         return base.build()

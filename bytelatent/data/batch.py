@@ -22,17 +22,12 @@ class Batch:
     patch_lengths: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        if (
-            self.x.shape != self.y.shape
-            or self.x.shape != self.mask.shape
-            or self.x.ndim != 2
-        ):
+        if self.x.shape != self.y.shape or self.x.shape != self.mask.shape or self.x.ndim != 2:
             raise ValueError(
                 f"x, y, mask must share one [B, L] shape; got {self.x.shape}, {self.y.shape}, {self.mask.shape}"
             )
         if self.patch_lengths is not None and (
-            self.patch_lengths.ndim != 2
-            or self.patch_lengths.shape[0] != self.x.shape[0]
+            self.patch_lengths.ndim != 2 or self.patch_lengths.shape[0] != self.x.shape[0]
         ):
             raise ValueError(
                 f"patch_lengths must be [B, P] with B={self.x.shape[0]}; got {self.patch_lengths.shape}"
@@ -52,9 +47,7 @@ class Batch:
             "x": self.x.tolist(),
             "y": self.y.tolist(),
             "mask": self.mask.tolist(),
-            "patch_lengths": None
-            if self.patch_lengths is None
-            else self.patch_lengths.tolist(),
+            "patch_lengths": None if self.patch_lengths is None else self.patch_lengths.tolist(),
         }
 
     @classmethod
@@ -78,6 +71,5 @@ class Batch:
             for a, b in ((self.x, other.x), (self.y, other.y), (self.mask, other.mask))
         )
         return same and (
-            self.patch_lengths is None
-            or np.array_equal(self.patch_lengths, other.patch_lengths)
+            self.patch_lengths is None or np.array_equal(self.patch_lengths, other.patch_lengths)
         )

@@ -64,9 +64,7 @@ def _complete_arrow(
     return complete
 
 
-def _directory_files(
-    directory: str, storage_options: dict | None, file_format: str
-) -> list[str]:
+def _directory_files(directory: str, storage_options: dict | None, file_format: str) -> list[str]:
     fs, fs_dir = open_fs(directory, storage_options)
     names = [_full(fs, p, directory) for p in fs.ls(fs_dir, detail=False)]
     everything = set(names)
@@ -119,9 +117,7 @@ def source_files(
         )
     files = _directory_files(location, storage_options, file_format)
     if not files:
-        raise DataError(
-            f"data source '{source}': no .arrow or .jsonl files in {location}"
-        )
+        raise DataError(f"data source '{source}': no .arrow or .jsonl files in {location}")
     return sorted(files, key=natural_key)
 
 

@@ -46,9 +46,7 @@ def _bpe_delimited_bytes(text: str, pieces: list[str]) -> list[int]:
     merged = ["".join(pieces[:n_leading])] + pieces[n_leading:]
     strings: list[str] = []
     for i, piece in enumerate(merged):
-        only_spaces_so_far = len(strings) <= 1 and all(
-            c == " " for s in strings for c in s
-        )
+        only_spaces_so_far = len(strings) <= 1 and all(c == " " for s in strings for c in s)
         if only_spaces_so_far and not all(c == _SP_SPACE for c in piece):
             piece = piece.replace(_SP_SPACE, "")
         elif i == 0 and all(c == _SP_SPACE for c in piece):
@@ -99,9 +97,7 @@ class BltTokenizer(Tokenizer):
                 )
             from bytelatent.tokenizers.sentence_piece import SentencePieceTokenizer
 
-            self._sp = SentencePieceTokenizer(
-                bpe_tokenizer_path, add_bos=False, add_eos=False
-            )
+            self._sp = SentencePieceTokenizer(bpe_tokenizer_path, add_bos=False, add_eos=False)
 
     def get_vocab_size(self) -> int:
         return BYTE_UNITS + OFFSET

@@ -22,9 +22,7 @@ def _import_sentencepiece():
 class SentencePieceTokenizer(Tokenizer):
     """Ids come from the model file; BOS/EOS are the model's."""
 
-    def __init__(
-        self, model_path: str, add_bos: bool = True, add_eos: bool = True
-    ) -> None:
+    def __init__(self, model_path: str, add_bos: bool = True, add_eos: bool = True) -> None:
         spm = _import_sentencepiece()
         import fsspec
 
@@ -57,6 +55,4 @@ class SentencePieceTokenizer(Tokenizer):
 
     def decode(self, token_ids: Sequence[int]) -> str:
         special = {self.bos_id, self.eos_id, self.pad_id}
-        return self.sp_model.decode(
-            [int(i) for i in token_ids if int(i) not in special]
-        )
+        return self.sp_model.decode([int(i) for i in token_ids if int(i) not in special])

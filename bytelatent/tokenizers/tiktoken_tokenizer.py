@@ -39,9 +39,7 @@ def _import_tiktoken():
 class TikTokenTokenizer(Tokenizer):
     """BPE ranks from a tiktoken file; 256 special tokens follow them (BOS = n, EOS = n + 1)."""
 
-    def __init__(
-        self, model_path: str, add_bos: bool = True, add_eos: bool = True
-    ) -> None:
+    def __init__(self, model_path: str, add_bos: bool = True, add_eos: bool = True) -> None:
         tiktoken = _import_tiktoken()
         import fsspec
 

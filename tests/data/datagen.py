@@ -21,9 +21,7 @@ def write_jsonl(path: Path, source: str, ids: range, extra: dict | None = None) 
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         for i in ids:
-            record = {"sample_id": f"{source}-{i}", "text": doc_text(source, i)} | (
-                extra or {}
-            )
+            record = {"sample_id": f"{source}-{i}", "text": doc_text(source, i)} | (extra or {})
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
     return path
 
@@ -45,8 +43,7 @@ def write_arrow(
     fields = [pa.field("sample_id", pa.string()), pa.field("text", pa.string())]
     if entropies:
         columns["entropies"] = [
-            rng.uniform(0, 3, size=len(t.encode()) + 2).astype(np.float16)
-            for t in texts
+            rng.uniform(0, 3, size=len(t.encode()) + 2).astype(np.float16) for t in texts
         ]
         fields.append(pa.field("entropies", pa.list_(pa.float16())))
     schema = pa.schema(fields)

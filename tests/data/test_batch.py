@@ -28,6 +28,4 @@ def test_shape_checks():
     with pytest.raises(ValueError, match="share one"):
         Batch(x=x, y=x[:, :3], mask=x.astype(bool))
     with pytest.raises(ValueError, match="patch_lengths"):
-        Batch(
-            x=x, y=x, mask=x.astype(bool), patch_lengths=np.ones((3, 2), dtype=np.int64)
-        )
+        Batch(x=x, y=x, mask=x.astype(bool), patch_lengths=np.ones((3, 2), dtype=np.int64))

@@ -34,9 +34,7 @@ def test_jsonl_fields_and_heuristics(tmp_path):
         {"text": "three", "entropies": [0.5, 1.0]},
         {"text": "four"},
     ]
-    path.write_text(
-        "".join(json.dumps(r) + "\n" for r in rows) + "\n"
-    )  # trailing blank line
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")  # trailing blank line
     docs = list(FileIteratorState(shards=shards_of(path)).build())
     assert [d.text for d in docs] == ["one", "two", "three", "four"]
     assert [d.sample_id for d in docs] == ["7", "http://u", "x.jsonl:2", "x.jsonl:3"]
@@ -94,13 +92,10 @@ def test_resume_at_every_row_without_replay(tmp_path, kind):
         assert (mid.batch_index, mid.batch_start_row, mid.row) == (1, 4, 6)
 
 
-@pytest.mark.parametrize(
-    "n_files,world", [(3, 1), (3, 2), (3, 3), (2, 3), (1, 3), (5, 2), (4, 3)]
-)
+@pytest.mark.parametrize("n_files,world", [(3, 1), (3, 2), (3, 3), (2, 3), (1, 3), (5, 2), (4, 3)])
 def test_sharding_disjoint_and_complete(tmp_path, n_files, world):
     files = [
-        write_jsonl(tmp_path / f"c{i}.jsonl", "s", range(i * 5, i * 5 + 5))
-        for i in range(n_files)
+        write_jsonl(tmp_path / f"c{i}.jsonl", "s", range(i * 5, i * 5 + 5)) for i in range(n_files)
     ]
     everything = []
     for rank in range(world):
@@ -155,9 +150,7 @@ def _write(path, lines: list[bytes]):
     ],
 )
 def test_bad_jsonl_record_names_file_and_row(tmp_path, line, reason):
-    path = _write(
-        tmp_path / "bad.jsonl", [b'{"text": "fine"}\n', line, b'{"text": "after"}\n']
-    )
+    path = _write(tmp_path / "bad.jsonl", [b'{"text": "fine"}\n', line, b'{"text": "after"}\n'])
     it = FileIteratorState(shards=shards_of(path)).build()
     assert next(it).text == "fine"
     with pytest.raises(DataError, match=rf"bad\.jsonl: row 1: .*{reason}"):
@@ -177,13 +170,9 @@ def test_truncated_arrow_reports_row_or_skips(tmp_path):
     with pytest.raises(DataError, match=r"cut\.arrow: row \d+: .*(truncated|corrupt)"):
         for doc in it:
             got.append(doc.sample_id)
-    assert got == [
-        f"s-{i}" for i in range(len(got))
-    ]  # everything before the damage was read
+    assert got == [f"s-{i}" for i in range(len(got))]  # everything before the damage was read
     good = write_jsonl(tmp_path / "next.jsonl", "n", range(2))
-    skipping = FileIteratorState(
-        shards=shards_of(cut, good), skip_bad_records=True
-    ).build()
+    skipping = FileIteratorState(shards=shards_of(cut, good), skip_bad_records=True).build()
     ids = [d.sample_id for d in skipping]
     assert ids[-2:] == ["n-0", "n-1"] and skipping.get_state().n_skipped == 1
 

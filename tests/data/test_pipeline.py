@@ -49,9 +49,7 @@ def epochs_of(state) -> dict:
 @pytest.mark.parametrize("mode", ["byte", "space", "static"])
 def test_resume_anywhere_is_exact(corpus, mode):
     patcher_args = {"patching_mode": mode, "patch_size": 3}
-    args = make_args(
-        corpus, seq_len=48 if mode == "byte" else 16, patcher_args=patcher_args
-    )
+    args = make_args(corpus, seq_len=48 if mode == "byte" else 16, patcher_args=patcher_args)
     n = 18
     straight = take(args.build_from_rank(0, 1), n)
     for k in (0, 1, 6, 11, 17):
@@ -62,9 +60,7 @@ def test_resume_anywhere_is_exact(corpus, mode):
         assert batches_equal(head + take(resumed, n - k), straight), k
     final = args.build_from_rank(0, 1)
     take(final, n)
-    assert (
-        max(epochs_of(final.get_state()).values()) >= 1
-    )  # the run crossed an epoch boundary
+    assert max(epochs_of(final.get_state()).values()) >= 1  # the run crossed an epoch boundary
 
 
 def test_state_rebuild_via_state_build_and_dict(corpus):
@@ -81,9 +77,7 @@ def test_state_rebuild_via_state_build_and_dict(corpus):
 def stream_of(paths, tokenizer, repeats=3):
     docs = []
     for path in paths:
-        docs += [
-            json.loads(line)["text"] for line in Path(path).read_text().splitlines()
-        ]
+        docs += [json.loads(line)["text"] for line in Path(path).read_text().splitlines()]
     return np.concatenate([tokenizer.encode_array(t) for t in docs * repeats])
 
 
@@ -105,9 +99,7 @@ def test_byte_windows_cover_every_target_once(tmp_path):
     assert np.array_equal(targets, stream[1 : 1 + len(targets)])
 
 
-@pytest.mark.parametrize(
-    "mode,pad", [("space", True), ("space", False), ("static", True)]
-)
+@pytest.mark.parametrize("mode,pad", [("space", True), ("space", False), ("static", True)])
 def test_patch_windows_follow_stream_patches(tmp_path, mode, pad):
     paths = [write_jsonl(tmp_path / "s" / "s.chunk.00.jsonl", "s", range(9))]
     patcher_args = {"patching_mode": mode, "patch_size": 3}
@@ -121,21 +113,15 @@ def test_patch_windows_follow_stream_patches(tmp_path, mode, pad):
         patcher_args=patcher_args,
     )
     tokenizer, patcher = BltTokenizer(), PatcherArgs(**patcher_args).build()
-    docs = [
-        json.loads(line)["text"] for line in Path(paths[0]).read_text().splitlines()
-    ] * 3
+    docs = [json.loads(line)["text"] for line in Path(paths[0]).read_text().splitlines()] * 3
     stream_starts, stream, offset = set(), [], 0
     import torch
 
     for text in docs:
         tokens = tokenizer.encode_array(text)
-        lengths, _ = patcher.patch(
-            torch.from_numpy(tokens)[None], include_next_token=False
-        )
+        lengths, _ = patcher.patch(torch.from_numpy(tokens)[None], include_next_token=False)
         stream_starts.update(
-            (
-                offset + np.concatenate([[0], np.cumsum(lengths[0].numpy())[:-1]])
-            ).tolist()
+            (offset + np.concatenate([[0], np.cumsum(lengths[0].numpy())[:-1]])).tolist()
         )
         stream.append(tokens)
         offset += len(tokens)
@@ -148,36 +134,25 @@ def test_patch_windows_follow_stream_patches(tmp_path, mode, pad):
         check_patch_invariants(batch.patch_lengths, width)
         for x, y, m, pl in zip(batch.x, batch.y, batch.mask, batch.patch_lengths):
             n = int(m.sum())
-            assert (
-                m[:n].all()
-                and not m[n:].any()
-                and (x[n:] == 0).all()
-                and (y[n:] == 0).all()
-            )
+            assert m[:n].all() and not m[n:].any() and (x[n:] == 0).all() and (y[n:] == 0).all()
             assert np.array_equal(x[:n], stream[position : position + n])
             assert np.array_equal(y[:n], stream[position + 1 : position + n + 1])
             starts = np.concatenate([[0], np.cumsum(pl[pl > 0])[:-1]])
             inside = {int(s) for s in starts if 2 <= s <= n}
             expected = {s - position for s in stream_starts if 2 <= s - position <= n}
             assert inside == expected
-            assert (
-                n == 24 or (pl > 0).sum() == 7
-            )  # a window ends on the byte or the patch budget
+            assert n == 24 or (pl > 0).sum() == 7  # a window ends on the byte or the patch budget
             targets.append(y[:n])
             position += n  # the last target starts the next window
     assert np.array_equal(np.concatenate(targets), stream[1 : 1 + position])
 
 
 def finite_packing_state(paths, mode, batch_size, seq_len, max_length=None):
-    file_state = FileIteratorState(
-        shards=[FileShard(path=str(p), format="json") for p in paths]
-    )
+    file_state = FileIteratorState(shards=[FileShard(path=str(p), format="json") for p in paths])
     patcher = PatcherArgs(patching_mode="space") if mode == "patches" else None
     preprocess = PreprocessIteratorState(source=file_state, patcher_args=patcher)
     sequence = SequenceIteratorState(
-        args=SequenceArgs(
-            mode=mode, seq_len=seq_len, max_length=max_length, buffer_size=1
-        ),
+        args=SequenceArgs(mode=mode, seq_len=seq_len, max_length=max_length, buffer_size=1),
         source=preprocess,
     )
     packing_args = PackingArgs(
@@ -189,17 +164,13 @@ def finite_packing_state(paths, mode, batch_size, seq_len, max_length=None):
 @pytest.mark.parametrize("mode", ["bytes", "patches"])
 def test_partial_last_batch_and_end(tmp_path, mode):
     path = write_jsonl(tmp_path / "f.jsonl", "s", range(3))
-    n_windows = len(
-        list(finite_packing_state([path], mode, 1, seq_len=6, max_length=30).build())
-    )
+    n_windows = len(list(finite_packing_state([path], mode, 1, seq_len=6, max_length=30).build()))
     assert n_windows >= 3
     state = finite_packing_state([path], mode, n_windows - 1, seq_len=6, max_length=30)
     batches = list(state.build())
     assert len(batches) == 2
     total_tokens = len(stream_of([path], BltTokenizer(), repeats=1))
-    assert (
-        sum(int(b.mask.sum()) for b in batches) == total_tokens - 1
-    )  # every target once
+    assert sum(int(b.mask.sum()) for b in batches) == total_tokens - 1  # every target once
     last = batches[-1]
     empty = ~last.mask.any(axis=1)
     assert empty.any()  # padded rows in the final batch
@@ -220,9 +191,7 @@ def test_ranks_read_disjoint_documents_covering_the_data(corpus, world):
             file_state = source.source.source.file_state
             seen += [d.sample_id for d in file_state.build()]
     assert len(seen) == len(set(seen))  # no document on two ranks
-    assert sorted(seen) == sorted(
-        [f"a-{i}" for i in range(21)] + [f"b-{i}" for i in range(18)]
-    )
+    assert sorted(seen) == sorted([f"a-{i}" for i in range(21)] + [f"b-{i}" for i in range(18)])
 
 
 def test_ranks_get_different_batches(corpus):
@@ -234,9 +203,7 @@ def test_ranks_get_different_batches(corpus):
 
 
 def test_source_weights_are_followed(corpus):
-    args = make_args(
-        corpus, sources={"a": 1.0, "b": 0.0}, batch_size=4, seq_len=16, buffer_size=1
-    )
+    args = make_args(corpus, sources={"a": 1.0, "b": 0.0}, batch_size=4, seq_len=16, buffer_size=1)
     for batch in take(args.build_from_rank(0, 1), 5):
         text = BltTokenizer().decode(batch.x.reshape(-1).tolist())
         assert "<b:" not in text
@@ -255,9 +222,7 @@ def test_entropy_mode_uses_stored_entropies(tmp_path):
         check_patch_invariants(batch.patch_lengths, 40)
     it = args.build_from_rank(0, 1)
     take(it, 2)
-    assert batches_equal(
-        take(load_state(it.get_state().model_dump_json()).build(), 2), batches[2:]
-    )
+    assert batches_equal(take(load_state(it.get_state().model_dump_json()).build(), 2), batches[2:])
 
 
 def test_entropy_mode_without_entropies_is_a_clear_error(corpus):
@@ -303,20 +268,16 @@ def test_source_discovery(tmp_path, corpus):
         write_arrow(pre / f"b.chunk.00.jsonl.shard_{shard}.arrow", "b", range(2))
         if shard != 5:
             (pre / f"b.chunk.00.jsonl.shard_{shard}.arrow.complete").touch()
-    pre_args = make_args(
-        corpus, preprocess_dir=str(tmp_path / "pre"), sources={"b": 1.0}
-    )
+    pre_args = make_args(corpus, preprocess_dir=str(tmp_path / "pre"), sources={"b": 1.0})
     names = [p.rsplit("/", 1)[1] for p in pre_args.files_of("b")]
     assert names == [
         f"b.chunk.00.jsonl.shard_{s}.arrow" for s in range(12) if s != 5
     ]  # natural order
     with pytest.raises(DataError, match="preprocessed directory .* does not exist"):
-        make_args(
-            corpus, preprocess_dir=str(tmp_path / "nowhere"), sources={"b": 1.0}
-        ).files_of("b")
-    files_args = DataArgs(
-        dataset_files=[str(corpus / "a" / "a.val.jsonl")], load_async=False
-    )
+        make_args(corpus, preprocess_dir=str(tmp_path / "nowhere"), sources={"b": 1.0}).files_of(
+            "b"
+        )
+    files_args = DataArgs(dataset_files=[str(corpus / "a" / "a.val.jsonl")], load_async=False)
     assert files_args.files_of("dataset_files") == [str(corpus / "a" / "a.val.jsonl")]
 
 
@@ -336,6 +297,7 @@ def test_data_args_validation():
     assert DataArgs(patcher_args={"patching_mode": "byte"}).packing_mode == "bytes"
     assert DataArgs(add_patches=False, patcher_args=SPACE).packing_mode == "bytes"
     assert DataArgs(patcher_args=SPACE).packing_mode == "patches"
-    assert DataArgs(
-        s3_profile="p", storage_options={"anon": False}
-    ).fsspec_options() == {"anon": False, "profile": "p"}
+    assert DataArgs(s3_profile="p", storage_options={"anon": False}).fsspec_options() == {
+        "anon": False,
+        "profile": "p",
+    }

@@ -17,12 +17,9 @@ def test_prepare_writes_deterministic_shards_once(tmp_path, capsys):
     ]
     mtimes = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     records = [
-        json.loads(line)
-        for line in (out / "stdlib.chunk.00.jsonl").read_text().splitlines()
+        json.loads(line) for line in (out / "stdlib.chunk.00.jsonl").read_text().splitlines()
     ]
-    assert records and all(
-        r["sample_id"].endswith(".py") and r["text"] for r in records
-    )
+    assert records and all(r["sample_id"].endswith(".py") and r["text"] for r in records)
     val_ids = {
         json.loads(line)["sample_id"]
         for line in (out / "stdlib.val.jsonl").read_text().splitlines()
@@ -34,9 +31,7 @@ def test_prepare_writes_deterministic_shards_once(tmp_path, capsys):
     }
     assert val_ids and not val_ids & train_ids
 
-    assert (
-        main(["--out", str(out), "--chunks", "3", "--max-mb", "0.6"]) == 0
-    )  # idempotent
+    assert main(["--out", str(out), "--chunks", "3", "--max-mb", "0.6"]) == 0  # idempotent
     assert "already prepared" in capsys.readouterr().out
     assert mtimes == {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
 

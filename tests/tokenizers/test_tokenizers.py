@@ -92,17 +92,13 @@ def test_tokenizer_args_names_and_errors():
 def test_missing_sentencepiece_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "sentencepiece", None)
     with pytest.raises(ConfigError, match="pip install sentencepiece"):
-        TokenizerArgs(
-            name="sp", init_kwargs={"model_path": str(tmp_path / "x.model")}
-        ).build()
+        TokenizerArgs(name="sp", init_kwargs={"model_path": str(tmp_path / "x.model")}).build()
 
 
 def test_missing_tiktoken_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "tiktoken", None)
     with pytest.raises(ConfigError, match="pip install tiktoken"):
-        TokenizerArgs(
-            name="tiktoken", init_kwargs={"model_path": str(tmp_path / "x")}
-        ).build()
+        TokenizerArgs(name="tiktoken", init_kwargs={"model_path": str(tmp_path / "x")}).build()
 
 
 @pytest.fixture(scope="module")
@@ -164,9 +160,7 @@ def tiktoken_file(tmp_path_factory):
         b" wo",
     ]
     path = tmp_path_factory.mktemp("tt") / "tiny.tiktoken"
-    path.write_text(
-        "".join(f"{base64.b64encode(t).decode()} {i}\n" for i, t in enumerate(ranks))
-    )
+    path.write_text("".join(f"{base64.b64encode(t).decode()} {i}\n" for i, t in enumerate(ranks)))
     return str(path), len(ranks)
 
 
