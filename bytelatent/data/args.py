@@ -206,6 +206,57 @@ class DataArgs(BaseModel):
         )
         return PackingIteratorState(args=packing_args, source=sampling)
 
+    def build_validation(
+        self,
+        files: str | list[str],
+        dp_rank: int,
+        dp_world_size: int,
+        batch_size: int | None = None,
+    ) -> StatefulIterator:
+        """One pass over validation files (paths, globs or directories; sharded across ranks like
+        training files), unshuffled, packed like training batches; the last batch may be partial."""
+        if not 0 <= dp_rank < dp_world_size:
+            raise ConfigError(
+                f"dp_rank {dp_rank} is outside a data-parallel world of {dp_world_size}"
+            )
+        options = self.fsspec_options()
+        paths: list[str] = []
+        for entry in [files] if isinstance(files, str) else files:
+            found = source_files(
+                entry, root_dir=self.root_dir, file_format=self.file_format, storage_options=options
+            )
+            paths.extend(found)
+        file_state = FileIteratorState(
+            shards=assign_shards(
+                paths, dp_rank, dp_world_size, file_formats(paths, self.file_format)
+            ),
+            storage_options=options or None,
+            arrow_batch_size=self.arrow_batch_size,
+            skip_bad_records=self.skip_bad_records,
+        )
+        patches = self.packing_mode == "patches"
+        preprocess = PreprocessIteratorState(
+            source=file_state,
+            tokenizer_args=self.tokenizer_for_data(),
+            patcher_args=self.patcher_args if patches else None,
+            skip_bad_records=self.skip_bad_records,
+        )
+        max_length = self.max_encoder_seq_length if patches else None
+        sequence = SequenceIteratorState(
+            args=SequenceArgs(
+                mode=self.packing_mode, seq_len=self.seq_len, max_length=max_length, buffer_size=1
+            ),
+            source=preprocess,
+        )
+        packing_args = PackingArgs(
+            mode=self.packing_mode,
+            batch_size=batch_size or self.batch_size,
+            seq_len=self.seq_len,
+            max_length=max_length,
+            pad_to_max_length=self.pad_to_max_length,
+        )
+        return PackingIteratorState(args=packing_args, source=sequence).build()
+
     def build_from_rank(
         self, dp_rank: int, dp_world_size: int, state: str | dict | None = None
     ) -> StatefulIterator:

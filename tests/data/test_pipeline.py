@@ -301,3 +301,21 @@ def test_data_args_validation():
         "anon": False,
         "profile": "p",
     }
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_validation_pass_is_finite_and_counts_every_target(corpus, world):
+    args = make_args(corpus, patcher_args=SPACE, seq_len=8)
+    tokenizer = BltTokenizer()
+    total = 0
+    for rank in range(world):
+        batches = list(args.build_validation("a/a.val.jsonl", rank, world, batch_size=2))
+        for batch in batches:
+            check_patch_invariants(batch.patch_lengths, batch.x.shape[1])
+        total += sum(int(b.mask.sum()) for b in batches)
+    texts = [
+        json.loads(line)["text"] for line in (corpus / "a" / "a.val.jsonl").read_text().splitlines()
+    ]
+    n_tokens = sum(len(tokenizer.encode(t)) for t in texts)
+    ranks_with_data = min(world, len(texts))
+    assert total == n_tokens - ranks_with_data  # each rank's stream loses only its first token

@@ -24,9 +24,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import multiprocessing as mp
+import os
 import pickle
 import queue
 import signal
+import sys
 import traceback
 import weakref
 from typing import Literal
@@ -59,6 +61,11 @@ class MultiprocessIteratorState(IteratorState):
 
 
 def default_start_method() -> str:
+    """forkserver (else spawn); fork only when the main module cannot be re-imported (stdin, REPL
+    files that are gone), which spawn and forkserver need."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file is not None and not os.path.exists(main_file):
+        return "fork"
     return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
@@ -220,7 +227,7 @@ class MultiprocessIterator(StatefulIterator[Batch]):
                     self.close()
                     raise RuntimeError(
                         f"data loader worker exited with code {code} without reporting an error "
-                        "(killed? out of memory?)"
+                        "(see its output above; killed? out of memory?)"
                     ) from None
 
     @staticmethod
