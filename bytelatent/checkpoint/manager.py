@@ -66,7 +66,7 @@ DUMP_KINDS = frozenset({"dump", "final", "preempt"})
 class SaveEvery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    every: int = Field(default=1000, ge=1)
+    every: int = Field(default=1000, ge=0)  # 0: never save checkpoints of this kind
     keep: int = 0  # keep the newest `keep` checkpoints of this kind; <= 0 keeps all
 
 

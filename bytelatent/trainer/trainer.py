@@ -79,7 +79,9 @@ class Trainer:
         self.dp_rank, self.dp_size = dp_rank_and_size(self.mesh)
         self._dp_group_cache = None
         self.model = self._build_model()
-        self.optimizer, self.scheduler = build_optimizer(self.model, args.optim, args.steps, self.device.type)
+        self.optimizer, self.scheduler = build_optimizer(
+            self.model, args.optim, args.steps, self.device.type
+        )
         self.checkpoints = CheckpointManager(
             args.checkpoint,
             dump_dir=args.dump_dir,
@@ -89,8 +91,12 @@ class Trainer:
         )
         self.state = TrainState()
         self._resume_or_warm_start()
-        self.data = args.data.build_from_rank(self.dp_rank, self.dp_size, state=self.state.data_state)
-        self.metrics = MetricLogger(os.path.join(args.dump_dir, "metrics.jsonl") if env.rank == 0 else None)
+        self.data = args.data.build_from_rank(
+            self.dp_rank, self.dp_size, state=self.state.data_state
+        )
+        self.metrics = MetricLogger(
+            os.path.join(args.dump_dir, "metrics.jsonl") if env.rank == 0 else None
+        )
         self.flops_per_byte = model_flops_per_byte(args)
         self.peak_flops = peak_flops_per_device(self.device, args.logging.peak_tflops)
         self.preemption = PreemptionFlag().install()
@@ -113,12 +119,23 @@ class Trainer:
         if path is not None:
             train_state = self.checkpoints.load(self.model, self.optimizer, path)
             self.state = TrainState.model_validate(train_state)
+            if (
+                self.checkpoints.last_load is not None
+                and self.checkpoints.last_load.dp_size_changed
+            ):
+                # Data states are per dp rank; with another dp size each rank starts its shard afresh.
+                logger.warning(
+                    "data-parallel size changed since %s: data loaders restart their shards", path
+                )
+                self.state.data_state = None
             self.scheduler.load_state_dict(self.state.scheduler)
             restore_rng_state(self.state.rng)
             logger.info("resumed from %s at step %d", path, self.state.step)
         elif self.args.checkpoint.init_ckpt_path:
             ckpt = self.args.checkpoint
-            self.checkpoints.load_init(self.model, ckpt.init_ckpt_path, ckpt.init_ckpt_strict, ckpt.init_ckpt_rename)
+            self.checkpoints.load_init(
+                self.model, ckpt.init_ckpt_path, ckpt.init_ckpt_strict, ckpt.init_ckpt_rename
+            )
             logger.info("initialised model weights from %s", ckpt.init_ckpt_path)
 
     # ---------------------------------------------------------------- loop
@@ -180,7 +197,9 @@ class Trainer:
         mask = torch.from_numpy(batch.mask).to(self.device, non_blocking=True)
         with forward_context(self.mesh, self.args.distributed, self.device.type):
             if batch.patch_lengths is not None and not self.args.train_entropy_model:
-                patch_lengths = torch.from_numpy(batch.patch_lengths).to(self.device, non_blocking=True)
+                patch_lengths = torch.from_numpy(batch.patch_lengths).to(
+                    self.device, non_blocking=True
+                )
                 logits = self.model(x, patch_lengths=patch_lengths)
             else:
                 logits = self.model(x)
@@ -203,7 +222,9 @@ class Trainer:
         return self._dp_group_cache
 
     # ---------------------------------------------------------------- metrics
-    def _accumulate(self, interval: Interval, out: StepOutput, batches, data_time, step_time) -> None:
+    def _accumulate(
+        self, interval: Interval, out: StepOutput, batches, data_time, step_time
+    ) -> None:
         interval.loss_sum += out.loss_sum
         interval.n_bytes += out.n_bytes
         interval.n_input_bytes += sum(int(b.x.size) for b in batches)
@@ -214,7 +235,8 @@ class Trainer:
 
     def log(self, interval: Interval, out: StepOutput) -> dict:
         sums = torch.tensor(
-            [interval.loss_sum.item(), interval.n_bytes, interval.n_input_bytes], dtype=torch.float64
+            [interval.loss_sum.item(), interval.n_bytes, interval.n_input_bytes],
+            dtype=torch.float64,
         )
         if self.dp_size > 1:  # float64 all-reduce (the reference reduces these in bf16)
             sums = sums.to(self.device)
@@ -249,12 +271,15 @@ class Trainer:
     def maybe_save(self) -> None:
         step = self.state.step
         ckpt = self.args.checkpoint
-        if ckpt.dump.every > 0 and step % ckpt.dump.every == 0:
-            self.save("dump")
-        elif ckpt.eval.every > 0 and step % ckpt.eval.every == 0:
-            self.save("eval")
+        kinds = [
+            k
+            for k, rule in (("dump", ckpt.dump), ("eval", ckpt.eval))
+            if rule.every and step % rule.every == 0
+        ]
+        if kinds:
+            self.save(kinds)
 
-    def save(self, kind: str) -> None:
+    def save(self, kind: str | list[str]) -> None:
         """The one save path: periodic, eval, preemption and final saves all come through here."""
         if self._last_saved_step == self.state.step:
             return
@@ -278,7 +303,11 @@ class Trainer:
         if under_slurm():
             requeue_slurm_job(self.env.rank == 0)
         else:
-            logger.info("stopped at step %d; run the same command again to resume from %s", self.state.step, self.args.checkpoint.path)
+            logger.info(
+                "stopped at step %d; run the same command again to resume from %s",
+                self.state.step,
+                self.args.checkpoint.path,
+            )
 
     def close(self) -> None:
         self.preemption.uninstall()
@@ -288,4 +317,3 @@ class Trainer:
         if close is not None:
             close()
         gc.enable()
-

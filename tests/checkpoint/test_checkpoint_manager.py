@@ -58,7 +58,7 @@ def test_args_defaults_and_forbid_extra():
     with pytest.raises(ValueError):
         CheckpointArgs(dumpp=SaveEvery())
     with pytest.raises(ValueError):
-        SaveEvery(every=0)
+        SaveEvery(every=-1)
     with pytest.raises(ConfigError, match="checkpoint.path"):
         CheckpointManager(CheckpointArgs())
 
