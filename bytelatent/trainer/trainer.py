@@ -47,7 +47,8 @@ logger = logging.getLogger("bytelatent")
 @dataclass
 class StepOutput:
     loss_sum: torch.Tensor  # Σ CE in nats over this rank's target bytes (float64, on device)
-    n_bytes: int  # this rank's target bytes
+    n_targets: int  # this rank's target tokens (the loss is a mean over these)
+    n_bytes: int  # bytes those targets stand for (equal to n_targets for byte tokenizers)
     grad_norm: torch.Tensor
 
 
@@ -60,6 +61,7 @@ class Interval:
 
     def reset(self) -> None:
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.n_targets = 0
         self.n_bytes = 0
         self.n_input_bytes = 0
         self.steps = 0
@@ -89,6 +91,7 @@ class Trainer:
             dp_size=self.dp_size,
             is_tp_rank0=tp_rank_and_size(self.mesh)[0] == 0,
         )
+        self.tokenizer = args.data.tokenizer_args.build()
         self.state = TrainState()
         self._resume_or_warm_start()
         self.data = args.data.build_from_rank(
@@ -175,11 +178,11 @@ class Trainer:
 
     def train_step(self, batches: list[Batch]) -> StepOutput:
         """One optimizer step over `grad_acc_steps` micro-batches; clipping happens once."""
-        local_bytes = sum(int(b.mask.sum()) for b in batches)  # host-side numpy, no device sync
-        global_bytes = self._all_reduce_count(local_bytes)
+        local_targets = sum(int(b.mask.sum()) for b in batches)  # host-side numpy, no device sync
+        global_targets = self._all_reduce_count(local_targets)
         # FSDP averages gradients over data-parallel ranks, so scale by dp_size: the update is then
-        # Σ_all ranks CE / Σ_all ranks target bytes, independent of how bytes fall on ranks.
-        scale = self.dp_size / max(global_bytes, 1)
+        # Σ_all ranks CE / Σ_all ranks targets, independent of how targets fall on ranks and micro-batches.
+        scale = self.dp_size / max(global_targets, 1)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for i, batch in enumerate(batches):
             set_gradient_sync(self.model, i == len(batches) - 1)
@@ -189,7 +192,10 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.acc_step = 0
-        return StepOutput(loss_sum=loss_sum, n_bytes=local_bytes, grad_norm=grad_norm)
+        n_bytes = sum(self.tokenizer.n_bytes(b.y, b.mask) for b in batches)
+        return StepOutput(
+            loss_sum=loss_sum, n_targets=local_targets, n_bytes=n_bytes, grad_norm=grad_norm
+        )
 
     def forward_backward(self, batch: Batch, scale: float) -> torch.Tensor:
         x = torch.from_numpy(batch.x).to(self.device, non_blocking=True)
@@ -226,6 +232,7 @@ class Trainer:
         self, interval: Interval, out: StepOutput, batches, data_time, step_time
     ) -> None:
         interval.loss_sum += out.loss_sum
+        interval.n_targets += out.n_targets
         interval.n_bytes += out.n_bytes
         interval.n_input_bytes += sum(int(b.x.size) for b in batches)
         interval.steps += 1
@@ -235,19 +242,19 @@ class Trainer:
 
     def log(self, interval: Interval, out: StepOutput) -> dict:
         sums = torch.tensor(
-            [interval.loss_sum.item(), interval.n_bytes, interval.n_input_bytes],
+            [interval.loss_sum.item(), interval.n_targets, interval.n_bytes, interval.n_input_bytes],
             dtype=torch.float64,
         )
         if self.dp_size > 1:  # float64 all-reduce (the reference reduces these in bf16)
             sums = sums.to(self.device)
             dist.all_reduce(sums, group=self._dp_group())
             sums = sums.cpu()
-        loss_sum, n_bytes, n_input = sums.tolist()
+        loss_sum, n_targets, n_bytes, n_input = sums.tolist()
         elapsed = max(interval.step_time + interval.data_time, 1e-9)
         bytes_per_s = n_input / elapsed
         m = {
             "global_step": self.state.step,
-            "loss": loss_sum / max(n_bytes, 1.0),
+            "loss": loss_sum / max(n_targets, 1.0),
             "bpb": bits_per_byte(loss_sum, n_bytes),
             "n_bytes": int(n_bytes),
             "lr": self.scheduler.get_last_lr()[0],
