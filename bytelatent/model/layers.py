@@ -108,6 +108,18 @@ def _rotate_pairs(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(pairs * rotation).flatten(-2).type_as(x)
 
 
+def autocast_input(x: torch.Tensor) -> torch.Tensor:
+    """Cast x once to the autocast dtype when autocast is on.
+
+    Under autocast every linear casts its input itself; a tensor feeding several linears
+    (wq/wk/wv, w1/w3) would be cast, and its gradient cast back, once per linear.
+    """
+    device_type = x.device.type
+    if x.is_floating_point() and torch.is_autocast_enabled(device_type):
+        return x.to(torch.get_autocast_dtype(device_type))
+    return x
+
+
 def _trunc_normal_(weight: torch.Tensor, std: float) -> None:
     nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
 
@@ -142,6 +154,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """x [B,S,dim] -> [B,S,dim]; freq_cis covers at least S positions."""
         bsz, seqlen, _ = x.shape
+        x = autocast_input(x)
         xq = self.wq(x).view(bsz, seqlen, self.n_heads, self.head_dim)
         xk = self.wk(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
         xv = self.wv(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
@@ -193,6 +206,7 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = autocast_input(x)
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
     def reset_parameters(

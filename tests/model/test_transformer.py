@@ -4,7 +4,12 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from bytelatent.model.layers import FeedForward, precompute_freqs_cis
+from bytelatent.model.layers import (
+    FeedForward,
+    RotaryEmbedding,
+    apply_rotary_emb,
+    precompute_freqs_cis,
+)
 from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
 
 EOS = 2
@@ -23,27 +28,21 @@ def tiny_args(**overrides) -> LMTransformerArgs:
     return LMTransformerArgs(**fields)
 
 
-def build_initialised(
-    args: LMTransformerArgs, seed: int | None = None
-) -> LMTransformer:
+def build_initialised(args: LMTransformerArgs, seed: int | None = None) -> LMTransformer:
     """The training recipe: build on meta, to_empty, poison the memory, init_weights."""
     with torch.device("meta"):
         model = LMTransformer(args)
     model.to_empty(device="cpu")
     with torch.no_grad():
         for tensor in [*model.parameters(), *model.buffers()]:
-            tensor.fill_(
-                float("nan")
-            )  # stands for whatever garbage to_empty left behind
+            tensor.fill_(float("nan"))  # stands for whatever garbage to_empty left behind
     torch.manual_seed(args.seed if seed is None else seed)
     model.init_weights()
     return model
 
 
 def random_tokens(bsz: int, seqlen: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(
-        4, 260, (bsz, seqlen), generator=torch.Generator().manual_seed(seed)
-    )
+    return torch.randint(4, 260, (bsz, seqlen), generator=torch.Generator().manual_seed(seed))
 
 
 def test_meta_init_fills_everything_deterministically():
@@ -51,17 +50,13 @@ def test_meta_init_fills_everything_deterministically():
     model = build_initialised(args)
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         assert torch.isfinite(tensor).all(), name
-    table = precompute_freqs_cis(
-        args.dim // args.n_heads, args.max_seqlen, args.rope_theta
-    )
+    table = precompute_freqs_cis(args.dim // args.n_heads, args.max_seqlen, args.rope_theta)
     assert torch.equal(model.rope_embeddings.freqs_cis, table)
     again = build_initialised(args)
     for (name, a), b in zip(model.state_dict().items(), again.state_dict().values()):
         assert torch.equal(a, b), name
     other = build_initialised(args, seed=args.seed + 1)
-    assert not torch.equal(
-        model.layers[0].attention.wq.weight, other.layers[0].attention.wq.weight
-    )
+    assert not torch.equal(model.layers[0].attention.wq.weight, other.layers[0].attention.wq.weight)
 
 
 def test_init_std_follows_reference_rules():
@@ -121,7 +116,9 @@ def test_forward_shape_and_dtype():
     logits = model(tokens)
     assert logits.shape == (2, 16, 260) and logits.dtype == torch.float32
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert model(tokens).dtype == torch.float32
+        low_precision = model(tokens)
+    assert low_precision.dtype == torch.float32
+    assert (low_precision - logits).abs().max() < 0.1  # same function, bf16 matmuls
 
 
 def test_gqa_equals_mha_with_repeated_kv_heads():
@@ -132,9 +129,7 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
     for name in list(state):
         if name.endswith(("attention.wk.weight", "attention.wv.weight")):
             # kv head g serves query heads 2g and 2g+1
-            state[name] = (
-                state[name].view(2, 8, 32).repeat_interleave(2, dim=0).reshape(32, 32)
-            )
+            state[name] = state[name].view(2, 8, 32).repeat_interleave(2, dim=0).reshape(32, 32)
     mha.load_state_dict(state)
     mha.rope_embeddings.reset_parameters()
     tokens = random_tokens(2, 12)
@@ -180,9 +175,7 @@ def test_adamw_reduces_loss_on_repeated_batch():
     assert losses[-1] < losses[0] - 0.5
 
 
-@pytest.mark.parametrize(
-    ("kind", "window"), [("block_causal", None), ("local_block_causal", 5)]
-)
+@pytest.mark.parametrize(("kind", "window"), [("block_causal", None), ("local_block_causal", 5)])
 def test_document_in_packed_row_equals_document_alone(kind, window):
     """RoPE positions are not reset at EOS, but RoPE is relative, so a document's logits do not
     depend on where it sits in the row (up to float error) once the mask isolates it."""
@@ -198,9 +191,7 @@ def test_document_in_packed_row_equals_document_alone(kind, window):
     with torch.no_grad():
         causal = build_initialised(tiny_args(attn_bias_type="causal"))
         leaked = causal(packed)[:, doc1.shape[1] :]
-    assert (
-        leaked - causal(doc2)
-    ).abs().max() > 1e-3  # without the doc mask, doc 1 leaks in
+    assert (leaked - causal(doc2)).abs().max() > 1e-3  # without the doc mask, doc 1 leaks in
 
 
 @pytest.mark.parametrize(
@@ -227,3 +218,24 @@ def test_sequence_longer_than_rope_table_fails_clearly():
     model = build_initialised(tiny_args(max_seqlen=8))
     with pytest.raises(ValueError, match="max_seqlen=8"):
         model(random_tokens(1, 9))
+
+
+def test_rotary_embedding_rotates_interleaved_pairs_like_the_2x2_table():
+    rope = RotaryEmbedding(theta=500.0, head_dim=8, max_seqlen=16)
+    freqs = rope(seqlen=5)
+    assert freqs.shape == (5, 4, 2, 2)
+    xq = torch.randn(2, 5, 3, 8)
+    xk = torch.randn(2, 5, 1, 8)
+    out_q, out_k = apply_rotary_emb(xq, xk, freqs)
+    for x, out in ((xq, out_q), (xk, out_k)):
+        pairs = x.unflatten(-1, (4, 2))  # (x[2i], x[2i+1])
+        expected = torch.einsum("sirc,bshic->bshir", freqs, pairs).flatten(-2)
+        torch.testing.assert_close(out, expected)
+    # position 0 is the identity; the rotation angle of pair i is pos * theta^(-2i/d)
+    torch.testing.assert_close(out_q[:, 0], xq[:, 0])
+    angle = 3 * 500.0 ** (-2 / 8)
+    assert freqs[3, 1, 1, 0].item() == pytest.approx(torch.tensor(angle).sin().item(), rel=1e-6)
+    with torch.no_grad():
+        rope.freqs_cis.zero_()
+    rope.reset_parameters()
+    torch.testing.assert_close(rope(seqlen=5), freqs)

@@ -1,0 +1,232 @@
+"""Entropy-model training throughput on CPU (bytes/s and model FLOP/s vs matmul peak).
+
+Trains LMTransformer (dim 512, 8 layers, 8 heads) on packed multi-document rows of bytes with the
+real local_block_causal mask (window 512), AdamW, in fp32 and under bf16 autocast. The model
+FLOP/s are compared with the fp32 / bf16 2048³ matmul throughput measured in the same run.
+
+    python bench/entropy_model_cpu.py                 # print the table
+    python bench/entropy_model_cpu.py --write         # also write bench/RESULTS_entropy_model_cpu.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+# run from a checkout without installing the package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bytelatent.model.flops import lm_flops_per_token
+from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
+from bytelatent.tokenizers.constants import EOS_ID, OFFSET
+
+RESULTS = Path(__file__).with_name("RESULTS_entropy_model_cpu.md")
+# reference BLT (wrong plain causal mask), measured on the same kind of machine
+REFERENCE = {"fp32": 799.0, "bf16": 1726.0}
+
+
+def packed_batch(bsz: int, seqlen: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of random bytes cut into documents of 20..600 bytes, each ending with EOS."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(OFFSET, OFFSET + 256, (bsz, seqlen + 1), generator=gen)
+    for row in range(bsz):
+        pos = 0
+        while pos < seqlen + 1:
+            pos += int(torch.randint(20, 600, (1,), generator=gen))
+            if pos < seqlen + 1:
+                tokens[row, pos] = EOS_ID
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def matmul_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
+    """Median GFLOP/s of a size³ matmul."""
+    a = torch.randn(size, size).to(dtype)
+    b = torch.randn(size, size).to(dtype)
+    a @ b  # warm up the kernel choice
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / statistics.median(times) / 1e9
+
+
+def build_model(args: LMTransformerArgs, compile_blocks: bool) -> LMTransformer:
+    with torch.device("meta"):
+        model = LMTransformer(args)
+    model.to_empty(device="cpu")
+    torch.manual_seed(args.seed)
+    model.init_weights()
+    if compile_blocks:
+        for layer in model.layers:
+            layer.compile()
+    return model
+
+
+def train_throughput(
+    model: LMTransformer, bsz: int, seqlen: int, precision: str, steps: int, warmup: int
+) -> dict[str, float]:
+    """Median bytes/s of forward+backward+AdamW steps, and the matmul GFLOP/s measured right
+    after each step (the machine is shared: a step and its matmul see about the same load)."""
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    autocast = (
+        torch.autocast("cpu", dtype=torch.bfloat16)
+        if precision == "bf16"
+        else contextlib.nullcontext()
+    )
+    bytes_per_s, peaks = [], []
+    for step in range(warmup + steps):
+        x, y = packed_batch(bsz, seqlen, seed=step)
+        start = time.perf_counter()
+        with autocast:
+            logits = model(x)
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        loss.backward()
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - start
+        if step >= warmup:
+            bytes_per_s.append(bsz * seqlen / elapsed)
+            peaks.append(matmul_gflops(dtype, repeats=3))
+    return {
+        "bytes_per_s": statistics.median(bytes_per_s),
+        "peak": statistics.median(peaks),
+        "ratios": [b / p for b, p in zip(bytes_per_s, peaks)],
+        "loss": loss.item(),
+    }
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "bytelatent"],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
+        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seqlen", type=int, default=1024)
+    parser.add_argument("--dim", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--window", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--precision", choices=["fp32", "bf16", "both"], default="both")
+    parser.add_argument("--compile", action="store_true", help="torch.compile each block")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--write", action="store_true", help=f"write {RESULTS.name}")
+    return parser.parse_args()
+
+
+def main() -> None:
+    opts = parse_args()
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    args = LMTransformerArgs(
+        dim=opts.dim,
+        n_layers=opts.layers,
+        n_heads=opts.heads,
+        max_seqlen=opts.seqlen,
+        attn_impl="sdpa",
+        attn_bias_type="local_block_causal",
+        sliding_window=opts.window,
+        ffn_dim_multiplier=1.0,
+    )
+    model = build_model(args, opts.compile)
+    flops_per_byte = lm_flops_per_token(
+        model.num_params(exclude_embeddings=True),
+        args.n_layers,
+        args.dim,
+        opts.seqlen,
+        opts.window,
+    )
+    load_before = os.getloadavg()
+    precisions = ["fp32", "bf16"] if opts.precision == "both" else [opts.precision]
+    lines = [
+        (
+            "| precision | bytes/s | model GFLOP/s | matmul 2048³ GFLOP/s "
+            "| fraction of matmul (median per step) | reference bytes/s | final loss |"
+        ),
+        "|---|---|---|---|---|---|---|",
+    ]
+    for precision in precisions:
+        result = train_throughput(
+            model, opts.batch, opts.seqlen, precision, opts.steps, opts.warmup
+        )
+        gflops = result["bytes_per_s"] * flops_per_byte / 1e9
+        fraction = statistics.median(result["ratios"]) * flops_per_byte / 1e9
+        lines.append(
+            f"| {precision} | {result['bytes_per_s']:,.0f} | {gflops:.1f} | {result['peak']:.0f} "
+            f"| {fraction:.1%} | {REFERENCE[precision]:,.0f} | {result['loss']:.3f} |"
+        )
+    load_after = os.getloadavg()
+    table = "\n".join(lines)
+    command = "python bench/entropy_model_cpu.py " + " ".join(
+        f"--{k}={v}" for k, v in vars(opts).items() if v not in (None, False) and k != "write"
+    )
+    details = (
+        f"- command: `{command}`\n"
+        f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC}; git {git_commit()}\n"
+        f"- machine: {cpu_name()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads\n"
+        f"- load average (1/5/15 min) before: {'/'.join(f'{x:.2f}' for x in load_before)}, "
+        f"after: {'/'.join(f'{x:.2f}' for x in load_after)}\n"
+        f"- model: {model.num_params():,} params ({model.num_params(exclude_embeddings=True):,} "
+        f"non-embedding), batch {opts.batch} x {opts.seqlen} bytes, window {opts.window}, "
+        f"compile={opts.compile}; {flops_per_byte / 1e6:.1f} MFLOP per byte "
+        "(bytelatent.model.flops.lm_flops_per_token)\n"
+        f"- median step time over {opts.steps} steps after {opts.warmup} warm-up steps"
+    )
+    print(table)
+    print(details)
+    if opts.write:
+        write_results(table, details)
+
+
+def write_results(table: str, details: str) -> None:
+    """Append this run to the results file (previous runs are kept below the header)."""
+    header = (
+        "# Entropy-model training throughput on CPU\n\n"
+        "Produced by `bench/entropy_model_cpu.py`. Each section is one run; the newest is last.\n"
+    )
+    text = RESULTS.read_text() if RESULTS.exists() else header
+    stamp = f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC}"
+    RESULTS.write_text(f"{text.rstrip()}\n\n## Run {stamp}\n\n{table}\n\n{details}\n")
+
+
+if __name__ == "__main__":
+    main()
