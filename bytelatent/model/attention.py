@@ -42,8 +42,9 @@ _warned_fallbacks: set[tuple[str, str]] = set()
 class AttnMask:
     """A mask for q [B,H,Q,D] x k [B,H,K,D].
 
-    Exactly one of ``is_causal`` (no tensor) or ``dense`` (bool, broadcastable to [B,1,Q,K],
-    True = attend) describes the mask. ``query_has_key`` ([B,1,Q,1] bool) is set when some query
+    Exactly one of ``is_causal`` (no tensor), ``dense`` (bool, broadcastable to [B,1,Q,K],
+    True = attend) or ``band`` (a sliding-window self-attention mask stored block by block, see
+    BandedMask) describes the mask. ``query_has_key`` ([B,1,Q,1] bool) is set when some query
     rows may allow no key at all: those rows were opened up in ``dense`` (so no kernel ever sees
     an empty row, which some produce NaN for) and ``attend`` writes zeros to them.
     ``block_mask`` is an optional flex_attention BlockMask for the same mask (CUDA), and
@@ -52,6 +53,7 @@ class AttnMask:
 
     is_causal: bool = False
     dense: torch.Tensor | None = None
+    band: BandedMask | None = None
     query_has_key: torch.Tensor | None = None
     block_mask: Any = None
     xformers_bias: Any = None
@@ -59,14 +61,13 @@ class AttnMask:
     xformers_flatten: bool = False
 
     def __post_init__(self) -> None:
-        if self.is_causal == (self.dense is not None):
+        given = int(self.is_causal) + (self.dense is not None) + (self.band is not None)
+        if given != 1:
             raise ValueError(
-                "AttnMask needs exactly one of is_causal=True or a dense bool tensor"
+                "AttnMask needs exactly one of is_causal=True, a dense bool tensor or a band"
             )
         if self.dense is not None and self.dense.dtype != torch.bool:
-            raise ValueError(
-                f"AttnMask.dense must be a bool tensor, got {self.dense.dtype}"
-            )
+            raise ValueError(f"AttnMask.dense must be a bool tensor, got {self.dense.dtype}")
 
     @classmethod
     def causal(cls) -> AttnMask:
@@ -74,9 +75,7 @@ class AttnMask:
         return cls(is_causal=True)
 
     @classmethod
-    def from_dense(
-        cls, allowed: torch.Tensor, may_have_empty_rows: bool = True
-    ) -> AttnMask:
+    def from_dense(cls, allowed: torch.Tensor, may_have_empty_rows: bool = True) -> AttnMask:
         """Wrap a bool tensor [B|1, 1, Q, K] (True = attend).
 
         With ``may_have_empty_rows`` (e.g. cross-attention to padded patches) query rows that
@@ -85,13 +84,74 @@ class AttnMask:
         if allowed.dtype != torch.bool:
             raise ValueError(f"mask must be bool, got {allowed.dtype}")
         if allowed.dim() != 4:
-            raise ValueError(
-                f"mask must have 4 dims [B,1,Q,K], got shape {tuple(allowed.shape)}"
-            )
+            raise ValueError(f"mask must have 4 dims [B,1,Q,K], got shape {tuple(allowed.shape)}")
         if not may_have_empty_rows:
             return cls(dense=allowed)
         has_key = allowed.any(dim=-1, keepdim=True)
         return cls(dense=allowed | ~has_key, query_has_key=has_key)
+
+
+@dataclass
+class BandedMask:
+    """A local (sliding-window) self-attention mask stored per query block.
+
+    Queries are cut into blocks of ``chunk`` positions; block j only needs the keys from
+    ``j * chunk - lookback`` to ``(j + 1) * chunk``, so attention runs as one batched sdpa call
+    over [B * n_blocks, H, chunk, chunk + lookback] instead of [B, H, S, S]. ``allowed`` is the
+    bool mask of those blocks, [B * n_blocks, 1, chunk, chunk + lookback].
+    """
+
+    chunk: int
+    lookback: int
+    seqlen: int
+    allowed: torch.Tensor
+
+    @property
+    def n_blocks(self) -> int:
+        return -(-self.seqlen // self.chunk)
+
+    @property
+    def key_len(self) -> int:
+        return self.chunk + self.lookback
+
+
+def band_chunk(seqlen: int, window: int) -> int | None:
+    """Query block size for a banded local mask, or None when the dense mask is as cheap.
+
+    The band computes chunk + lookback keys per query instead of S; it is used when that is at
+    most half of S (so for long rows: the reference entropy model has S=8192, window 512).
+    """
+    chunk = max(64, min(512, 1 << max(0, (window - 1).bit_length() - 1)))
+    lookback = -(-(window - 1) // chunk) * chunk
+    if 2 * (chunk + lookback) > seqlen:
+        return None
+    return chunk
+
+
+def banded_self_attn_mask(tokens: torch.Tensor, eos_id: int, window: int, chunk: int) -> BandedMask:
+    """The local_block_causal mask of ``tokens`` [B,S] as a BandedMask with blocks of ``chunk``."""
+    bsz, seqlen = tokens.shape
+    lookback = -(-(window - 1) // chunk) * chunk  # keys before a block that its queries may see
+    n_blocks = -(-seqlen // chunk)
+    padded = n_blocks * chunk
+    key_len = chunk + lookback
+    device = tokens.device
+    q_pos = torch.arange(padded, device=device).view(n_blocks, chunk, 1)
+    k_pos = (
+        torch.arange(n_blocks, device=device).view(n_blocks, 1, 1) * chunk
+        - lookback
+        + torch.arange(key_len, device=device).view(1, 1, key_len)
+    )
+    allowed = (k_pos >= 0) & (k_pos <= q_pos) & (q_pos - k_pos < window)
+    doc = document_ids(tokens, eos_id)
+    # padded keys get document -1 and padded queries -2: they never match a real position
+    key_doc = F.pad(doc, (lookback, padded - seqlen), value=-1).unfold(1, key_len, chunk)
+    query_doc = F.pad(doc, (0, padded - seqlen), value=-2).view(bsz, n_blocks, chunk)
+    allowed = allowed[None] & (query_doc[..., None] == key_doc[:, :, None, :])
+    # padded queries (sliced off afterwards) attend everything so that no row is empty
+    allowed = allowed | (q_pos >= seqlen)[None]
+    allowed = allowed.reshape(bsz * n_blocks, 1, chunk, key_len)
+    return BandedMask(chunk=chunk, lookback=lookback, seqlen=seqlen, allowed=allowed)
 
 
 def document_ids(tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
@@ -127,14 +187,18 @@ def self_attn_mask(
 ) -> AttnMask:
     """Build the self-attention mask of ``kind`` for packed rows ``tokens`` [B,S] once per forward.
 
-    kind: None/"causal", "block_causal" or "local_block_causal" (needs ``window``).
+    kind: None/"causal", "block_causal" or "local_block_causal" (needs ``window``). On sdpa a
+    local mask over a row much longer than the window is stored banded (see BandedMask).
     """
     _check_kind(kind, window)
     _check_backend(backend)
     if backend == "xformers":
         return _xformers_self_mask(kind, tokens, eos_id, window)
+    chunk = band_chunk(tokens.shape[1], window) if kind == "local_block_causal" else None
     if kind in (None, "causal"):
         mask = AttnMask.causal()
+    elif chunk is not None and backend == "sdpa":
+        mask = AttnMask(band=banded_self_attn_mask(tokens, eos_id, window, chunk))
     else:
         mask = AttnMask(dense=dense_self_attn_mask(kind, tokens, eos_id, window))
     if backend == "flex_attention":
@@ -159,9 +223,7 @@ def resolve_backend(attn_impl: str, device: torch.device | str) -> str:
         return attn_impl
     if (attn_impl, device.type) not in _warned_fallbacks:
         _warned_fallbacks.add((attn_impl, device.type))
-        logger.warning(
-            "attn_impl=%s: %s; using sdpa with the same masks", attn_impl, reason
-        )
+        logger.warning("attn_impl=%s: %s; using sdpa with the same masks", attn_impl, reason)
     return "sdpa"
 
 
@@ -177,9 +239,7 @@ def attend(
     n_heads, n_kv_heads = q.shape[1], k.shape[1]
     if n_heads != n_kv_heads:
         if n_heads % n_kv_heads != 0:
-            raise ValueError(
-                f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}"
-            )
+            raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
         k = k.repeat_interleave(n_heads // n_kv_heads, dim=1)
         v = v.repeat_interleave(n_heads // n_kv_heads, dim=1)
     if backend == "sdpa":
@@ -193,21 +253,43 @@ def attend(
     return out
 
 
-def _attend_sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask
+def _attend_banded(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, band: BandedMask
 ) -> torch.Tensor:
+    bsz, n_heads, seqlen, head_dim = q.shape
+    if seqlen != band.seqlen or k.shape[2] != band.seqlen:
+        raise ValueError(
+            f"banded mask is for {band.seqlen} positions, got q/k of {seqlen}/{k.shape[2]}"
+        )
+    n_blocks, chunk, key_len = band.n_blocks, band.chunk, band.key_len
+    tail = n_blocks * chunk - seqlen
+
+    def key_blocks(t: torch.Tensor) -> torch.Tensor:
+        # [B,H,S,D] -> overlapping windows [B*n_blocks, H, key_len, D]
+        padded = F.pad(t, (0, 0, band.lookback, tail))
+        windows = padded.unfold(2, key_len, chunk)  # [B,H,n_blocks,D,key_len]
+        return windows.permute(0, 2, 1, 4, 3).reshape(bsz * n_blocks, n_heads, key_len, head_dim)
+
+    q_blocks = F.pad(q, (0, 0, 0, tail)).view(bsz, n_heads, n_blocks, chunk, head_dim)
+    q_blocks = q_blocks.transpose(1, 2).reshape(bsz * n_blocks, n_heads, chunk, head_dim)
+    out = F.scaled_dot_product_attention(
+        q_blocks, key_blocks(k), key_blocks(v), attn_mask=band.allowed
+    )
+    out = out.view(bsz, n_blocks, n_heads, chunk, head_dim).transpose(1, 2)
+    return out.reshape(bsz, n_heads, n_blocks * chunk, head_dim)[:, :, :seqlen]
+
+
+def _attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask) -> torch.Tensor:
     if mask.is_causal:
         if q.shape[2] != k.shape[2]:
-            raise ValueError(
-                "is_causal masks need as many queries as keys; pass a dense mask"
-            )
+            raise ValueError("is_causal masks need as many queries as keys; pass a dense mask")
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if mask.band is not None:
+        return _attend_banded(q, k, v, mask.band)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.dense)
 
 
-def _attend_flex(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask
-) -> torch.Tensor:
+def _attend_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask) -> torch.Tensor:
     if not q.is_cuda:
         raise RuntimeError(
             "attention backend flex_attention needs CUDA tensors (its CPU kernel has no "
@@ -248,13 +330,9 @@ def _attend_xformers(
 
 def _check_kind(kind: str | None, window: int | None) -> None:
     if kind not in SELF_ATTN_KINDS:
-        raise ValueError(
-            f"unknown attention mask kind {kind!r}; expected one of {SELF_ATTN_KINDS}"
-        )
+        raise ValueError(f"unknown attention mask kind {kind!r}; expected one of {SELF_ATTN_KINDS}")
     if kind == "local_block_causal" and (window is None or window < 1):
-        raise ValueError(
-            f"local_block_causal needs a sliding window >= 1, got {window!r}"
-        )
+        raise ValueError(f"local_block_causal needs a sliding window >= 1, got {window!r}")
 
 
 def _check_backend(backend: str) -> None:
@@ -264,9 +342,7 @@ def _check_backend(backend: str) -> None:
             if backend == "fmha"
             else ""
         )
-        raise ValueError(
-            f"unknown attention backend {backend!r}; expected one of {BACKENDS}{hint}"
-        )
+        raise ValueError(f"unknown attention backend {backend!r}; expected one of {BACKENDS}{hint}")
 
 
 @functools.cache

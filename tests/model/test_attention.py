@@ -10,6 +10,8 @@ from bytelatent.model import attention
 from bytelatent.model.attention import (
     AttnMask,
     attend,
+    band_chunk,
+    banded_self_attn_mask,
     document_lengths,
     resolve_backend,
     self_attn_mask,
@@ -31,9 +33,7 @@ def packed_rows(bsz: int, seqlen: int, seed: int) -> torch.Tensor:
     return tokens
 
 
-def brute_force_allowed(
-    kind: str | None, tokens: torch.Tensor, window: int | None
-) -> torch.Tensor:
+def brute_force_allowed(kind: str | None, tokens: torch.Tensor, window: int | None) -> torch.Tensor:
     """allowed[b, i, j] written out with loops from the mask definitions."""
     bsz, seqlen = tokens.shape
     allowed = torch.zeros(bsz, seqlen, seqlen, dtype=torch.bool)
@@ -64,12 +64,8 @@ def brute_force_attention(q, k, v, allowed):
 def qkv(bsz, seqlen, n_heads=4, n_kv_heads=4, head_dim=16, seed=0):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(bsz, n_heads, seqlen, head_dim, generator=gen, dtype=torch.float64)
-    k = torch.randn(
-        bsz, n_kv_heads, seqlen, head_dim, generator=gen, dtype=torch.float64
-    )
-    v = torch.randn(
-        bsz, n_kv_heads, seqlen, head_dim, generator=gen, dtype=torch.float64
-    )
+    k = torch.randn(bsz, n_kv_heads, seqlen, head_dim, generator=gen, dtype=torch.float64)
+    v = torch.randn(bsz, n_kv_heads, seqlen, head_dim, generator=gen, dtype=torch.float64)
     return [t.requires_grad_() for t in (q, k, v)]
 
 
@@ -110,6 +106,32 @@ def test_sdpa_masks_match_brute_force(kind, window, n_kv_heads):
         torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize(
+    ("seqlen", "window", "chunk"), [(40, 4, 8), (45, 9, 8), (64, 16, 16), (37, 1, 4), (50, 7, 64)]
+)
+def test_banded_local_mask_matches_brute_force(seqlen, window, chunk):
+    tokens = packed_rows(3, seqlen, seed=seqlen + window)
+    mask = AttnMask(band=banded_self_attn_mask(tokens, EOS, window, chunk))
+    allowed = brute_force_allowed("local_block_causal", tokens, window)
+    q, k, v = qkv(3, seqlen, n_kv_heads=2)
+    out, grads = forward_backward(lambda a, b, c: attend(a, b, c, mask), q, k, v)
+    ref_out, ref_grads = forward_backward(
+        lambda a, b, c: brute_force_attention(a, b, c, allowed), q, k, v
+    )
+    torch.testing.assert_close(out, ref_out, rtol=1e-9, atol=1e-9)
+    for grad, ref_grad in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-9)
+
+
+def test_long_rows_use_the_band_and_short_rows_the_dense_mask():
+    assert band_chunk(1024, 512) is None  # band would cover most of the row
+    assert band_chunk(8192, 512) == 256
+    long_row = packed_rows(1, 2048, seed=0)
+    assert self_attn_mask("local_block_causal", long_row, window=64).band is not None
+    assert self_attn_mask("local_block_causal", long_row[:, :100], window=64).dense is not None
+    assert self_attn_mask("block_causal", long_row).dense is not None
+
+
 def test_documents_are_separated():
     """Changing document 1 must not change the attention output of document 2."""
     tokens = torch.tensor([[7, 8, 9, EOS, 10, 11, 12, 13]])
@@ -127,9 +149,7 @@ def test_documents_are_separated():
 def test_window_semantics_match_xformers_local_attention():
     """window w: a query sees itself and the w - 1 previous positions (xformers triu(1 - w))."""
     tokens = torch.full((1, 6), 9)
-    dense = self_attn_mask("local_block_causal", tokens, eos_id=EOS, window=3).dense[
-        0, 0
-    ]
+    dense = self_attn_mask("local_block_causal", tokens, eos_id=EOS, window=3).dense[0, 0]
     expected = torch.ones(6, 6).tril().triu(diagonal=1 - 3).bool()
     assert torch.equal(dense, expected)
 
@@ -189,9 +209,7 @@ def test_resolve_backend_falls_back_to_sdpa_off_cuda(caplog, monkeypatch):
         assert resolve_backend("xformers", "cpu") == "sdpa"
         assert resolve_backend("flex_attention", "cpu") == "sdpa"
     assert resolve_backend("sdpa", "cpu") == "sdpa"
-    fallback_logs = [
-        r for r in caplog.records if "using sdpa with the same masks" in r.message
-    ]
+    fallback_logs = [r for r in caplog.records if "using sdpa with the same masks" in r.message]
     assert len(fallback_logs) == 2  # once per (impl, device type)
     with pytest.raises(ValueError, match="unknown attention backend"):
         resolve_backend("triton", "cpu")
@@ -216,12 +234,8 @@ def test_cuda_backends_match_sdpa(backend, kind, window):
     )
     ref_mask = self_attn_mask(kind, tokens, eos_id=EOS, window=window)
     mask = self_attn_mask(kind, tokens, eos_id=EOS, window=window, backend=backend)
-    ref_out, ref_grads = forward_backward(
-        lambda a, b, c: attend(a, b, c, ref_mask), q, k, v
-    )
-    out, grads = forward_backward(
-        lambda a, b, c: attend(a, b, c, mask, backend=backend), q, k, v
-    )
+    ref_out, ref_grads = forward_backward(lambda a, b, c: attend(a, b, c, ref_mask), q, k, v)
+    out, grads = forward_backward(lambda a, b, c: attend(a, b, c, mask, backend=backend), q, k, v)
     torch.testing.assert_close(out, ref_out, rtol=2e-3, atol=2e-3)
     for grad, ref_grad in zip(grads, ref_grads):
         torch.testing.assert_close(grad, ref_grad, rtol=2e-3, atol=2e-3)

@@ -4,6 +4,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from bytelatent.model import attention
 from bytelatent.model.layers import (
     FeedForward,
     RotaryEmbedding,
@@ -239,3 +240,18 @@ def test_rotary_embedding_rotates_interleaved_pairs_like_the_2x2_table():
         rope.freqs_cis.zero_()
     rope.reset_parameters()
     torch.testing.assert_close(rope(seqlen=5), freqs)
+
+
+def test_banded_local_attention_gives_the_same_logits_as_the_dense_mask(monkeypatch):
+    args = tiny_args(attn_bias_type="local_block_causal", sliding_window=6, max_seqlen=300)
+    model = build_initialised(args)
+    tokens = random_tokens(2, 300, seed=4)
+    tokens[0, [10, 40, 41]] = EOS
+    tokens[1, [70, 250]] = EOS
+    assert attention.self_attn_mask("local_block_causal", tokens, window=6).band is not None
+    with torch.no_grad():
+        banded = model(tokens)
+        monkeypatch.setattr(attention, "band_chunk", lambda seqlen, window: None)
+        assert attention.self_attn_mask("local_block_causal", tokens, window=6).dense is not None
+        dense = model(tokens)
+    torch.testing.assert_close(banded, dense, rtol=1e-5, atol=1e-5)
