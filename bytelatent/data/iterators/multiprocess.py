@@ -15,8 +15,9 @@ reference either kills and restarts the worker at every checkpoint or loses queu
   chained to a `RemoteTraceback` holding the worker's traceback. A worker that dies without a
   word (killed, segfault) raises RuntimeError with its exit code. Nothing waits forever.
 * `close()`, the context manager, garbage collection and interpreter exit stop the worker; the
-  worker also exits by itself when its parent dies. It ignores SIGINT/SIGTERM so that a Ctrl-C or
-  a preemption signal reaches only the trainer, which then saves the (already exact) state.
+  worker also exits by itself when its parent dies. It ignores SIGINT/SIGTERM/SIGUSR2 (under
+  `srun`, SLURM signals every process of the step) so that a Ctrl-C or a preemption signal
+  reaches only the trainer, which then saves the (already exact) state.
 """
 
 from __future__ import annotations
@@ -144,6 +145,7 @@ def _worker(state_json: str, q, stop) -> None:
     """Body of the worker process: produce (batch, state) pairs until stopped or done."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     try:
         import torch
 
