@@ -1,0 +1,244 @@
+"""Submit a training run to SLURM: `python -m bytelatent.launch.slurm [options] config=... key=value ...`
+
+Writes `{dump_dir}/submit.slurm` and submits it with sbatch (`--dry-run` only writes it). The
+script asks for USR2 `signal_seconds` before the time limit (`--signal=B:USR2@N`), is requeueable
+(`--requeue`) and appends to one log per job (`--open-mode=append`) so that every restart of a
+requeued job lands in the same file. How the signal reaches the training processes
+(docs/slurm.md has the details):
+
+* one node (`direct`): the batch shell runs torchrun (or python for one process) in the
+  background and forwards USR2/TERM to torchrun's worker processes (`pkill -P`). torchrun starts
+  its workers in sessions of their own, so a signal to the batch shell's process group (what
+  `scancel --signal=USR2 --full` and `--signal=USR2@N` without `B:` do for a batch script)
+  never reaches them; forwarding does.
+* several nodes (`srun`): one `srun` task per node runs torchrun with USR2 ignored (the workers
+  install their own handler); the batch shell forwards USR2 to the whole srun step on every node
+  with `scancel --signal=USR2 $SLURM_JOB_ID` (job steps only, not the batch shell).
+
+The workers then agree on the signal at the next step boundary, save a "preempt" checkpoint,
+and rank 0 runs `scontrol requeue`: the job restarts with the same id and resumes from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from bytelatent.errors import ConfigError, UserError
+
+SCRIPT_NAME = "submit.slurm"
+
+
+class SlurmArgs(BaseModel):
+    """Resources and launch options of one sbatch job (training options stay in the config)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_name: str | None = Field(None, description="default: the config's name")
+    nodes: int = Field(1, ge=1)
+    nproc_per_node: int = Field(1, ge=1, description="training processes per node (GPUs per node)")
+    gpus_per_node: int | None = Field(None, ge=0, description="#SBATCH --gpus-per-node")
+    cpus_per_task: int | None = Field(None, ge=1, description="CPUs per node (one task per node)")
+    mem: str | None = Field(None, description="#SBATCH --mem, e.g. 0 (all) or 200G")
+    time: str | None = Field(None, description="#SBATCH --time, e.g. 72:00:00")
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    signal_seconds: int = Field(120, ge=1, description="USR2 this long before the time limit")
+    requeue: bool = True
+    launcher: Literal["auto", "direct", "srun"] = Field(
+        "auto", description="auto: direct on one node, srun on several"
+    )
+    python: str = Field(sys.executable, description="interpreter on the compute nodes")
+    module: str = Field("bytelatent.train", description="python module to run (-m)")
+    workdir: str = Field(default_factory=os.getcwd, description="cd here before training")
+    log_dir: str | None = Field(None, description="default: {dump_dir}/slurm")
+    setup: list[str] = Field(default_factory=list, description="shell lines run before training")
+    sbatch_args: list[str] = Field(default_factory=list, description="extra sbatch options")
+
+    def resolved_launcher(self) -> Literal["direct", "srun"]:
+        if self.launcher == "auto":
+            return "direct" if self.nodes == 1 else "srun"
+        return self.launcher
+
+
+def _sbatch_header(args: SlurmArgs, job_name: str, log_dir: str) -> list[str]:
+    options = [
+        f"--job-name={job_name}",
+        f"--nodes={args.nodes}",
+        "--ntasks-per-node=1",
+        f"--output={log_dir}/%j.out",
+        "--open-mode=append",
+        f"--signal=B:USR2@{args.signal_seconds}",
+        "--requeue" if args.requeue else "--no-requeue",
+    ]
+    optional = {
+        "gpus-per-node": args.gpus_per_node,
+        "cpus-per-task": args.cpus_per_task,
+        "mem": args.mem,
+        "time": args.time,
+        "partition": args.partition,
+        "account": args.account,
+        "qos": args.qos,
+        "constraint": args.constraint,
+    }
+    options += [f"--{key}={value}" for key, value in optional.items() if value is not None]
+    options += args.sbatch_args
+    return ["#!/bin/bash", *(f"#SBATCH {option}" for option in options)]
+
+
+def _direct_launch(args: SlurmArgs, train_argv: list[str]) -> tuple[str, str]:
+    """(command, how to forward signal $1) for one node: torchrun (or python) as a child."""
+    if args.nproc_per_node == 1:
+        command = [args.python, "-m", args.module, *train_argv]
+        return shlex.join(command), 'kill -"$1" "$child" 2>/dev/null || true'
+    command = [
+        args.python, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={args.nproc_per_node}", "-m", args.module, *train_argv,
+    ]  # fmt: skip
+    # torchrun's workers are its children, in sessions of their own.
+    return shlex.join(command), 'pkill -"$1" -P "$child" || true'
+
+
+def _srun_launch(args: SlurmArgs, train_argv: list[str]) -> tuple[str, str]:
+    """(command, how to forward signal $1) for several nodes: one torchrun agent per node via srun."""
+    torchrun = shlex.join([args.python, "-m", "torch.distributed.run"])
+    rendezvous = (
+        ' --nnodes="$SLURM_NNODES" --rdzv-backend=c10d --rdzv-id="$SLURM_JOB_ID"'
+        ' --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"'
+    )
+    rest = shlex.join([f"--nproc-per-node={args.nproc_per_node}", "-m", args.module, *train_argv])
+    # The agent ignores USR2 (an ignored signal stays ignored across exec); workers set a handler.
+    per_node = f"trap '' USR2; exec {torchrun}{rendezvous} {rest}"
+    command = (
+        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"\n'
+        'export MASTER_ADDR MASTER_PORT="$((20000 + SLURM_JOB_ID % 40000))"\n'
+        f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c {shlex.quote(per_node)}"
+    )
+    # Every process of the srun steps on every node (SLURM signals the whole step), not this shell;
+    # once, in case a SLURM version also signals the batch shell (the trap would loop).
+    forward = (
+        'if [ "$1" = USR2 ] && [ -z "${usr2_sent:-}" ]; then usr2_sent=1; '
+        'scancel --signal=USR2 "$SLURM_JOB_ID" || true; fi'
+    )
+    return command, forward
+
+
+def render_script(args: SlurmArgs, train_argv: list[str], job_name: str, log_dir: str) -> str:
+    """The sbatch script for `train_argv` (the training config as key=value arguments)."""
+    launch = _direct_launch if args.resolved_launcher() == "direct" else _srun_launch
+    command, forward = launch(args, train_argv)
+    body = [
+        "# Written by `python -m bytelatent.launch.slurm` (see docs/slurm.md).",
+        "set -u",
+        f"cd {shlex.quote(args.workdir)}",
+        "echo \"bytelatent: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $(hostname) at $(date '+%F %T')\"",
+        *args.setup,
+        "forward() {",
+        '    echo "bytelatent: SIG$1 received; forwarding it to the training processes"',
+        f"    {forward}",
+        "}",
+        # bash runs a trap only between commands, so training runs in the background and the
+        # shell sits in `wait`, which a trapped signal interrupts.
+        "trap 'forward USR2' USR2",
+        "trap 'forward TERM' TERM",
+        f"{command} &",
+        "child=$!",
+        "while :; do",
+        '    wait "$child"; status=$?',
+        '    if [ "$status" -gt 128 ] && kill -0 "$child" 2>/dev/null; then continue; fi',
+        "    break",
+        "done",
+        'echo "bytelatent: training exited with status $status (restart ${SLURM_RESTART_COUNT:-0})"',
+        'exit "$status"',
+    ]
+    return "\n".join([*_sbatch_header(args, job_name, log_dir), "", *body, ""])
+
+
+def write_script(args: SlurmArgs, train_argv: list[str]) -> Path:
+    """Validate the training config, then write `{dump_dir}/submit.slurm`; returns its path."""
+    from bytelatent.args import TrainArgs
+    from bytelatent.config import parse_args
+
+    train = parse_args(TrainArgs, train_argv)  # fail here, not minutes later in the queue
+    # The job runs in `workdir`, so relative paths in the config are relative to it.
+    dump_dir = (Path(args.workdir) / train.dump_dir).resolve()
+    log_dir = (Path(args.workdir) / args.log_dir).resolve() if args.log_dir else dump_dir / "slurm"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    script = dump_dir / SCRIPT_NAME
+    script.write_text(render_script(args, train_argv, args.job_name or train.name, str(log_dir)))
+    return script
+
+
+def submit(script: Path, sbatch: str = "sbatch") -> str:
+    """`sbatch --parsable script`; returns the job id."""
+    try:
+        result = subprocess.run(
+            [sbatch, "--parsable", str(script)], capture_output=True, text=True, check=False
+        )
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{sbatch}: not found; run on a SLURM login node or use --dry-run"
+        ) from None
+    if result.returncode != 0:
+        raise ConfigError(
+            f"sbatch {script} failed: {result.stderr.strip() or result.stdout.strip()}"
+        )
+    return result.stdout.strip().split(";")[0]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bytelatent.launch.slurm",
+        description="Write {dump_dir}/submit.slurm for a training config and submit it with sbatch.",
+        epilog="Everything of the form key=value (config=... first) is the training config.",
+    )
+    for name, field in SlurmArgs.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        if name in ("setup", "sbatch_args"):
+            parser.add_argument(flag, action="append", default=None, help=field.description)
+        elif name == "requeue":
+            parser.add_argument("--no-requeue", dest="requeue", action="store_false", default=None)
+        else:
+            parser.add_argument(flag, default=None, help=field.description)
+    parser.add_argument("--dry-run", action="store_true", help="write the script, do not submit it")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    options, rest = _parser().parse_known_args(argv)
+    bad = [a for a in rest if a.startswith("-") or "=" not in a]
+    try:
+        if bad:
+            raise ConfigError(f"{bad[0]}: not a launcher option nor a key=value training argument")
+        given = {k: v for k, v in vars(options).items() if v is not None and k != "dry_run"}
+        try:
+            args = SlurmArgs.model_validate(given)
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise ConfigError(
+                f"--{'-'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}"
+            ) from None
+        script = write_script(args, rest)
+        if options.dry_run:
+            print(f"bytelatent: wrote {script} (not submitted)")
+            return 0
+        job_id = submit(script)
+    except UserError as e:
+        print(e.one_line(), file=sys.stderr)
+        return 2
+    print(f"bytelatent: submitted job {job_id} ({script})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

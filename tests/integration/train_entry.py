@@ -1,0 +1,64 @@
+"""`python -m bytelatent.train`, optionally slowed down so a test can act at a known point.
+
+Training steps of the tiny test models take a few milliseconds: without a pause a test cannot
+deliver a signal "around step k" or kill a process in the middle of a checkpoint write. The pauses
+change only timing, never numerics. Environment variables (seconds, default 0):
+
+* BYTELATENT_TEST_STEP_DELAY: sleep before every optimizer step.
+* BYTELATENT_TEST_MARKER_DELAY: sleep after a checkpoint's data is written and before its
+  `.complete` marker, i.e. inside the window where a crash leaves a partial step folder; only
+  for steps >= BYTELATENT_TEST_MARKER_DELAY_FROM_STEP (default 0).
+
+Also importable as a module (`--module train_entry` with this folder on PYTHONPATH), which is how
+the SLURM test runs it under torchrun inside sbatch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+
+def _delay(name: str) -> float:
+    return float(os.environ.get(name, "0") or 0)
+
+
+def install_delays() -> None:
+    from bytelatent.checkpoint.manager import CheckpointManager
+    from bytelatent.trainer.trainer import Trainer
+
+    step_delay = _delay("BYTELATENT_TEST_STEP_DELAY")
+    marker_delay = _delay("BYTELATENT_TEST_MARKER_DELAY")
+    marker_from_step = int(os.environ.get("BYTELATENT_TEST_MARKER_DELAY_FROM_STEP", "0") or 0)
+    if step_delay > 0:
+        train_step = Trainer.train_step
+
+        def slow_train_step(self, batches):
+            time.sleep(step_delay)
+            return train_step(self, batches)
+
+        Trainer.train_step = slow_train_step
+    if marker_delay > 0:
+        write_marker = CheckpointManager._write_marker
+
+        def slow_write_marker(self, folder, step, kinds):
+            if step >= marker_from_step:
+                print(
+                    f"train_entry: data of {folder} written; marker in {marker_delay}s", flush=True
+                )
+                time.sleep(marker_delay)
+            return write_marker(self, folder, step, kinds)
+
+        CheckpointManager._write_marker = slow_write_marker
+
+
+def main() -> int:
+    install_delays()
+    from bytelatent.train import main as train_main
+
+    return train_main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
