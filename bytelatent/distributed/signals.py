@@ -63,7 +63,11 @@ def requeue_slurm_job(is_rank0: bool) -> bool:
     job_id = os.environ.get("SLURM_ARRAY_JOB_ID", os.environ["SLURM_JOB_ID"])
     if "SLURM_ARRAY_TASK_ID" in os.environ:
         job_id = f"{job_id}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-    result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+    try:
+        result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+    except OSError as e:  # no scontrol on this node: the checkpoint is saved, requeue by hand
+        logger.error("scontrol requeue %s failed: %s", job_id, e)
+        return False
     if result.returncode != 0:
         logger.error("scontrol requeue %s failed: %s", job_id, result.stderr.strip())
         return False
