@@ -38,9 +38,7 @@ def precompute_freqs_cis(
     head_dim: int, end: int, theta: float = 10000.0, use_fp32_outer: bool = False
 ) -> torch.Tensor:
     """RoPE rotation matrices [[cos,-sin],[sin,cos]] of shape [end, head_dim // 2, 2, 2] (fp32)."""
-    freqs = 1.0 / (
-        theta ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim)
-    )
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
     positions = torch.arange(end, device=freqs.device)
     if use_fp32_outer:
         positions = positions.to(torch.float32)
@@ -94,18 +92,29 @@ def apply_rotary_emb(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate interleaved pairs (x[2i], x[2i+1]) of q/k [B,S,H,D] by freqs_cis [S,D/2,2,2].
 
-    Computed in float32 like the reference, returned in the input dtypes. A pair is treated as
-    the complex number x[2i] + i·x[2i+1] and multiplied by cos + i·sin: the same products and
-    sums as the reference's 2×2 matrix form (bitwise equal in fp32), in one fused kernel.
+    Computed in float32 like the reference, returned in the input dtypes. Eager mode treats a
+    pair as the complex number x[2i] + i·x[2i+1] times cos + i·sin: the same products and sums
+    as the reference's 2×2 matrix form (bitwise equal in fp32) in one kernel. Under
+    torch.compile the real-valued form is used, which inductor fuses (it has no complex codegen).
     """
-    rotation = torch.complex(freqs_cis[..., 0, 0].float(), freqs_cis[..., 1, 0].float())
-    rotation = rotation[None, :, None, :]  # [1,S,1,D/2]
-    return _rotate_pairs(xq, rotation), _rotate_pairs(xk, rotation)
+    cos = freqs_cis[..., 0, 0].float()[None, :, None, :]  # [1,S,1,D/2]
+    sin = freqs_cis[..., 1, 0].float()[None, :, None, :]
+    if torch.compiler.is_compiling():
+        return _rotate_pairs_real(xq, cos, sin), _rotate_pairs_real(xk, cos, sin)
+    rotation = torch.complex(cos, sin)
+    return _rotate_pairs_complex(xq, rotation), _rotate_pairs_complex(xk, rotation)
 
 
-def _rotate_pairs(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+def _rotate_pairs_complex(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
     pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)).contiguous())
     return torch.view_as_real(pairs * rotation).flatten(-2).type_as(x)
+
+
+def _rotate_pairs_real(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    pairs = x.float().unflatten(-1, (-1, 2))
+    even, odd = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+    return rotated.flatten(-2).type_as(x)
 
 
 def autocast_input(x: torch.Tensor) -> torch.Tensor:
@@ -132,9 +141,7 @@ class Attention(nn.Module):
     ) -> None:
         super().__init__()
         if n_heads % n_kv_heads != 0:
-            raise ValueError(
-                f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}"
-            )
+            raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
         self.dim = dim
         self.head_dim = head_dim
         self.n_heads = n_heads
@@ -159,16 +166,10 @@ class Attention(nn.Module):
         xk = self.wk(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
         xv = self.wv(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
         xq, xk = apply_rotary_emb(xq, xk, freq_cis[:seqlen])
-        out = attend(
-            xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), mask, backend
-        )
-        return self.wo(
-            out.transpose(1, 2).reshape(bsz, seqlen, self.n_heads * self.head_dim)
-        )
+        out = attend(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), mask, backend)
+        return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, self.n_heads * self.head_dim))
 
-    def reset_parameters(
-        self, init_std: float | None = None, factor: float = 1.0
-    ) -> None:
+    def reset_parameters(self, init_std: float | None = None, factor: float = 1.0) -> None:
         """trunc_normal(σ) on wq/wk/wv/wo with σ = init_std or dim^-0.5 / factor."""
         std = init_std or (self.dim**-0.5) / factor
         for linear in (self.wq, self.wk, self.wv, self.wo):
@@ -209,9 +210,7 @@ class FeedForward(nn.Module):
         x = autocast_input(x)
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
-    def reset_parameters(
-        self, init_std: float | None = None, factor: float = 1.0
-    ) -> None:
+    def reset_parameters(self, init_std: float | None = None, factor: float = 1.0) -> None:
         """w1/w3: σ = init_std or dim^-0.5/factor; w2: σ = init_std or hidden^-0.5/factor."""
         in_std = init_std or (self.dim**-0.5) / factor
         out_std = init_std or (self.hidden_dim**-0.5) / factor
@@ -236,9 +235,7 @@ class TransformerBlock(nn.Module):
     def __init__(self, args: BlockArgs) -> None:
         super().__init__()
         head_dim, n_heads, n_kv_heads = block_head_counts(args)
-        self.attention = Attention(
-            args.dim, head_dim, n_heads, n_kv_heads, args.rope_theta
-        )
+        self.attention = Attention(args.dim, head_dim, n_heads, n_kv_heads, args.rope_theta)
         self.feed_forward = FeedForward(
             args.dim, 4 * args.dim, args.multiple_of, args.ffn_dim_multiplier
         )
@@ -273,6 +270,4 @@ def init_std_factor(kind: str, depth: int, n_layers: int, dim: int) -> float:
         return (2 * (n_layers + 1)) ** 0.5
     if kind == "dim_ratio":
         return dim / 4096
-    raise ValueError(
-        f"unknown init_std_factor {kind!r}; expected one of {INIT_STD_FACTORS}"
-    )
+    raise ValueError(f"unknown init_std_factor {kind!r}; expected one of {INIT_STD_FACTORS}")
