@@ -153,9 +153,7 @@ class ByteLatentTransformerArgs(BaseModel):
             "multiple_of",
             "cross_attn_k",
         ):
-            _require(
-                getattr(self, name) >= 1, f"{name}={getattr(self, name)} must be >= 1"
-            )
+            _require(getattr(self, name) >= 1, f"{name}={getattr(self, name)} must be >= 1")
         _require(self.pm_size >= 0, f"pm_size={self.pm_size} must be >= 0")
         _require(0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)")
         _require(
@@ -173,9 +171,7 @@ class ByteLatentTransformerArgs(BaseModel):
             "cross_attn_window_decoder",
         ):
             value = getattr(self, name)
-            _require(
-                value is None or value >= 1, f"{name}={value} must be >= 1 or null"
-            )
+            _require(value is None or value >= 1, f"{name}={value} must be >= 1 or null")
         _require(
             self.dim_local_decoder == self.dim_local_encoder,
             f"dim_local_decoder={self.dim_local_decoder} must equal dim_local_encoder="
@@ -278,11 +274,7 @@ class ByteLatentTransformerArgs(BaseModel):
         sizes = {}
         for entry in text.split(","):
             parts = entry.split(":")
-            ok = (
-                len(parts) == 2
-                and parts[0].strip().isdigit()
-                and parts[1].strip().isdigit()
-            )
+            ok = len(parts) == 2 and parts[0].strip().isdigit() and parts[1].strip().isdigit()
             _require(
                 ok,
                 f"encoder_ngram_to_size_str={text!r}: entries must look like '2:38396'",
@@ -305,11 +297,7 @@ class ByteLatentTransformerArgs(BaseModel):
         return self.dim_local_encoder * int(self.patch_size)
 
     def local_attn_kind(self) -> str:
-        return (
-            "block_causal"
-            if self.local_attention_window_len is None
-            else "local_block_causal"
-        )
+        return "block_causal" if self.local_attention_window_len is None else "local_block_causal"
 
     def encoder_block_args(self) -> BaseTransformerArgs:
         return self._block_args("encoder")
@@ -361,9 +349,7 @@ class ByteLatentTransformerArgs(BaseModel):
                 eos_id=self.eos_id,
             )
         except ValidationError as err:
-            messages = "; ".join(
-                e["msg"].removeprefix("Value error, ") for e in err.errors()
-            )
+            messages = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
             raise ValueError(f"{side} model ({keys}, head_dim): {messages}") from None
 
 
@@ -390,9 +376,7 @@ class ByteLatentTransformer(nn.Module):
     The patcher is not a submodule: its weights never enter this model's state dict or optimizer.
     """
 
-    def __init__(
-        self, args: ByteLatentTransformerArgs, patcher: Patcher | None = None
-    ) -> None:
+    def __init__(self, args: ByteLatentTransformerArgs, patcher: Patcher | None = None) -> None:
         super().__init__()
         self.args = args
         # False forces the dense-mask cross-attention path (same function; used by tests/benchmarks)
@@ -410,14 +394,11 @@ class ByteLatentTransformer(nn.Module):
                 )
             )
             self.encoder_hash_tok_embedding = nn.ModuleList(
-                nn.Embedding(args.encoder_hash_byte_group_vocab, dim_enc)
-                for _ in range(n_tables)
+                nn.Embedding(args.encoder_hash_byte_group_vocab, dim_enc) for _ in range(n_tables)
             )
         ngram_sizes = args.ngram_sizes()
         self.encoder_ngram_embedding = (
-            nn.ModuleList(
-                nn.Embedding(size + OFFSET, dim_enc) for size in ngram_sizes.values()
-            )
+            nn.ModuleList(nn.Embedding(size + OFFSET, dim_enc) for size in ngram_sizes.values())
             if ngram_sizes
             else None
         )
@@ -444,7 +425,8 @@ class ByteLatentTransformer(nn.Module):
         if patch_lengths is None:
             patch_lengths = self._patch(tokens)
         patch_lengths = patch_lengths.to(device=tokens.device, dtype=torch.long)
-        check_patch_lengths(patch_lengths, seq_len)
+        if not torch.compiler.is_compiling():  # data-dependent checks would break the graph
+            check_patch_lengths(patch_lengths, seq_len)
         num_patches = patch_lengths.shape[1]
         backend = resolve_backend(args.attn_impl, tokens.device)
         patch_ids = patch_ids_from_lengths(patch_lengths, seq_len)
@@ -478,12 +460,8 @@ class ByteLatentTransformer(nn.Module):
             h = concat_patches(h_bytes, patch_lengths, int(args.patch_size))
         patch_has_eos = None
         if args.attn_bias_type == "block_causal":
-            eos_count = torch.zeros(
-                bsz, num_patches, dtype=torch.long, device=tokens.device
-            )
-            patch_has_eos = (
-                eos_count.scatter_add(1, patch_ids, (tokens == args.eos_id).long()) > 0
-            )
+            eos_count = torch.zeros(bsz, num_patches, dtype=torch.long, device=tokens.device)
+            patch_has_eos = eos_count.scatter_add(1, patch_ids, (tokens == args.eos_id).long()) > 0
         h = self.global_transformer(h, patch_has_eos, backend)
         decoder_patch_ids = decoder_patch_ids_from_lengths(patch_lengths, seq_len)
         dec_cross = None
@@ -497,9 +475,7 @@ class ByteLatentTransformer(nn.Module):
                 backend,
                 self.structured_cross_attn,
             )
-        return self.local_decoder(
-            h_bytes, h, decoder_patch_ids, local_mask, dec_cross, backend
-        )
+        return self.local_decoder(h_bytes, h, decoder_patch_ids, local_mask, dec_cross, backend)
 
     def _patch(self, tokens: torch.Tensor) -> torch.Tensor:
         if self._patcher is None:
@@ -549,9 +525,7 @@ class ByteLatentTransformer(nn.Module):
             *(self.encoder_hash_tok_embedding or ()),
             *(self.encoder_ngram_embedding or ()),
         ]:
-            nn.init.trunc_normal_(
-                table.weight, mean=0.0, std=std, a=-3 * std, b=3 * std
-            )
+            nn.init.trunc_normal_(table.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
 
     def fsdp_units(self) -> list[nn.Module]:
         """Modules to shard as separate FSDP units, in forward order.
@@ -574,9 +548,7 @@ class ByteLatentTransformer(nn.Module):
         learned positions), which cost no FLOPs."""
         total = sum(p.numel() for p in self.parameters())
         if exclude_embeddings:
-            total -= sum(
-                m.weight.numel() for m in self.modules() if isinstance(m, nn.Embedding)
-            )
+            total -= sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Embedding))
         return total
 
 

@@ -45,6 +45,10 @@ def _trunc_normal_(weight: torch.Tensor, std: float) -> None:
     nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
 
 
+def _dropout(h: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    return F.dropout(h, p=p, training=training) if p > 0 and training else h
+
+
 def _identity_rotation(seqlen: int, head_dim: int, like: torch.Tensor) -> torch.Tensor:
     """RoPE table of angle 0 (no rotation): what blocks get when use_rope=False."""
     eye = torch.eye(2, dtype=torch.float32, device=like.device)
@@ -136,9 +140,7 @@ class LocalEncoder(LocalModelBase):
         block_args = args.encoder_block_args()
         n_cross = 0
         if args.cross_attn_encoder:
-            n_cross = (
-                args.n_layers_local_encoder if args.cross_attn_all_layers_encoder else 1
-            )
+            n_cross = args.n_layers_local_encoder if args.cross_attn_all_layers_encoder else 1
         super().__init__(block_args, args, n_cross)
         self.cross_attn_encoder = args.cross_attn_encoder
         self.cross_attn_all_layers = args.cross_attn_all_layers_encoder
@@ -165,9 +167,7 @@ class LocalEncoder(LocalModelBase):
         backend: str,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """embeds [B,N,d] (byte + hash embeddings) -> (h [B,N,d], patch states [B,P*k,d] or None)."""
-        h = F.dropout(
-            self.add_positions(embeds), p=self.dropout, training=self.training
-        )
+        h = _dropout(self.add_positions(embeds), self.dropout, self.training)
         freqs = self.freqs(h.shape[1], h)
         patch_embeds = None
         last = len(self.layers) - 1
@@ -175,14 +175,10 @@ class LocalEncoder(LocalModelBase):
             h = layer(h, freqs, mask, backend)
             if self.cross_attn_encoder and (i == last or self.cross_attn_all_layers):
                 if patch_embeds is None:
-                    patch_embeds = self._initial_patch_queries(
-                        h, patch_ids, num_patches
-                    )
+                    patch_embeds = self._initial_patch_queries(h, patch_ids, num_patches)
                 cross = self.cross_attn_layers[i if self.cross_attn_all_layers else 0]
                 # double residual, as the reference: CrossAttention already returns x + out
-                patch_embeds = patch_embeds + cross(
-                    patch_embeds, h, cross_mask, backend
-                )
+                patch_embeds = patch_embeds + cross(patch_embeds, h, cross_mask, backend)
         return h, patch_embeds
 
     def _initial_patch_queries(
@@ -218,18 +214,14 @@ class LocalDecoder(LocalModelBase):
         block_args = args.decoder_block_args()
         n_cross = 0
         if args.cross_attn_decoder:
-            n_cross = (
-                args.n_layers_local_decoder if args.cross_attn_all_layers_decoder else 1
-            )
+            n_cross = args.n_layers_local_decoder if args.cross_attn_all_layers_decoder else 1
         super().__init__(block_args, args, n_cross)
         self.cross_attn_decoder = args.cross_attn_decoder
         self.cross_attn_all_layers = args.cross_attn_all_layers_decoder
         self.slots = args.cross_attn_k if args.cross_attn_decoder else 1
         self.patch_embedding_projection = None
         if args.dim != self.dim or self.slots > 1:
-            self.patch_embedding_projection = nn.Linear(
-                args.dim, self.dim * self.slots, bias=False
-            )
+            self.patch_embedding_projection = nn.Linear(args.dim, self.dim * self.slots, bias=False)
         self.norm = RMSNorm(self.dim, eps=args.norm_eps)
         self.output = nn.Linear(self.dim, args.vocab_size + args.pm_size, bias=False)
 
@@ -252,7 +244,7 @@ class LocalDecoder(LocalModelBase):
         else:
             index = decoder_patch_ids.unsqueeze(-1).expand(-1, -1, self.dim)
             h = h + torch.gather(patch_embeds, 1, index)
-        h = F.dropout(self.add_positions(h), p=self.dropout, training=self.training)
+        h = _dropout(self.add_positions(h), self.dropout, self.training)
         freqs = self.freqs(h.shape[1], h)
         for i, layer in enumerate(self.layers):
             if self.cross_attn_decoder and (i == 0 or self.cross_attn_all_layers):
@@ -260,7 +252,7 @@ class LocalDecoder(LocalModelBase):
                 # double residual, as the reference: CrossAttention already returns x + out
                 h = h + cross(h, patch_embeds, cross_mask, backend)
             h = layer(h, freqs, mask, backend)
-        h = F.dropout(self.norm(h), p=self.dropout, training=self.training)
+        h = _dropout(self.norm(h), self.dropout, self.training)
         return self.output(h).float()
 
     @torch.no_grad()
@@ -312,7 +304,7 @@ class GlobalTransformer(nn.Module):
         mask = self_attn_mask(kind, tokens, eos_id=self.eos_id, backend=backend)
         if self.token_embedding_projection is not None:
             h = self.token_embedding_projection(h)
-        h = F.dropout(h, p=self.dropout, training=self.training)
+        h = _dropout(h, self.dropout, self.training)
         freqs = self.rope_embeddings(seqlen=h.shape[1])
         for layer in self.layers:
             h = layer(h, freqs, mask, backend)
