@@ -198,6 +198,7 @@ def submit(script: Path, sbatch: str = "sbatch") -> str:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bytelatent.launch.slurm",
+        allow_abbrev=False,  # `--gpus=8` must be an error, not --gpus-per-node
         description="Write {dump_dir}/submit.slurm for a training config and submit it with sbatch.",
         epilog="Everything of the form key=value (config=... first) is the training config.",
     )
