@@ -15,7 +15,7 @@ import pytest
 from harness import cmdline_of, descendants, losses_by_step, model_args, read_metrics
 
 PREEMPT_AT = 7  # the signal is sent once metrics.jsonl shows this step
-STEP_DELAY = {"BYTELATENT_TEST_STEP_DELAY": "0.15"}  # leaves time to signal before step 20
+STEP_DELAY = {"BYTELATENT_TEST_STEP_DELAY": "0.2"}  # >= 2.6 s to signal before step 20
 
 
 def checkpoint_steps(dump_dir) -> dict[int, dict | None]:
