@@ -7,10 +7,11 @@
 # BYTELATENT_REQUIRE_SLURM=1 so that a missing SLURM fails the test instead of skipping it.
 set -euo pipefail
 
-PACKAGES=(slurmctld slurmd slurm-client munge)
+# procps: the generated batch scripts forward signals with pkill.
+PACKAGES=(slurmctld slurmd slurm-client munge procps)
 
 missing=0
-for binary in slurmctld slurmd sbatch munged; do
+for binary in slurmctld slurmd sbatch munged pkill; do
     command -v "$binary" >/dev/null 2>&1 || [ -x "/usr/sbin/$binary" ] || missing=1
 done
 if [ "$missing" = 0 ]; then
