@@ -17,7 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-DAEMONS = ("slurmctld", "slurmd", "sbatch", "munged")
+DAEMONS = ("slurmctld", "slurmd", "sbatch", "munged", "pkill")
 
 
 def slurm_missing() -> str | None:
