@@ -16,6 +16,11 @@ only) and ``xformers`` (optional, CUDA only, imported lazily). A config asking f
 on a machine that cannot run them falls back to sdpa with the same mask (see ``resolve_backend``);
 ``attend`` itself never silently changes the mask.
 
+Cost on sdpa: a mask is built once per forward and shared by every layer. Plain causal uses the
+``is_causal`` kernel (no tensor); document masks are a dense bool [B,1,S,S]; a local mask over a
+row much longer than its window is stored banded (``BandedMask``: per query block only the
+``chunk + lookback`` keys it can see), so memory and work grow as S·window instead of S².
+
 GQA: ``attend`` accepts k/v with fewer heads than q (n_heads must be a multiple of n_kv_heads);
 query head h uses kv head ``h // (n_heads // n_kv_heads)``, as the reference ``repeat_kv`` does.
 """
