@@ -307,9 +307,9 @@ class Trainer:
         logger.info("preemption: saving at step %d", self.state.step)
         self.save("preempt")
         self.checkpoints.wait()
-        if under_slurm():
-            requeue_slurm_job(self.env.rank == 0)
-        else:
+        if under_slurm() and requeue_slurm_job(self.env.rank == 0):
+            return
+        if self.env.rank == 0:
             logger.info(
                 "stopped at step %d; run the same command again to resume from %s",
                 self.state.step,
