@@ -166,6 +166,9 @@ def run_worker(impl: str, dtype: str, steps: int, warmup: int) -> dict:
         "step_s_all": times,
         "warmup_s": warmup_s,
         "bytes_per_s": BATCH * SEQ_LEN / median,
+        # the fastest step: the least disturbed by other processes on a shared machine
+        "step_s_min": min(times),
+        "bytes_per_s_best": BATCH * SEQ_LEN / min(times),
         # CPU seconds of this process per step: less sensitive to other processes on the machine
         "cpu_s_median": statistics.median(cpu_times),
         "threads": torch.get_num_threads(),
@@ -207,49 +210,56 @@ def main() -> None:
     flops_per_byte = blt_flops_per_byte(
         blt_args(), mean_patch_size=SEQ_LEN / (SEQ_LEN // PATCH + 1), seq_len=SEQ_LEN
     )
-    peak = {"fp32": matmul_flops(torch.float32), "bf16": matmul_flops(torch.bfloat16)}
     results = []
     for row in opts.rows:
-        cmd = [
-            sys.executable,
-            __file__,
-            "--worker",
-            row,
-            "--steps",
-            str(opts.steps),
-            "--warmup",
-            str(opts.warmup),
-        ]
+        # measured right before each row: the machine's load changes while the rows run
+        peak = {"fp32": matmul_flops(torch.float32), "bf16": matmul_flops(torch.bfloat16)}
+        cmd = [sys.executable, __file__, "--worker", row]
+        cmd += ["--steps", str(opts.steps), "--warmup", str(opts.warmup)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             print(f"{row}: failed\n{proc.stderr[-3000:]}", file=sys.stderr)
             continue
         result = json.loads(proc.stdout.strip().splitlines()[-1])
-        result["model_flops_per_s"] = flops_per_byte * result["bytes_per_s"]
-        result["fraction_of_bf16_matmul"] = result["model_flops_per_s"] / peak["bf16"]
+        result["matmul_flops"] = peak
+        result["load_after"] = os.getloadavg()
+        for key, bytes_per_s in (
+            ("", result["bytes_per_s"]),
+            ("_best", result["bytes_per_s_best"]),
+        ):
+            result[f"model_flops_per_s{key}"] = flops_per_byte * bytes_per_s
+            result[f"fraction_of_bf16_matmul{key}"] = flops_per_byte * bytes_per_s / peak["bf16"]
         results.append(result)
-    load_after = os.getloadavg()
-    print(f"threads={torch.get_num_threads()} load average before {load_before} after {load_after}")
-    print(
-        f"matmul 2048^3: fp32 {peak['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.0f} GFLOP/s"
-    )
+    print(f"load average before {load_before}, after {os.getloadavg()}")
     print(f"model FLOPs per byte (train): {flops_per_byte / 1e6:.1f} M")
-    print(
-        f"{'row':<20}{'params':>12}{'step s':>9}{'bytes/s':>10}{'GFLOP/s':>9}{'of bf16 mm':>11}{'RSS GiB':>9}"
+    header = (
+        "row",
+        "step s",
+        "min s",
+        "cpu s",
+        "bytes/s",
+        "best",
+        "mm bf16",
+        "MFU",
+        "MFU best",
+        "RSS",
     )
+    print("{:<19}{:>8}{:>7}{:>7}{:>9}{:>7}{:>9}{:>7}{:>9}{:>6}".format(*header))
     for r in results:
         print(
-            f"{r['impl'] + ':' + r['dtype']:<20}{r['params']:>12,}{r['step_s_median']:>9.2f}"
-            f"{r['bytes_per_s']:>10.0f}{r['model_flops_per_s'] / 1e9:>9.1f}"
-            f"{r['fraction_of_bf16_matmul']:>11.1%}{r['peak_rss_gib']:>9.2f}"
+            f"{r['impl'] + ':' + r['dtype']:<19}{r['step_s_median']:>8.2f}{r['step_s_min']:>7.2f}"
+            f"{r['cpu_s_median']:>7.2f}{r['bytes_per_s']:>9.0f}{r['bytes_per_s_best']:>7.0f}"
+            f"{r['matmul_flops']['bf16'] / 1e9:>9.0f}{r['fraction_of_bf16_matmul']:>7.1%}"
+            f"{r['fraction_of_bf16_matmul_best']:>9.1%}{r['peak_rss_gib']:>6.2f}"
         )
+    print("step s: median; min s: fastest step; cpu s: process CPU seconds per step (median);")
+    print("mm bf16: 2048^3 bf16 matmul GFLOP/s measured before the row; MFU = model FLOP/s / that")
     if opts.out:
         summary = {
             "load_before": load_before,
-            "load_after": load_after,
-            "matmul_flops": peak,
             "flops_per_byte": flops_per_byte,
             "threads": torch.get_num_threads(),
+            "params": results[0]["params"] if results else None,
             "results": results,
         }
         with open(opts.out, "w") as f:

@@ -428,6 +428,7 @@ class ByteLatentTransformer(nn.Module):
         if not torch.compiler.is_compiling():  # data-dependent checks would break the graph
             check_patch_lengths(patch_lengths, seq_len)
         num_patches = patch_lengths.shape[1]
+        self._check_lengths(seq_len, num_patches)
         backend = resolve_backend(args.attn_impl, tokens.device)
         patch_ids = patch_ids_from_lengths(patch_lengths, seq_len)
         local_mask = self_attn_mask(
@@ -476,6 +477,19 @@ class ByteLatentTransformer(nn.Module):
                 self.structured_cross_attn,
             )
         return self.local_decoder(h_bytes, h, decoder_patch_ids, local_mask, dec_cross, backend)
+
+    def _check_lengths(self, seq_len: int, num_patches: int) -> None:
+        args = self.args
+        if seq_len > args.max_encoder_seq_length:
+            raise ConfigError(
+                f"rows of {seq_len} bytes exceed model.max_encoder_seq_length="
+                f"{args.max_encoder_seq_length}; raise it (it sizes the local position tables)"
+            )
+        if num_patches > args.max_seqlen:
+            raise ConfigError(
+                f"{num_patches} patches per row exceed model.max_seqlen={args.max_seqlen} "
+                "(the global model's position table); raise it"
+            )
 
     def _patch(self, tokens: torch.Tensor) -> torch.Tensor:
         if self._patcher is None:

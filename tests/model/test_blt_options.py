@@ -90,9 +90,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
-def packed_batch(
-    bsz: int, seq_len: int, seed: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def packed_batch(bsz: int, seq_len: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Random bytes with several documents per row (EOS then BOS) and random patch lengths."""
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(4, 260, (bsz, seq_len + 1), generator=gen)
@@ -105,9 +103,7 @@ def packed_batch(
         total = seq_len + (b % 2)  # rows summing to N and to N+1
         row = [1]
         while sum(row) < total:
-            row.append(
-                min(int(torch.randint(1, 6, (1,), generator=gen)), total - sum(row))
-            )
+            row.append(min(int(torch.randint(1, 6, (1,), generator=gen)), total - sum(row)))
         rows.append(row)
     width = max(len(r) for r in rows) + 1
     lengths = torch.tensor([r + [0] * (width - len(r)) for r in rows])
@@ -127,9 +123,7 @@ def build(overrides: dict[str, Any]) -> ByteLatentTransformer:
     return model
 
 
-def ngram_ids_for(
-    model: ByteLatentTransformer, tokens: torch.Tensor
-) -> torch.Tensor | None:
+def ngram_ids_for(model: ByteLatentTransformer, tokens: torch.Tensor) -> torch.Tensor | None:
     if model.encoder_ngram_embedding is None:
         return None
     sizes = [table.num_embeddings for table in model.encoder_ngram_embedding]
@@ -162,9 +156,7 @@ def test_option_builds_inits_and_trains(name: str) -> None:
         assert param.grad.abs().sum() > 0, f"{key} has an all-zero gradient"
 
 
-@pytest.mark.parametrize(
-    "name", ["released_flags", "windows", "enc_cross_learned_queries"]
-)
+@pytest.mark.parametrize("name", ["released_flags", "windows", "enc_cross_learned_queries"])
 def test_structured_and_dense_cross_attention_agree(name: str) -> None:
     model = build(OPTIONS[name]).eval()
     tokens, lengths = packed_batch(2, 20, seed=2)
@@ -182,22 +174,14 @@ def test_documents_do_not_see_each_other() -> None:
     Logits can: as in the reference, the byte after an EOS reads the global state of the patch
     holding the EOS (the previous document's last patch), and hash n-grams span the boundary.
     """
-    no_hash = {
-        key: value
-        for key, value in RELEASED.items()
-        if not key.startswith("encoder_hash")
-    }
+    no_hash = {key: value for key, value in RELEASED.items() if not key.startswith("encoder_hash")}
     model = build({**no_hash, "attn_bias_type": "block_causal"}).eval()
     second = [BOS_ID, 20, 21, 22, 23, 24]
     lengths = torch.tensor([[1, 2, 2, 2, 2, 2]])  # patch 2 ends at the EOS (byte 4)
     captured: list[tuple[torch.Tensor, torch.Tensor]] = []
     hooks = [
-        model.local_encoder.register_forward_hook(
-            lambda m, a, out: captured.append(out)
-        ),
-        model.global_transformer.register_forward_hook(
-            lambda m, a, out: captured.append(out)
-        ),
+        model.local_encoder.register_forward_hook(lambda m, a, out: captured.append(out)),
+        model.global_transformer.register_forward_hook(lambda m, a, out: captured.append(out)),
     ]
     with torch.no_grad():
         model(torch.tensor([[BOS_ID, 10, 11, 12, EOS_ID] + second]), lengths)
@@ -225,13 +209,9 @@ def test_init_std_follows_reference() -> None:
         return t.float().std().item()
 
     assert std(enc.tok_embeddings.weight) == pytest.approx(64**-0.5, rel=0.1)
-    assert std(model.encoder_hash_tok_embedding[0].weight) == pytest.approx(
-        64**-0.5, rel=0.1
-    )
+    assert std(model.encoder_hash_tok_embedding[0].weight) == pytest.approx(64**-0.5, rel=0.1)
     assert std(model.local_decoder.output.weight) == pytest.approx(64**-0.5, rel=0.1)
-    assert std(enc.patch_embedding_projection.weight) == pytest.approx(
-        64**-0.5, rel=0.1
-    )
+    assert std(enc.patch_embedding_projection.weight) == pytest.approx(64**-0.5, rel=0.1)
     assert std(model.local_decoder.patch_embedding_projection.weight) == pytest.approx(
         32**-0.5, rel=0.1
     )
@@ -252,8 +232,7 @@ def test_fsdp_units_are_in_forward_order_and_cover_the_layers() -> None:
     assert len({id(u) for u in units}) == len(units)
     calls: list[int] = []
     hooks = [
-        u.register_forward_pre_hook(lambda m, _a, i=i: calls.append(i))
-        for i, u in enumerate(units)
+        u.register_forward_pre_hook(lambda m, _a, i=i: calls.append(i)) for i, u in enumerate(units)
     ]
     tokens, lengths = packed_batch(1, 16, seed=3)
     with torch.no_grad():
@@ -309,3 +288,13 @@ def test_missing_patch_lengths_without_patcher_is_a_config_error() -> None:
         model(torch.randint(4, 260, (1, 8)))
     with pytest.raises(ConfigError, match="patch_in_forward"):
         model.attach_patcher(FakePatcher())
+
+
+def test_rows_longer_than_the_position_tables_are_config_errors() -> None:
+    model = build({**RELEASED, "max_encoder_seq_length": 16, "max_seqlen": 64})
+    tokens, lengths = packed_batch(1, 24, seed=5)
+    with pytest.raises(ConfigError, match="model.max_encoder_seq_length=16"):
+        model(tokens[:, :-1], lengths)
+    model = build({**RELEASED, "max_seqlen": 4})
+    with pytest.raises(ConfigError, match="model.max_seqlen=4"):
+        model(tokens[:, :-1], lengths)
