@@ -117,7 +117,7 @@ def git_commit() -> str:
             check=True,
         )
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "bytelatent"],
+            ["git", "status", "--porcelain", "--", "bytelatent", "bench"],
             check=False,
             capture_output=True,
             text=True,
@@ -146,7 +146,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--precision", choices=["fp32", "bf16", "both"], default="both")
-    parser.add_argument("--compile", action="store_true", help="torch.compile each block")
+    parser.add_argument(
+        "--modes",
+        default="eager,compile",
+        help="comma list of eager (plain modules) and compile (torch.compile each block)",
+    )
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--write", action="store_true", help=f"write {RESULTS.name}")
     return parser.parse_args()
@@ -166,37 +170,43 @@ def main() -> None:
         sliding_window=opts.window,
         ffn_dim_multiplier=1.0,
     )
-    model = build_model(args, opts.compile)
-    flops_per_byte = lm_flops_per_token(
-        model.num_params(exclude_embeddings=True),
-        args.n_layers,
-        args.dim,
-        opts.seqlen,
-        opts.window,
-    )
-    load_before = os.getloadavg()
+    modes = opts.modes.split(",")
     precisions = ["fp32", "bf16"] if opts.precision == "both" else [opts.precision]
+    load_before = os.getloadavg()
     lines = [
-        (
-            "| precision | bytes/s | model GFLOP/s | matmul 2048³ GFLOP/s "
-            "| fraction of matmul (median per step) | reference bytes/s | final loss |"
-        ),
-        "|---|---|---|---|---|---|---|",
+        "| mode | precision | bytes/s | model GFLOP/s | matmul 2048³ GFLOP/s "
+        "| fraction of matmul (median per step) | reference bytes/s | final loss |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for precision in precisions:
-        result = train_throughput(
-            model, opts.batch, opts.seqlen, precision, opts.steps, opts.warmup
+    for mode in modes:
+        if mode not in ("eager", "compile"):
+            raise SystemExit(f"--modes: unknown mode {mode!r} (eager, compile)")
+        model = build_model(args, compile_blocks=mode == "compile")
+        flops_per_byte = lm_flops_per_token(
+            model.num_params(exclude_embeddings=True),
+            args.n_layers,
+            args.dim,
+            opts.seqlen,
+            opts.window,
         )
-        gflops = result["bytes_per_s"] * flops_per_byte / 1e9
-        fraction = statistics.median(result["ratios"]) * flops_per_byte / 1e9
-        lines.append(
-            f"| {precision} | {result['bytes_per_s']:,.0f} | {gflops:.1f} | {result['peak']:.0f} "
-            f"| {fraction:.1%} | {REFERENCE[precision]:,.0f} | {result['loss']:.3f} |"
-        )
+        for precision in precisions:
+            result = train_throughput(
+                model, opts.batch, opts.seqlen, precision, opts.steps, opts.warmup
+            )
+            gflops = result["bytes_per_s"] * flops_per_byte / 1e9
+            fraction = statistics.median(result["ratios"]) * flops_per_byte / 1e9
+            lines.append(
+                f"| {mode} | {precision} | {result['bytes_per_s']:,.0f} | {gflops:.1f} "
+                f"| {result['peak']:.0f} | {fraction:.1%} | {REFERENCE[precision]:,.0f} "
+                f"| {result['loss']:.3f} |"
+            )
+            print(lines[-1], flush=True)
     load_after = os.getloadavg()
     table = "\n".join(lines)
     command = "python bench/entropy_model_cpu.py " + " ".join(
-        f"--{k}={v}" for k, v in vars(opts).items() if v not in (None, False) and k != "write"
+        f"--{k}={v}"
+        for k, v in vars(opts).items()
+        if v is not None and v is not False and k != "write"
     )
     details = (
         f"- command: `{command}`\n"
@@ -206,10 +216,11 @@ def main() -> None:
         f"- load average (1/5/15 min) before: {'/'.join(f'{x:.2f}' for x in load_before)}, "
         f"after: {'/'.join(f'{x:.2f}' for x in load_after)}\n"
         f"- model: {model.num_params():,} params ({model.num_params(exclude_embeddings=True):,} "
-        f"non-embedding), batch {opts.batch} x {opts.seqlen} bytes, window {opts.window}, "
-        f"compile={opts.compile}; {flops_per_byte / 1e6:.1f} MFLOP per byte "
-        "(bytelatent.model.flops.lm_flops_per_token)\n"
-        f"- median step time over {opts.steps} steps after {opts.warmup} warm-up steps"
+        f"non-embedding), batch {opts.batch} x {opts.seqlen} bytes, window {opts.window}; "
+        f"{flops_per_byte / 1e6:.1f} MFLOP per byte (bytelatent.model.flops.lm_flops_per_token)\n"
+        f"- bytes/s: median over {opts.steps} steps after {opts.warmup} warm-up steps (compile "
+        "happens in the warm-up); fraction of matmul: median over steps of the step's model "
+        "FLOP/s divided by a 2048³ matmul timed right after that step"
     )
     print(table)
     print(details)
