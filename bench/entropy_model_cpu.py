@@ -117,7 +117,7 @@ def git_commit() -> str:
             check=True,
         )
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "bytelatent", "bench"],
+            ["git", "status", "--porcelain", "--", "bytelatent", "bench/entropy_model_cpu.py"],
             check=False,
             capture_output=True,
             text=True,
