@@ -315,6 +315,8 @@ def _attend_xformers(
             "attention backend xformers needs CUDA tensors (it has no CPU kernel); "
             "use backend='sdpa' (resolve_backend does this for model configs)"
         )
+    if mask.band is not None:
+        raise ValueError("banded masks run on sdpa only; build the mask with backend='xformers'")
     fmha = _import_xformers_fmha()
     bsz, n_heads, seqlen, head_dim = q.shape
     if mask.xformers_bias is not None:

@@ -60,9 +60,7 @@ class BaseTransformerArgs(BaseModel):
                 "whole row, future included); use sdpa, flex_attention or xformers"
             )
         if self.attn_impl not in BACKENDS:
-            raise ValueError(
-                f"attn_impl={self.attn_impl!r} is unknown; expected one of {BACKENDS}"
-            )
+            raise ValueError(f"attn_impl={self.attn_impl!r} is unknown; expected one of {BACKENDS}")
         if self.attn_bias_type not in ATTN_BIAS_TYPES:
             raise ValueError(
                 f"attn_bias_type={self.attn_bias_type!r} is unknown; expected one of {ATTN_BIAS_TYPES}"
@@ -76,32 +74,20 @@ class BaseTransformerArgs(BaseModel):
         return self
 
     def _check_heads(self) -> None:
-        if (
-            self.n_heads is not None
-            and self.head_dim is None
-            and self.dim % self.n_heads
-        ):
+        if self.n_heads is not None and self.head_dim is None and self.dim % self.n_heads:
             raise ValueError(
                 f"dim={self.dim} is not divisible by n_heads={self.n_heads}; "
                 "change one of them or set head_dim"
             )
-        if (
-            self.head_dim is not None
-            and self.n_heads is None
-            and self.dim % self.head_dim
-        ):
-            raise ValueError(
-                f"dim={self.dim} is not divisible by head_dim={self.head_dim}"
-            )
+        if self.head_dim is not None and self.n_heads is None and self.dim % self.head_dim:
+            raise ValueError(f"dim={self.dim} is not divisible by head_dim={self.head_dim}")
         if self.n_heads is None and self.head_dim is None:
             return
         head_dim, n_heads, n_kv_heads = block_head_counts(self)
         if head_dim % 2:
             raise ValueError(f"head_dim={head_dim} must be even for rotary embeddings")
         if n_heads % n_kv_heads:
-            raise ValueError(
-                f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}"
-            )
+            raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
 
 
 class LMTransformerArgs(BaseTransformerArgs):
@@ -119,15 +105,11 @@ class LMTransformerArgs(BaseTransformerArgs):
         _check_positive(self, ("vocab_size",))
         _check_positive(self, ("sliding_window",), optional=True)
         if self.attn_bias_type == "local_block_causal" and self.sliding_window is None:
-            raise ValueError(
-                "attn_bias_type='local_block_causal' needs sliding_window (e.g. 512)"
-            )
+            raise ValueError("attn_bias_type='local_block_causal' needs sliding_window (e.g. 512)")
         return self
 
 
-def _check_positive(
-    args: BaseModel, names: tuple[str, ...], optional: bool = False
-) -> None:
+def _check_positive(args: BaseModel, names: tuple[str, ...], optional: bool = False) -> None:
     for name in names:
         value = getattr(args, name)
         if value is None and optional:
@@ -150,9 +132,7 @@ class LMTransformer(nn.Module):
             max_seqlen=args.max_seqlen,
             use_fp32_outer=args.rope_use_fp32_in_outer_product,
         )
-        self.layers = nn.ModuleList(
-            TransformerBlock(args) for _ in range(args.n_layers)
-        )
+        self.layers = nn.ModuleList(TransformerBlock(args) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self._tie_weights()
@@ -161,9 +141,7 @@ class LMTransformer(nn.Module):
         if self.args.weight_tying:
             self.output.weight = self.tok_embeddings.weight
 
-    def _apply(
-        self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True
-    ) -> Any:
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
         # to_empty()/to() give each module its own new Parameter; re-share the tied weight
         result = super()._apply(fn, recurse)
         self._tie_weights()
@@ -195,19 +173,13 @@ class LMTransformer(nn.Module):
         args = self.args
         self.rope_embeddings.reset_parameters()
         for depth, layer in enumerate(self.layers):
-            factor = init_std_factor(
-                args.init_std_factor, depth, args.n_layers, args.dim
-            )
+            factor = init_std_factor(args.init_std_factor, depth, args.n_layers, args.dim)
             layer.init_weights(args.init_base_std, factor)
         self.norm.reset_parameters()
         std = args.dim**-0.5
-        nn.init.trunc_normal_(
-            self.tok_embeddings.weight, mean=0.0, std=std, a=-3 * std, b=3 * std
-        )
+        nn.init.trunc_normal_(self.tok_embeddings.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
         if not args.weight_tying:
-            nn.init.trunc_normal_(
-                self.output.weight, mean=0.0, std=std, a=-3 * std, b=3 * std
-            )
+            nn.init.trunc_normal_(self.output.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
 
     def fsdp_units(self) -> list[nn.Module]:
         """Modules to shard as separate FSDP units, in forward order.
@@ -221,9 +193,7 @@ class LMTransformer(nn.Module):
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Number of distinct parameters; ``exclude_embeddings`` drops the input embedding table
         (a lookup, no FLOPs) unless it is tied to the output projection."""
-        total = sum(
-            p.numel() for p in self.parameters()
-        )  # parameters() yields shared ones once
+        total = sum(p.numel() for p in self.parameters())  # parameters() yields shared ones once
         if exclude_embeddings and not self.args.weight_tying:
             total -= self.tok_embeddings.weight.numel()
         return total

@@ -31,9 +31,7 @@ def entropy_model() -> LMTransformer:
         model = LMTransformer(args)
     model.to_empty(device="cpu")
     model.init_weights()  # recomputes the non-persistent RoPE table
-    state = torch.load(
-        FIXTURES / "entropy_model" / "consolidated.pth", weights_only=True
-    )
+    state = torch.load(FIXTURES / "entropy_model" / "consolidated.pth", weights_only=True)
     model.load_state_dict(state["model"], strict=True)
     return model.eval()
 
@@ -53,9 +51,7 @@ def test_entropy_logits_and_entropies_match_reference(entropy_model, cases):
         assert logits.shape == expected.shape
         assert (logits - expected).abs().max().item() < 1e-4, case["text"][:40]
         expected_entropies = torch.as_tensor(case["entropies"], dtype=torch.float32)
-        torch.testing.assert_close(
-            entropies(logits), expected_entropies, rtol=0, atol=1e-4
-        )
+        torch.testing.assert_close(entropies(logits), expected_entropies, rtol=0, atol=1e-4)
 
 
 def test_batched_rows_match_single_rows(entropy_model, cases):
@@ -66,6 +62,4 @@ def test_batched_rows_match_single_rows(entropy_model, cases):
     with torch.no_grad():
         together = entropy_model(batch)
     for i, case in enumerate(cases):
-        torch.testing.assert_close(
-            together[i], case["entropy_logits"][:width], rtol=0, atol=1e-4
-        )
+        torch.testing.assert_close(together[i], case["entropy_logits"][:width], rtol=0, atol=1e-4)
