@@ -126,7 +126,8 @@ def blt_flops_per_byte(args: object, mean_patch_size: float, seq_len: int) -> fl
     """Training (forward + backward) FLOPs per byte of a ByteLatentTransformer.
 
     ``args``: ByteLatentTransformerArgs; ``mean_patch_size``: bytes per patch (N / patches);
-    ``seq_len``: bytes per row N. With p = 1 / mean_patch_size, d the local width, D the global
+    ``seq_len``: bytes per row N (not patches: in patch-packed data that is
+    ``max_encoder_seq_length``, while the data's ``seq_len`` counts patches). With p = 1 / mean_patch_size, d the local width, D the global
     width, L layers, k = cross_attn_k, w the cross-attention windows (1 without), per byte:
 
     - local encoder / decoder blocks: 6 * L * P_block + 12 * L * d * k_eff(N, local window);
