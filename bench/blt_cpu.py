@@ -26,9 +26,13 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from bytelatent.model.blt import ByteLatentTransformerArgs
 
 # run from a checkout without installing: the repository root holds the bytelatent package
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,7 +44,7 @@ HASH_SIZES, HASH_VOCAB = [3, 4, 5, 6, 7, 8], 50002
 ROWS = ("ours:fp32", "ours:bf16", "ours-compile:bf16", "hf:fp32", "hf:bf16")
 
 
-def blt_args():  # noqa: ANN201 - bytelatent import kept local to the worker
+def blt_args() -> ByteLatentTransformerArgs:
     from bytelatent.model.blt import ByteLatentTransformerArgs
 
     return ByteLatentTransformerArgs(

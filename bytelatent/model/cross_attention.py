@@ -61,9 +61,7 @@ class CrossAttention(nn.Module):
         bsz, q_len, _ = x.shape
         kv_len = kv.shape[1]
         kv_normed = self.cross_attn_norm_kv(kv)
-        xq = self.wq(self.cross_attn_norm_q(x)).view(
-            bsz, q_len, self.n_heads, self.head_dim
-        )
+        xq = self.wq(self.cross_attn_norm_q(x)).view(bsz, q_len, self.n_heads, self.head_dim)
         xk = self.wk(kv_normed).view(bsz, kv_len, self.n_kv_heads, self.head_dim)
         xv = self.wv(kv_normed).view(bsz, kv_len, self.n_kv_heads, self.head_dim)
         if mask.structured:
@@ -72,9 +70,7 @@ class CrossAttention(nn.Module):
                 xk = xk.repeat_interleave(repeats, dim=2)
                 xv = xv.repeat_interleave(repeats, dim=2)
             if mask.side == "encoder":
-                out = _segment_attention(
-                    xq, xk, xv, mask.patch_ids, mask.num_patches, mask.k
-                )
+                out = _segment_attention(xq, xk, xv, mask.patch_ids, mask.num_patches, mask.k)
             else:
                 out = _slot_attention(xq, xk, xv, mask.patch_ids, mask.k)
         else:
@@ -115,12 +111,9 @@ def _segment_attention(
     q = q.view(bsz, num_patches, slots, n_heads, head_dim)
     # flat (batch, patch) index of every byte, for index_add over B*P segments
     flat_ids = (
-        patch_ids
-        + torch.arange(bsz, device=patch_ids.device).unsqueeze(1) * num_patches
+        patch_ids + torch.arange(bsz, device=patch_ids.device).unsqueeze(1) * num_patches
     ).reshape(-1)
-    q_of_byte = q.reshape(bsz * num_patches, slots, n_heads, head_dim).index_select(
-        0, flat_ids
-    )
+    q_of_byte = q.reshape(bsz * num_patches, slots, n_heads, head_dim).index_select(0, flat_ids)
     k_flat = k.reshape(bsz * n_bytes, 1, n_heads, head_dim)
     scores = (q_of_byte * k_flat).sum(-1).float() * head_dim**-0.5  # [B*N, slots, H]
     with torch.no_grad():
@@ -128,9 +121,7 @@ def _segment_attention(
         index = flat_ids.view(-1, 1, 1).expand_as(scores)
         seg_max = seg_max.scatter_reduce(0, index, scores, "amax", include_self=True)
     weights = torch.exp(scores - seg_max.index_select(0, flat_ids))
-    denom = scores.new_zeros((bsz * num_patches, slots, n_heads)).index_add(
-        0, flat_ids, weights
-    )
+    denom = scores.new_zeros((bsz * num_patches, slots, n_heads)).index_add(0, flat_ids, weights)
     # empty segments have denom 0 and no contributions: divide by 1 to keep exact zeros
     denom = torch.where(denom > 0, denom, torch.ones_like(denom))
     probs = (weights / denom.index_select(0, flat_ids)).to(v.dtype)
@@ -155,15 +146,10 @@ def _slot_attention(
     bsz, n_bytes, n_heads, head_dim = q.shape
     num_patches = k.shape[1] // slots
     flat_ids = (
-        decoder_patch_ids
-        + torch.arange(bsz, device=q.device).unsqueeze(1) * num_patches
+        decoder_patch_ids + torch.arange(bsz, device=q.device).unsqueeze(1) * num_patches
     ).reshape(-1)
-    k_of_byte = k.reshape(bsz * num_patches, slots, n_heads, head_dim).index_select(
-        0, flat_ids
-    )
-    v_of_byte = v.reshape(bsz * num_patches, slots, n_heads, head_dim).index_select(
-        0, flat_ids
-    )
+    k_of_byte = k.reshape(bsz * num_patches, slots, n_heads, head_dim).index_select(0, flat_ids)
+    v_of_byte = v.reshape(bsz * num_patches, slots, n_heads, head_dim).index_select(0, flat_ids)
     q_flat = q.reshape(bsz * n_bytes, 1, n_heads, head_dim)
     scores = (q_flat * k_of_byte).sum(-1).float() * head_dim**-0.5  # [B*N, slots, H]
     probs = torch.softmax(scores, dim=1).to(v.dtype)

@@ -57,9 +57,7 @@ def _block_params(block_args: object) -> int:
     return attention + 3 * dim * hidden
 
 
-def blt_flops_breakdown(
-    args: object, mean_patch_size: float, seq_len: int
-) -> dict[str, float]:
+def blt_flops_breakdown(args: object, mean_patch_size: float, seq_len: int) -> dict[str, float]:
     """Training FLOPs per byte of a ByteLatentTransformer, by component (see blt_flops_per_byte)."""
     if mean_patch_size <= 0 or seq_len < 1:
         raise ValueError(
@@ -89,9 +87,7 @@ def blt_flops_breakdown(
         n_cross = enc.n_layers if args.cross_attn_all_layers_encoder else 1
         # wq/wo on k slots per patch, wk/wv on every byte; each slot attends the bytes of
         # `window` patches (mean_patch_size bytes each): per byte k * window keys on average
-        terms["encoder_cross_projections"] = (
-            6 * n_cross * (2 * k * per_patch + 2) * d_enc * d_enc
-        )
+        terms["encoder_cross_projections"] = 6 * n_cross * (2 * k * per_patch + 2) * d_enc * d_enc
         terms["encoder_cross_attention"] = (
             12 * n_cross * d_enc * k * (args.cross_attn_window_encoder or 1)
         )
@@ -102,17 +98,13 @@ def blt_flops_breakdown(
     if global_in != d_glob:
         terms["global_projection"] = 6 * per_patch * global_in * d_glob
     terms["global_layers"] = 6 * per_patch * glob.n_layers * _block_params(glob)
-    terms["global_attention"] = (
-        12 * per_patch * glob.n_layers * attn_width(glob) * global_keys
-    )
+    terms["global_attention"] = 12 * per_patch * glob.n_layers * attn_width(glob) * global_keys
     slots = k if args.cross_attn_decoder else 1
     if d_glob != d_dec or slots > 1:
         terms["decoder_patch_projection"] = 6 * per_patch * d_glob * d_dec * slots
     if args.cross_attn_decoder:
         n_cross = dec.n_layers if args.cross_attn_all_layers_decoder else 1
-        terms["decoder_cross_projections"] = (
-            6 * n_cross * (2 + 2 * k * per_patch) * d_dec * d_dec
-        )
+        terms["decoder_cross_projections"] = 6 * n_cross * (2 + 2 * k * per_patch) * d_dec * d_dec
         terms["decoder_cross_attention"] = (
             12 * n_cross * d_dec * k * (args.cross_attn_window_decoder or 1)
         )

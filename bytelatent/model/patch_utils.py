@@ -41,14 +41,10 @@ def patch_ids_from_lengths(patch_lengths: torch.Tensor, seq_len: int) -> torch.T
     return torch.searchsorted(ends, positions, right=True)
 
 
-def decoder_patch_ids_from_lengths(
-    patch_lengths: torch.Tensor, seq_len: int
-) -> torch.Tensor:
+def decoder_patch_ids_from_lengths(patch_lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
     """Index of the last patch lying entirely at or before each byte: [B, seq_len] long."""
     ends = torch.cumsum(patch_lengths, dim=1).contiguous()
-    positions = torch.arange(
-        1, seq_len + 1, device=patch_lengths.device, dtype=ends.dtype
-    )
+    positions = torch.arange(1, seq_len + 1, device=patch_lengths.device, dtype=ends.dtype)
     positions = positions.unsqueeze(0).expand(ends.shape[0], seq_len).contiguous()
     complete = torch.searchsorted(ends, positions, right=True) - 1
     # zero-length right padding "ends" at the row total; never point at a padded patch
@@ -69,14 +65,10 @@ def check_patch_lengths(patch_lengths: torch.Tensor, seq_len: int) -> None:
         torch.float64,
         torch.bool,
     ):
-        raise DataError(
-            f"patch_lengths must be an integer tensor, got {patch_lengths.dtype}"
-        )
+        raise DataError(f"patch_lengths must be an integer tensor, got {patch_lengths.dtype}")
     if patch_lengths.is_cuda:
         # no host sync on the accelerator: checked asynchronously, fails at the next sync point
-        torch._assert_async(
-            (patch_lengths[:, 0] == 1).all(), "patch_lengths[:, 0] must be 1"
-        )
+        torch._assert_async((patch_lengths[:, 0] == 1).all(), "patch_lengths[:, 0] must be 1")
         return
     if (patch_lengths < 0).any():
         raise DataError("patch_lengths has negative entries")
@@ -129,16 +121,12 @@ def pool_patches(
     for mode in modes:
         base = h.new_zeros(h.shape[0], num_patches, h.shape[-1])
         pooled.append(
-            base.scatter_reduce(
-                1, index, h, reduce=_POOL_REDUCE[mode], include_self=False
-            )
+            base.scatter_reduce(1, index, h, reduce=_POOL_REDUCE[mode], include_self=False)
         )
     return torch.cat(pooled, dim=-1) if len(pooled) > 1 else pooled[0]
 
 
-def concat_patches(
-    h: torch.Tensor, patch_lengths: torch.Tensor, patch_size: int
-) -> torch.Tensor:
+def concat_patches(h: torch.Tensor, patch_lengths: torch.Tensor, patch_size: int) -> torch.Tensor:
     """Concatenate the last ``patch_size`` byte states of each patch: [B, P, patch_size * D].
 
     The reference's downsampling without pooling (static patches). Positions before the first
@@ -210,9 +198,7 @@ def build_cross_mask(
         raise ValueError(f"side must be 'encoder' or 'decoder', got {side!r}")
     if structured and window is None:
         return PatchCrossMask(side, patch_ids, num_patches, k)
-    build = (
-        encoder_cross_attn_allowed if side == "encoder" else decoder_cross_attn_allowed
-    )
+    build = encoder_cross_attn_allowed if side == "encoder" else decoder_cross_attn_allowed
     attn = AttnMask.from_dense(build(patch_ids, num_patches, k, window))
     if backend == "flex_attention":
         attn.block_mask = _flex_block_mask(attn.dense)

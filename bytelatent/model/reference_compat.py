@@ -173,19 +173,12 @@ def blt_args_from_reference(
 ) -> tuple[ByteLatentTransformerArgs, list[str]]:
     """ByteLatentTransformerArgs for a reference ``params.json["model"]``, plus the ignored fields."""
     known = (
-        set(_BLT_SAME)
-        | _BLT_HANDLED
-        | set(REFERENCE_NOOP_FIELDS)
-        | set(REFERENCE_PATCHER_FIELDS)
+        set(_BLT_SAME) | _BLT_HANDLED | set(REFERENCE_NOOP_FIELDS) | set(REFERENCE_PATCHER_FIELDS)
     )
-    known |= {
-        "sliding_window"
-    }  # BaseTransformerArgs field of the reference, unused by BLT
+    known |= {"sliding_window"}  # BaseTransformerArgs field of the reference, unused by BLT
     unknown = sorted(set(model_dict) - known)
     if unknown:
-        raise ConfigError(
-            f"model.{unknown[0]}: not a reference ByteLatentTransformerArgs field"
-        )
+        raise ConfigError(f"model.{unknown[0]}: not a reference ByteLatentTransformerArgs field")
 
     def ref(name: str) -> Any:
         return model_dict.get(name, _BLT_REFERENCE_DEFAULTS.get(name))
@@ -258,9 +251,7 @@ def _map_vocab(vocab: int | None, fields: dict[str, Any], ignored: list[str]) ->
         fields["vocab_size"] = vocab
 
 
-def _map_global_mask(
-    kind: str | None, fields: dict[str, Any], ignored: list[str]
-) -> None:
+def _map_global_mask(kind: str | None, fields: dict[str, Any], ignored: list[str]) -> None:
     if kind in (None, "causal"):
         fields["attn_bias_type"] = "causal"
     elif kind in ("block_causal", "local_block_causal"):
@@ -284,9 +275,7 @@ def _map_attn_impl(fields: dict[str, Any], ignored: list[str]) -> None:
             "this cannot reproduce a trained model's function: use sdpa"
         )
     if impl in ("xformers", "flex_attention") and not torch.cuda.is_available():
-        ignored.append(
-            f"attn_impl={impl} (needs CUDA; runs on sdpa with the same masks here)"
-        )
+        ignored.append(f"attn_impl={impl} (needs CUDA; runs on sdpa with the same masks here)")
 
 
 def _map_patch_settings(
@@ -300,9 +289,7 @@ def _map_patch_settings(
             "model.cross_attn_k is null but cross-attention is enabled; set it (released models: 2)"
         )
     pooling = model_dict.get("downsampling_by_pooling")
-    fields["downsampling_by_pooling"] = (
-        pooling  # reference default None (concatenation)
-    )
+    fields["downsampling_by_pooling"] = pooling  # reference default None (concatenation)
     needs_patch_size = not ref("cross_attn_encoder") and not pooling
     if "patch_size" in model_dict:
         if needs_patch_size:
@@ -311,9 +298,7 @@ def _map_patch_settings(
             ignored.append("patch_size (patcher setting: configure data.patcher_args)")
     if model_dict.get("encoder_ngram_to_size_str"):
         if ref("encoder_enable_byte_ngrams"):
-            fields["encoder_ngram_to_size_str"] = model_dict[
-                "encoder_ngram_to_size_str"
-            ]
+            fields["encoder_ngram_to_size_str"] = model_dict["encoder_ngram_to_size_str"]
         else:
             ignored.append(
                 "encoder_ngram_to_size_str (the reference builds no tables unless encoder_enable_byte_ngrams)"
@@ -358,9 +343,7 @@ def lm_args_from_reference(
     """LMTransformerArgs for a reference ``params.json["entropy_model"]``, plus ignored fields."""
     unknown = sorted(set(model_dict) - _LM_FIELDS)
     if unknown:
-        raise ConfigError(
-            f"entropy_model.{unknown[0]}: not a reference LMTransformerArgs field"
-        )
+        raise ConfigError(f"entropy_model.{unknown[0]}: not a reference LMTransformerArgs field")
     fields = dict(model_dict)
     ignored: list[str] = []
     vocab = fields.get("vocab_size", -1)
@@ -375,15 +358,11 @@ def lm_args_from_reference(
             "entropy_model.attn_impl=fmha attends without any mask in the reference; use sdpa"
         )
     if impl in ("xformers", "flex_attention") and not torch.cuda.is_available():
-        ignored.append(
-            f"attn_impl={impl} (needs CUDA; runs on sdpa with the same masks here)"
-        )
+        ignored.append(f"attn_impl={impl} (needs CUDA; runs on sdpa with the same masks here)")
     try:
         return LMTransformerArgs(**fields), ignored
     except ValueError as err:
-        raise ConfigError(
-            f"reference entropy model config: {_first_error(err)}"
-        ) from None
+        raise ConfigError(f"reference entropy model config: {_first_error(err)}") from None
 
 
 def patcher_settings_from_reference(model_dict: dict[str, Any]) -> dict[str, Any]:
@@ -424,21 +403,13 @@ def adapt_reference_blt_state_dict(
     for key in unused:
         if key in adapted:
             del adapted[key]
-            notes.append(
-                f"dropped {key} (created but never used by the reference forward)"
-            )
+            notes.append(f"dropped {key} (created but never used by the reference forward)")
     if not args.use_rope:
         for side in ("local_encoder", "local_decoder"):
             key = f"{side}.pos_embeddings.weight"
-            width = (
-                args.dim_local_encoder
-                if side == "local_encoder"
-                else args.dim_local_decoder
-            )
+            width = args.dim_local_encoder if side == "local_encoder" else args.dim_local_decoder
             reference = adapted.get(key)
             dtype = reference.dtype if reference is not None else torch.float32
             adapted[key] = torch.zeros(args.max_encoder_seq_length, width, dtype=dtype)
-            notes.append(
-                f"{key}: zeros (the reference never adds its learned positions)"
-            )
+            notes.append(f"{key}: zeros (the reference never adds its learned positions)")
     return adapted, notes

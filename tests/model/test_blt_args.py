@@ -44,12 +44,8 @@ def test_default_args_are_valid() -> None:
 
 
 def test_global_aliases_follow_or_set_dim() -> None:
-    assert (
-        ByteLatentTransformerArgs(dim_global=128, n_heads_global=4, **SMALL).dim == 128
-    )
-    args = ByteLatentTransformerArgs(
-        dim=128, dim_global=128, n_layers_global=3, **SMALL
-    )
+    assert ByteLatentTransformerArgs(dim_global=128, n_heads_global=4, **SMALL).dim == 128
+    args = ByteLatentTransformerArgs(dim=128, dim_global=128, n_layers_global=3, **SMALL)
     assert (args.dim, args.n_layers, args.n_heads) == (128, 3, 8)
     again = ByteLatentTransformerArgs(**args.model_dump())  # dumps re-validate
     assert again == args
@@ -116,9 +112,7 @@ def test_invalid_configs_name_the_keys(fields: dict, message: str) -> None:
 
 
 def test_hash_sizes_accept_comma_string() -> None:
-    args = ByteLatentTransformerArgs(
-        encoder_hash_byte_group_size="3,4,5", patch_size=2, **SMALL
-    )
+    args = ByteLatentTransformerArgs(encoder_hash_byte_group_size="3,4,5", patch_size=2, **SMALL)
     assert args.encoder_hash_byte_group_size == [3, 4, 5]
 
 
@@ -176,9 +170,7 @@ def test_reference_config_errors(fields: dict, message: str) -> None:
 
 
 def test_reference_learned_positions_are_zeroed_on_load() -> None:
-    args, ignored = blt_args_from_reference(
-        {**REFERENCE_BASE, "use_rope": False, "max_length": 16}
-    )
+    args, ignored = blt_args_from_reference({**REFERENCE_BASE, "use_rope": False, "max_length": 16})
     assert any(note.startswith("use_rope=false") for note in ignored)
     with torch.device("meta"):
         model = ByteLatentTransformer(args)

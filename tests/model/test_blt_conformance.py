@@ -33,9 +33,7 @@ def reference_model() -> tuple[ByteLatentTransformer, list[str]]:
         model = ByteLatentTransformer(args)
     model.to_empty(device="cpu")
     model.init_weights()
-    checkpoint = torch.load(
-        BLT_DIR / "consolidated.pth", weights_only=True, map_location="cpu"
-    )
+    checkpoint = torch.load(BLT_DIR / "consolidated.pth", weights_only=True, map_location="cpu")
     state_dict, _ = adapt_reference_blt_state_dict(checkpoint["model"], args)
     model.load_state_dict(state_dict, strict=True)
     return model.eval(), ignored
@@ -101,6 +99,4 @@ def test_reference_config_notes(reference_model) -> None:
 def test_patch_ids_verified_example() -> None:
     lengths = torch.tensor([[1, 4, 3, 2]])
     assert patch_ids_from_lengths(lengths, 9).tolist() == [[0, 1, 1, 1, 1, 2, 2, 2, 3]]
-    assert decoder_patch_ids_from_lengths(lengths, 9).tolist() == [
-        [0, 0, 0, 0, 1, 1, 1, 2, 2]
-    ]
+    assert decoder_patch_ids_from_lengths(lengths, 9).tolist() == [[0, 0, 0, 0, 1, 1, 1, 2, 2]]

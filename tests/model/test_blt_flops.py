@@ -116,9 +116,7 @@ def test_formula_matches_counted_flops(name: str) -> None:
 
     model.structured_cross_attn = False
     counted_dense = counted_flops_per_byte(model, math_sdpa=True)
-    dense_attention = sum(
-        v * dense_scale(k) for k, v in terms.items() if k in ATTENTION_TERMS
-    )
+    dense_attention = sum(v * dense_scale(k) for k, v in terms.items() if k in ATTENTION_TERMS)
     assert counted_dense == pytest.approx(parameter_flops + dense_attention, rel=1e-6)
     assert blt_flops_per_byte(args, SEQ_LEN / N_PATCHES, SEQ_LEN) == pytest.approx(
         sum(terms.values())

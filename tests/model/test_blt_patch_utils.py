@@ -18,9 +18,7 @@ from bytelatent.model.patch_utils import (
 )
 
 
-def random_lengths(
-    gen: torch.Generator, bsz: int, seq_len: int, max_len: int = 5
-) -> torch.Tensor:
+def random_lengths(gen: torch.Generator, bsz: int, seq_len: int, max_len: int = 5) -> torch.Tensor:
     """Rows: first patch 1, random lengths, summing to N or N+1, right-padded with zeros."""
     rows = []
     for b in range(bsz):
@@ -125,9 +123,7 @@ def test_structured_cross_attention_equals_dense(side: str, n_kv_heads: int) -> 
     torch.testing.assert_close(outputs[0], outputs[1], atol=1e-5, rtol=1e-5)
     for got, want in zip(grads[0], grads[1]):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    if (
-        side == "encoder"
-    ):  # padded patch slots: no byte to attend, so only the residual remains
+    if side == "encoder":  # padded patch slots: no byte to attend, so only the residual remains
         padded = (lengths == 0).repeat_interleave(k, dim=1)
         torch.testing.assert_close(outputs[0][padded], x[padded])
 

@@ -75,10 +75,6 @@ def test_compute_hash_embeddings_sums_tables_in_reference_order() -> None:
     assert hash_table_specs(sizes, nb_functions) == [(0, 3), (0, 5), (1, 3), (1, 5)]
     expected = tok(tokens)
     for index, (func_nb, size) in enumerate(hash_table_specs(sizes, nb_functions)):
-        expected = expected + tables[index](
-            byte_group_hash(tokens, size, func_nb, vocab)
-        )
+        expected = expected + tables[index](byte_group_hash(tokens, size, func_nb, vocab))
     torch.testing.assert_close(got, expected)
-    assert torch.equal(
-        compute_hash_embeddings(tokens, tok, None, None, 1, vocab), tok(tokens)
-    )
+    assert torch.equal(compute_hash_embeddings(tokens, tok, None, None, 1, vocab), tok(tokens))
