@@ -33,6 +33,13 @@ class RMSNorm(nn.RMSNorm):
         super().__init__(dim, eps=eps)
         self.dim = dim
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.weight.dtype:
+            return super().forward(x)
+        # Under autocast the input is bf16 and the weight fp32: normalise in fp32 (the fused kernel
+        # needs matching dtypes; mixing them falls back to a slow path with a warning per call site).
+        return F.rms_norm(x.float(), self.normalized_shape, self.weight, self.eps).to(x.dtype)
+
 
 def precompute_freqs_cis(
     head_dim: int, end: int, theta: float = 10000.0, use_fp32_outer: bool = False
