@@ -23,8 +23,13 @@ def model_flops_per_byte(args: TrainArgs) -> float:
         with torch.device("meta"):
             model = LMTransformer(m)
         n_non_embedding = model.num_params(exclude_embeddings=True)
-        return lm_flops_per_token(n_non_embedding, m.n_layers, m.dim, args.data.seq_len, m.sliding_window)
+        return lm_flops_per_token(
+            n_non_embedding, m.n_layers, m.dim, args.data.seq_len, m.sliding_window
+        )
     patcher = args.data.patcher_args
     # Nominal patch size: exact for static/byte patching, the configured average otherwise.
     mean_patch = 1.0 if patcher.patching_mode == "byte" else float(patcher.patch_size)
-    return blt_flops_per_byte(args.model, mean_patch_size=mean_patch, seq_len=args.data.seq_len)
+    # seq_len here is bytes per row (data.seq_len counts patches in patch mode)
+    return blt_flops_per_byte(
+        args.model, mean_patch_size=mean_patch, seq_len=args.data.max_encoder_seq_length
+    )
