@@ -26,7 +26,7 @@ class PreemptionFlag:
         self.received: int | None = None
         self._previous = {}
 
-    def install(self) -> "PreemptionFlag":
+    def install(self) -> PreemptionFlag:
         for sig in PREEMPTION_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
@@ -40,7 +40,10 @@ class PreemptionFlag:
         if self.received is None:
             self.received = signum
             # Logging from a handler is unsafe (re-entrant locks); write straight to the fd.
-            os.write(2, f"bytelatent: received {signal.Signals(signum).name}; saving at the next step boundary\n".encode())
+            os.write(
+                2,
+                f"bytelatent: received {signal.Signals(signum).name}; saving at the next step boundary\n".encode(),
+            )
 
     def agreed(self, device: torch.device, group=None) -> bool:
         """True on every rank iff any rank received a signal (one tiny all-reduce when distributed)."""
