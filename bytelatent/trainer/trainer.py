@@ -80,6 +80,13 @@ class Trainer:
         self.mesh = build_mesh(args.distributed, env.world_size, self.device.type)
         self.dp_rank, self.dp_size = dp_rank_and_size(self.mesh)
         self._dp_group_cache = None
+        # Small per-step agreements (target counts, the preemption flag) use CPU tensors: on CUDA a
+        # separate gloo group keeps them off the GPU stream, so the hot path never waits for it.
+        self._host_group = (
+            dist.new_group(backend="gloo")
+            if self.mesh is not None and self.device.type == "cuda"
+            else None
+        )
         self.model = self._build_model()
         self.optimizer, self.scheduler = build_optimizer(
             self.model, args.optim, args.steps, self.device.type
@@ -165,7 +172,7 @@ class Trainer:
                 gc.collect()
             if self.state.step % self.args.logging.freq == 0 or self.state.step == self.stop_step:
                 last = self.log(interval, out)
-            if self.preemption.agreed(self.device):
+            if self.preemption.agreed(torch.device("cpu"), self._host_group):
                 self.handle_preemption()
                 return last
             self.maybe_save()
@@ -216,11 +223,13 @@ class Trainer:
         return loss_sum.detach().double()
 
     def _all_reduce_count(self, n: int) -> int:
+        """Σ over data-parallel ranks of a host-side count, without syncing the device stream."""
         if self.dp_size == 1:
             return n
-        t = torch.tensor([n], dtype=torch.int64, device=self.device)
-        dist.all_reduce(t, group=self._dp_group())
-        return int(t.item())
+        t = torch.tensor([n], dtype=torch.int64)  # CPU tensor over a gloo group: no GPU sync
+        dist.all_reduce(t, group=self._host_group)
+        # Every rank of a tensor-parallel group holds the same batch, so the world sum counts it tp times.
+        return int(t.item()) // tp_rank_and_size(self.mesh)[1]
 
     def _dp_group(self):
         if self._dp_group_cache is None:
@@ -242,7 +251,12 @@ class Trainer:
 
     def log(self, interval: Interval, out: StepOutput) -> dict:
         sums = torch.tensor(
-            [interval.loss_sum.item(), interval.n_targets, interval.n_bytes, interval.n_input_bytes],
+            [
+                interval.loss_sum.item(),
+                interval.n_targets,
+                interval.n_bytes,
+                interval.n_input_bytes,
+            ],
             dtype=torch.float64,
         )
         if self.dp_size > 1:  # float64 all-reduce (the reference reduces these in bf16)
