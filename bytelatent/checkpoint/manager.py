@@ -485,6 +485,18 @@ class CheckpointManager:
             )  # fmt: skip
         return train_state, info
 
+    def _dcp_load(self, state: dict[str, Any], path: str, failure: str) -> None:
+        """DCP-load `state` in place from `path`; a failure is one CheckpointError line."""
+        try:
+            with _quiet_single_process():
+                dcp.load(
+                    state,
+                    storage_reader=FsspecReader(path, **self._options),
+                    process_group=self.process_group,
+                )
+        except DCP_ERRORS as e:
+            raise CheckpointError(f"{path}: {failure} ({_first_line(e)})") from e
+
     def load(
         self,
         model: nn.Module,
@@ -512,17 +524,7 @@ class CheckpointManager:
             )
         train_state, info = self._read_train_state(path)
         state = self._state_dict(model, optimizer)
-        try:
-            with _quiet_single_process():
-                dcp.load(
-                    state,
-                    storage_reader=FsspecReader(path, **self._options),
-                    process_group=self.process_group,
-                )
-        except DCP_ERRORS as e:
-            raise CheckpointError(
-                f"{path}: cannot load into this model/optimizer ({_first_line(e)})"
-            ) from e
+        self._dcp_load(state, path, "cannot load into this model/optimizer")
         if optimizer is None:
             set_model_state_dict(model, state["model"])
         else:
@@ -635,17 +637,7 @@ class CheckpointManager:
             ckpt_key: model_sd[model_key] for ckpt_key, model_key in matched.items()
         }
         state = {"model": targets} if nested else targets
-        try:
-            with _quiet_single_process():
-                dcp.load(
-                    state,
-                    storage_reader=FsspecReader(path, **self._options),
-                    process_group=self.process_group,
-                )
-        except DCP_ERRORS as e:
-            raise CheckpointError(
-                f"{path}: warm start failed ({_first_line(e)})"
-            ) from e
+        self._dcp_load(state, path, "warm start failed")
         loaded = state["model"] if nested else state
         set_model_state_dict(
             model,
