@@ -15,6 +15,7 @@ from bytelatent.data.args import DataArgs
 from bytelatent.distributed.env import DistributedArgs
 from bytelatent.model.blt import ByteLatentTransformerArgs
 from bytelatent.model.transformer import LMTransformerArgs
+from bytelatent.trainer.actions import ActionArgs
 from bytelatent.trainer.metrics import LoggingArgs
 from bytelatent.trainer.optim import OptimArgs
 
@@ -50,6 +51,9 @@ class TrainArgs(BaseModel):
     env: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_ENV))
     checkpoint: CheckpointArgs = Field(default_factory=CheckpointArgs)
     logging: LoggingArgs = Field(default_factory=LoggingArgs)
+    actions: list[ActionArgs] = Field(
+        default_factory=list, description="run after each log step and evaluation, e.g. early_stop"
+    )
 
     @model_validator(mode="after")
     def _cross_section_rules(self) -> TrainArgs:

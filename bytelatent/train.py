@@ -41,6 +41,7 @@ def run(args) -> int:
         setup_logging(args.dump_dir, env.rank)
         trainer = Trainer(args, env)
         trainer.train()
+        code = trainer.exit_code
     except UserError as e:
         print(e.one_line(), file=sys.stderr)
         code = 2

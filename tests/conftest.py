@@ -79,3 +79,42 @@ def s3_env(moto_server, monkeypatch):
     s3fs.S3FileSystem.clear_instance_cache()
     yield moto_server
     s3fs.S3FileSystem.clear_instance_cache()
+
+
+# Tiny trained runs shared by evaluation, generation and export tests (built once per session).
+TINY_BLT = [
+    "model.dim=32", "model.n_heads=2", "model.dim_local_encoder=32", "model.dim_local_decoder=32",
+    "model.n_heads_local_encoder=2", "model.n_heads_local_decoder=2", "model.cross_attn_nheads=2",
+    "model.encoder_hash_byte_group_vocab=512", "data.batch_size=2", "data.load_async=false",
+]
+TINY_ENTROPY = [
+    "entropy_model.dim=32", "entropy_model.n_heads=2", "data.batch_size=2", "data.seq_len=128",
+    "data.load_async=false",
+]
+
+
+def train_tiny(config: str, dump_dir: Path, data_root: Path, steps: int, extra: list[str]) -> Path:
+    """Train `config` for `steps` steps in a subprocess; returns dump_dir (checkpoint at `steps`)."""
+    cmd = [
+        sys.executable, "-m", "bytelatent.train", f"config={config}", f"dump_dir={dump_dir}",
+        f"data.root_dir={data_root}", f"steps={steps}", "logging.freq=5", "logging.console=false",
+        "checkpoint.dump.every=0", *extra,
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return dump_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_blt_run(tmp_path_factory, corpus_root) -> Path:
+    """A tiny debug BLT (space patching) trained 20 steps: dump_dir with checkpoints/0000000020."""
+    return train_tiny("configs/debug.yaml", tmp_path_factory.mktemp("tiny_blt"), corpus_root, 20,
+                      TINY_BLT)
+
+
+@pytest.fixture(scope="session")
+def tiny_entropy_run(tmp_path_factory, corpus_root) -> Path:
+    """A tiny entropy model trained 20 steps: dump_dir with checkpoints/0000000020."""
+    return train_tiny("configs/entropy_debug.yaml", tmp_path_factory.mktemp("tiny_entropy"),
+                      corpus_root, 20, TINY_ENTROPY)

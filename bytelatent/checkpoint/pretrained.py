@@ -120,3 +120,35 @@ def load_pretrained(path: str, device: str | torch.device = "cpu", kind: Kind = 
     model = build_and_load(args, resolved, read_weights(path), torch.device(device), reference)
     model.eval()
     return model, args
+
+
+def load_any_checkpoint(path: str, device: str | torch.device = "cpu", kind: Kind = "auto"):
+    """`(model, model_args, params)` from a DCP step folder, a consolidated or a released folder.
+
+    The one loader behind evaluation, generation and export: a DCP step folder (`.metadata` +
+    `params.json`, as the trainer writes it) is read in this process without a process group;
+    anything else goes through `load_pretrained`'s readers. The model is in eval mode.
+    """
+    from bytelatent.checkpoint import fs as cfs
+    from bytelatent.checkpoint.consolidate import METADATA_FILE, load_dcp_state_dict
+
+    path = str(path).rstrip("/")
+    fs = cfs.get_fs(path)
+    if not cfs.exists(fs, path):
+        raise CheckpointError(f"{path}: does not exist")
+    params = read_params(path)
+    where = _join(path, "params.json")
+    args, resolved, ignored = model_args_from_params(params, kind, where)
+    if ignored:
+        logger.warning("%s: reference fields without effect here: %s", where, ", ".join(ignored))
+    if cfs.exists(fs, cfs.join(path, METADATA_FILE)):
+        state = load_dcp_state_dict(path, keys={"model"}).get("model")
+        if not state:
+            raise CheckpointError(f"{path}: the DCP checkpoint has no 'model' entries")
+        reference = False
+    else:
+        state = read_weights(path)
+        reference = bool(ignored) or "eval_on_gpus" in params
+    model = build_and_load(args, resolved, state, torch.device(device), reference)
+    model.eval()
+    return model, args, params

@@ -56,3 +56,4 @@ class TrainState(BaseModel):
     scheduler: dict[str, Any] = {}
     rng: dict[str, Any] = {}
     tokens_seen: int = 0  # target bytes consumed on this rank
+    actions: dict[str, Any] = {}  # each action's state (bytelatent.trainer.actions)

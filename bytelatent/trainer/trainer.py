@@ -30,6 +30,7 @@ from bytelatent.distributed.parallelize import (
     set_gradient_sync,
 )
 from bytelatent.distributed.signals import PreemptionFlag, requeue_slurm_job, under_slurm
+from bytelatent.trainer.actions import Actions, Stop
 from bytelatent.trainer.build import build_model, model_flops_per_byte
 from bytelatent.trainer.metrics import (
     MetricLogger,
@@ -100,6 +101,8 @@ class Trainer:
         )
         self.tokenizer = args.data.tokenizer_args.build()
         self.state = TrainState()
+        self.actions = Actions.build(args.actions)
+        self.exit_code = 0  # set by an action that stops the run with an error
         self._resume_or_warm_start()
         self.data = args.data.build_from_rank(
             self.dp_rank, self.dp_size, state=self.state.data_state
@@ -139,6 +142,7 @@ class Trainer:
                 )
                 self.state.data_state = None
             self.scheduler.load_state_dict(self.state.scheduler)
+            self.actions.load_state_dict(self.state.actions)
             restore_rng_state(self.state.rng)
             logger.info("resumed from %s at step %d", path, self.state.step)
         elif self.args.checkpoint.init_ckpt_path:
@@ -172,6 +176,9 @@ class Trainer:
                 gc.collect()
             if self.state.step % self.args.logging.freq == 0 or self.state.step == self.stop_step:
                 last = self.log(interval, out)
+                if (stop := self.actions.run(self.state.step, last)) is not None:
+                    self.stop(stop)
+                    return last
             if self.preemption.agreed(torch.device("cpu"), self._host_group):
                 self.handle_preemption()
                 return last
@@ -307,6 +314,7 @@ class Trainer:
         self.state.data_state = self.data.get_state().model_dump(mode="json")
         self.state.scheduler = self.scheduler.state_dict()
         self.state.rng = capture_rng_state()
+        self.state.actions = self.actions.state_dict()
         self.checkpoints.save(
             self.state.step,
             self.model,
@@ -316,6 +324,14 @@ class Trainer:
             kind=kind,
         )
         self._last_saved_step = self.state.step
+
+    def stop(self, stop: Stop) -> None:
+        """End the run because an action asked to: save unless told not to, then leave."""
+        (logger.info if stop.exit_code == 0 else logger.error)("%s", stop.reason)
+        self.exit_code = stop.exit_code
+        if stop.save:
+            self.save("final")
+        self.checkpoints.wait()
 
     def handle_preemption(self) -> None:
         logger.info("preemption: saving at step %d", self.state.step)
