@@ -18,6 +18,7 @@ from bytelatent.model.transformer import LMTransformerArgs
 from bytelatent.trainer.actions import ActionArgs
 from bytelatent.trainer.metrics import LoggingArgs
 from bytelatent.trainer.optim import OptimArgs
+from bytelatent.trainer.run_lock import RunLockArgs
 
 # Exported before the process group is created; NCCL settings are harmless on CPU.
 DEFAULT_ENV = {
@@ -51,6 +52,7 @@ class TrainArgs(BaseModel):
     env: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_ENV))
     checkpoint: CheckpointArgs = Field(default_factory=CheckpointArgs)
     logging: LoggingArgs = Field(default_factory=LoggingArgs)
+    run_lock: RunLockArgs = Field(default_factory=RunLockArgs)
     actions: list[ActionArgs] = Field(
         default_factory=list, description="run after each log step and evaluation, e.g. early_stop"
     )

@@ -29,6 +29,7 @@ def run(args) -> int:
     """Set up the process group, train, and always leave through `cleanup_and_exit` when distributed."""
     from bytelatent.distributed.env import cleanup_and_exit, setup_distributed
     from bytelatent.trainer.metrics import setup_logging
+    from bytelatent.trainer.run_lock import hold_run_lock
     from bytelatent.trainer.trainer import Trainer
 
     for key, value in args.env.items():
@@ -36,18 +37,24 @@ def run(args) -> int:
     code = 0
     env = None
     trainer = None
+    lock = None
     try:
         env = setup_distributed(args.distributed)
+        # Before anything is written to dump_dir: a second run there must leave no trace.
+        lock = hold_run_lock(args.dump_dir, args.run_lock, env.rank, env.world_size, env.device)
         setup_logging(args.dump_dir, env.rank)
         trainer = Trainer(args, env)
         trainer.train()
         code = trainer.exit_code
     except UserError as e:
-        print(e.one_line(), file=sys.stderr)
+        if not getattr(e, "quiet", False):
+            print(e.one_line(), file=sys.stderr)
         code = 2
     finally:
         if trainer is not None:
             trainer.close()
+        if lock is not None:
+            lock.release()
         for handler in logging.getLogger("bytelatent").handlers:
             handler.flush()
     if env is not None and env.world_size > 1:
