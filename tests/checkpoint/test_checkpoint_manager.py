@@ -10,7 +10,6 @@ import pytest
 import torch
 from ckpt_worker import TinyNet, build, full_weights, train_step
 
-from bytelatent.checkpoint import manager as manager_module
 from bytelatent.checkpoint.consolidate import consolidate
 from bytelatent.checkpoint.manager import (
     MARKER_FILE,
