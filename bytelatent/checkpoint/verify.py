@@ -168,3 +168,44 @@ def verify_step_folder(
         report.problems += _check_files(fs, folder, manifest["files"], checksum)
         report.n_files += len(manifest["files"])
     return report
+
+
+def _is_step_folder(fs: AbstractFileSystem, path: str) -> bool:
+    names = set(cfs.listdir(fs, path))
+    return bool(names & {".metadata", MARKER_FILE, MANIFEST_FILE})
+
+
+def verify_tree(path: str, checksum: bool = True, s3_profile: str | None = None) -> int:
+    """CLI body: verify `path` (a step folder, or a folder of them); print a table; exit code."""
+    from bytelatent.errors import CheckpointError
+
+    fs = cfs.get_fs(path, s3_profile)
+    path = str(path).rstrip("/")
+    if not cfs.isdir(fs, path):
+        raise CheckpointError(f"{path}: not a folder")
+    single = _is_step_folder(fs, path)
+    names = [path.rsplit("/", 1)[-1]] if single else cfs.listdir(fs, path)
+    folders = [path] if single else [cfs.join(path, n) for n in names if _is_step_name(n)]
+    if not folders:
+        raise CheckpointError(f"{path}: no step folders (0000001000/...) and not a step folder")
+    what = "sizes + CRC32s" if checksum else "sizes"
+    failed = 0
+    for folder in folders:
+        report = verify_step_folder(folder, checksum=checksum, fs=fs)
+        name = folder.rsplit("/", 1)[-1]
+        partial = any("partial save" in p for p in report.problems)
+        if partial and not single and len(report.problems) == 1:
+            print(f"{name}  partial     no {MARKER_FILE}: an interrupted save, never resumed from")
+        elif not report.ok:
+            failed += 1
+            print(f"{name}  FAILED      {'; '.join(report.problems)}")
+        elif not report.verified:
+            print(f"{name}  unverified  no {MANIFEST_FILE} (saved before manifests existed)")
+        else:
+            print(f"{name}  ok          {report.n_files} files ({what})")
+    print(f"{len(folders)} checkpoint(s), {failed} failed")
+    return 1 if failed else 0
+
+
+def _is_step_name(name: str) -> bool:
+    return len(name) == 10 and name.isdigit()

@@ -15,8 +15,12 @@ Every row is read by exactly one rank, for every world size; no row is dropped.
 Position
     The state names the current file and the exact next row: a byte offset for JSONL and a
     (record batch, first row of that batch) pair for Arrow IPC files, so resuming seeks straight
-    there without replaying the file. Arrow *stream* files (and IPC files whose footer is lost)
-    have no random access: resuming reads and discards the earlier record batches.
+    there without replaying the file. Arrow *stream* files have no random access: resuming reads
+    and discards the earlier record batches.
+
+An Arrow IPC *file* (it starts with the `ARROW1` magic) must end with a valid footer: one that
+does not was cut short (a failed copy, a full disk), so it is rejected when it is opened, not
+days later when training reaches the damage.
 
 Bad records (malformed JSON, invalid UTF-8, missing/null text, unreadable Arrow data) raise
 DataError naming the file and row, or are skipped and counted when `skip_bad_records` is true.
@@ -44,6 +48,7 @@ logger = logging.getLogger(__name__)
 SAMPLE_ID_KEYS = ("sample_id", "title", "qid", "paper_id", "path", "url", "id")
 TEXT_KEYS = ("text", "content")
 FileFormat = Literal["json", "arrow"]
+IPC_MAGIC = b"ARROW1"  # first 6 (and last 6) bytes of an Arrow IPC file
 
 
 @dataclass
@@ -170,20 +175,22 @@ class _ArrowReader:
         self.stream_next = 0  # index of the batch the stream reader yields next
         try:
             self.file_reader = pa.ipc.open_file(self.file)
-        except (pa.ArrowInvalid, OSError):
+        except (pa.ArrowInvalid, OSError) as exc:
+            self.file.seek(0)
+            if self.file.read(6) == IPC_MAGIC:
+                self.file.close()
+                raise _BadRecord(
+                    f"truncated Arrow IPC file: it starts with the IPC magic but has no valid "
+                    f"footer ({exc})"
+                ) from exc
             self._open_stream()
 
     def _open_stream(self) -> None:
         self.file.seek(0)
-        # An IPC *file* starts with the 6-byte magic padded to 8; its body is an IPC stream, which
-        # is how a file that lost its footer (truncated) can still be read up to the damage.
-        if self.file.read(6) != b"ARROW1":
-            self.file.seek(0)
-        else:
-            self.file.seek(8)
         try:
             self.stream_reader = pa.ipc.open_stream(self.file)
         except (pa.ArrowInvalid, OSError) as exc:
+            self.file.close()
             raise _BadRecord(f"not an Arrow IPC file or stream ({exc})") from exc
 
     @property
