@@ -9,13 +9,16 @@ from bytelatent.config.parser import (
     parse_args,
     parse_dotlist,
 )
+from bytelatent.config.redact import dump_redacted_yaml, redact_secrets
 
 __all__ = [
     "ConfigValidationError",
+    "dump_redacted_yaml",
     "dump_yaml",
     "load_config_tree",
     "load_yaml_file",
     "merge_config_trees",
     "parse_args",
     "parse_dotlist",
+    "redact_secrets",
 ]

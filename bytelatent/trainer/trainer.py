@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from bytelatent.args import TrainArgs
 from bytelatent.checkpoint.manager import CheckpointManager
-from bytelatent.config import dump_yaml
+from bytelatent.config import dump_redacted_yaml, redact_secrets
 from bytelatent.data.batch import Batch
 from bytelatent.distributed.clip import clip_grad_norm_
 from bytelatent.distributed.env import DistEnv
@@ -163,7 +163,7 @@ class Trainer:
         """Train until `stop_step` or preemption; returns the last logged metrics."""
         if self.env.rank == 0:
             with open(os.path.join(self.args.dump_dir, "config.yaml"), "w") as f:
-                f.write(dump_yaml(self.args))
+                f.write(dump_redacted_yaml(self.args))  # no credentials on disk
         if self.args.gc_collect_freq > 0:
             gc.disable()
         interval, last = Interval(self.device), None
@@ -325,7 +325,7 @@ class Trainer:
             self.model,
             self.optimizer,
             train_state=self.state.model_dump(mode="json"),
-            params=self.args.model_dump(mode="json"),
+            params=redact_secrets(self.args.model_dump(mode="json")),
             kind=kind,
         )
         self._last_saved_step = self.state.step
