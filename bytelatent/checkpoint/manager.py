@@ -469,9 +469,7 @@ class CheckpointManager:
         try:
             pending.future.result()
         except DCP_ERRORS as e:  # DCP raises on every rank, so all ranks agree here
-            error = CheckpointError(
-                f"{pending.folder}: async save failed ({_first_line(e)})"
-            )
+            error = CheckpointError(self._save_failed(pending.folder, e))
             error.__cause__ = e
         if self.is_rank0 and error is None:
             pending.finalize()
