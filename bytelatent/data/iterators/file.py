@@ -157,6 +157,25 @@ class _JsonReader:
         self.file.close()
 
 
+def arrow_footer_problem(path: str) -> str | None:
+    """For a local file: why it is a truncated Arrow IPC file (IPC magic at the start, not at the
+    end), else None. Two 6-byte reads, so every shard can be checked before training starts."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(IPC_MAGIC))
+            if head != IPC_MAGIC:
+                return None  # a stream (no footer by design) or not Arrow at all: found at open
+            f.seek(0, os.SEEK_END)
+            if f.tell() < 2 * len(IPC_MAGIC) + 8:
+                return "truncated Arrow IPC file: shorter than its header and footer"
+            f.seek(-len(IPC_MAGIC), os.SEEK_END)
+            if f.read(len(IPC_MAGIC)) != IPC_MAGIC:
+                return "truncated Arrow IPC file: it starts with the IPC magic but has no footer"
+    except OSError:
+        return None  # missing/unreadable: reported when the file is opened
+    return None
+
+
 class _ArrowReader:
     """Record batches of an Arrow IPC file (random access) or stream (sequential)."""
 
@@ -294,6 +313,8 @@ class FileIterator(StatefulIterator[Document]):
 
     def __init__(self, state: FileIteratorState) -> None:
         self.state = state.model_copy()
+        if not state.skip_bad_records:
+            self._check_arrow_footers()
         self._json: _JsonReader | None = None
         self._arrow: _ArrowReader | None = None
         self._batch: pa.RecordBatch | None = None
@@ -301,6 +322,17 @@ class FileIterator(StatefulIterator[Document]):
 
     def get_state(self) -> FileIteratorState:
         return self.state.model_copy()
+
+    def _check_arrow_footers(self) -> None:
+        """Fail now, not when the loop reaches it, on a local Arrow file that lost its footer."""
+        for shard in self.state.shards[self.state.shard_index :]:
+            if shard.format == "arrow" and "://" not in shard.path:
+                problem = arrow_footer_problem(shard.path)
+                if problem:
+                    raise DataError(
+                        f"{shard.path}: {problem}; re-copy or regenerate it, or set "
+                        "data.skip_bad_records=true to skip it"
+                    )
 
     def __next__(self) -> Document:
         s = self.state
