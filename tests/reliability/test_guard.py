@@ -112,3 +112,23 @@ def test_action_is_added_from_max_skipped_steps_once() -> None:
     assert with_nonfinite_stop(configured, 5) == configured
     actions = Actions.build(with_nonfinite_stop([], 4))
     assert actions.run(8, {"skipped_streak": 4, "nonfinite": "loss"}).exit_code == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (fused AdamW found_inf path)")
+def test_cuda_guard_step_never_syncs_with_the_host() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 16).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    guard = NonFiniteGuard(optimizer, torch.device("cuda"))
+    for poison in (None, float("nan"), None):
+        loss, norm = _backward(model, torch.randn(4, 16, device="cuda"), poison)
+        before = [p.detach().clone() for p in model.parameters()]
+        torch.cuda.set_sync_debug_mode("error")  # any host sync inside raises
+        try:
+            guard.step(loss, norm)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        optimizer.zero_grad()
+        unchanged = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        assert unchanged == (poison is not None)
+    assert guard.read() == {"skipped_steps": 1, "skipped_streak": 0}
