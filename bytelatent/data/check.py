@@ -15,7 +15,6 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-import numpy as np
 import pyarrow as pa
 
 from bytelatent.data.iterators.file import (
@@ -174,9 +173,19 @@ def gather_files(args, val: list[str]) -> list[tuple[str, str]]:
 def _progress(items: list, desc: str):
     try:
         from tqdm import tqdm
-    except ImportError:
-        return items
+    except ImportError:  # tqdm is optional: a plain counter on a terminal
+        return _plain_progress(items, desc)
     return tqdm(items, desc=desc, unit="file", file=sys.stderr, disable=None)
+
+
+def _plain_progress(items: list, desc: str):
+    tty = sys.stderr.isatty()
+    for i, item in enumerate(items, 1):
+        if tty:
+            print(f"\r{desc}: {i}/{len(items)}", end="", file=sys.stderr, flush=True)
+        yield item
+    if tty:
+        print(file=sys.stderr)
 
 
 def print_table(reports: list[FileReport]) -> None:

@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bytelatent.errors import UserError
 
@@ -51,6 +51,15 @@ class RunLockArgs(BaseModel):
     stale_after_s: float = Field(
         300.0, gt=0, description="a lock from another host whose heartbeat is this old is stale"
     )
+
+    @model_validator(mode="after")
+    def _check(self) -> RunLockArgs:
+        if self.stale_after_s < 2 * self.heartbeat_s:
+            raise ValueError(
+                f"run_lock.stale_after_s ({self.stale_after_s:g}) must be at least twice "
+                f"run_lock.heartbeat_s ({self.heartbeat_s:g}), or live runs look stale"
+            )
+        return self
 
 
 def _pid_start(pid: int) -> str | None:

@@ -91,3 +91,8 @@ def test_heartbeat_refreshes_and_release_leaves_a_foreign_lock(tmp_path):
     _plant(tmp_path, host="other-node")  # someone else took it over meanwhile
     lock.release()
     assert json.loads(path.read_text())["token"] == "planted"
+
+
+def test_stale_timeout_must_exceed_heartbeat():
+    with pytest.raises(ValueError, match="at least twice"):
+        RunLockArgs(heartbeat_s=60, stale_after_s=90)

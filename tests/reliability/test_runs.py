@@ -41,7 +41,7 @@ def test_diverging_run_stops_nonzero_and_leaves_only_finite_checkpoints(tmp_path
         "bytelatent.train",
         [*TINY_ENTROPY, f"dump_dir={dump}", f"data.root_dir={corpus_root}", "steps=60",
          "optim.lr=1e4", "optim.clip=0", "optim.warmup=0", "checkpoint.dump.every=2",
-         "checkpoint.dump.keep=1", "logging.console=false"],
+         "checkpoint.dump.keep=1", "logging.console=false", "env.WANDB_API_KEY=very-secret"],
     )  # fmt: skip
     output = res.stdout + res.stderr
     assert res.returncode == 3, output[-3000:]
@@ -51,12 +51,14 @@ def test_diverging_run_stops_nonzero_and_leaves_only_finite_checkpoints(tmp_path
     rows = metrics(dump)
     assert rows[-1]["global_step"] < 60 and rows[-1]["skipped_streak"] == 5
     assert sum(r["skipped_steps"] for r in rows) >= 5
+    assert "very-secret" not in (dump / "config.yaml").read_text()  # config dumps are redacted
     folders = sorted((dump / "checkpoints").glob("[0-9]" * 10))
     assert folders, "the last finite checkpoint must survive retention"
     for folder in folders:
         state = load_dcp_state_dict(str(folder))
         tensors = list(_walk_tensors(state))
         assert tensors and all(torch.isfinite(t).all() for t in tensors if t.is_floating_point())
+        assert "very-secret" not in (folder / "params.json").read_text()
         saved_at = int(folder.name)
         assert rows[saved_at - 1]["skipped_streak"] == 0  # saved after a good update only
 

@@ -76,6 +76,13 @@ def test_no_unsafe_yaml_or_pickle():
     assert loads <= {"bytelatent/data/iterators/multiprocess.py"}, loads
 
 
+def test_no_shell_commands_built_from_strings():
+    for path in _python_files():
+        text = path.read_text()
+        for bad in ("shell=True", "os.system(", "os.popen("):
+            assert bad not in text, f"{path.relative_to(REPO)}: {bad}"
+
+
 EVIL = "$(touch PWNED_1)`touch PWNED_2`'\"; touch PWNED_3 #"
 STUB = """#!{python}
 import json, sys
