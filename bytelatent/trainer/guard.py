@@ -59,6 +59,10 @@ class NonFiniteGuard:
     @torch.no_grad()
     def step(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> None:
         """`optimizer.step()` unless the loss (on any rank) or the gradient norm is non-finite."""
+        if isinstance(loss_sum, DTensor):  # tensor-parallel loss: this rank's part (reduced below)
+            loss_sum = loss_sum.to_local()
+        if isinstance(grad_norm, DTensor):
+            grad_norm = grad_norm.full_tensor()
         loss_bad = (~torch.isfinite(loss_sum)).to(torch.int64).reshape(())
         if _world() > 1:
             # Ranks see different losses; they must take the same decision or shards drift apart.
