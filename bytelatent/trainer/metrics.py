@@ -31,7 +31,9 @@ class LoggingArgs(BaseModel):
     freq: int = Field(10, ge=1, description="log every `freq` optimizer steps")
     console: bool = True
     peak_tflops: float | None = Field(
-        None, gt=0, description="per-device peak for MFU; default: known GPUs' dense bf16 peak, none on CPU"
+        None,
+        gt=0,
+        description="per-device peak for MFU; default: known GPUs' dense bf16 peak, none on CPU",
     )
     wandb: WandbArgs | None = Field(None, description="wandb run (rank 0); unset: no wandb")
 
@@ -218,8 +220,17 @@ def console_line(m: dict) -> str:
     )
 
 
-_CONSOLE_KEYS = ("loss", "bpb", "grad_norm", "lr", "bytes_per_s", "flops_per_s", "step_time_s",
-                 "data_time_s", "peak_mem_gib")
+_CONSOLE_KEYS = (
+    "loss",
+    "bpb",
+    "grad_norm",
+    "lr",
+    "bytes_per_s",
+    "flops_per_s",
+    "step_time_s",
+    "data_time_s",
+    "peak_mem_gib",
+)
 
 
 def generic_line(m: dict) -> str:

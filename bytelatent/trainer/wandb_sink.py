@@ -119,4 +119,3 @@ class WandbSink:
                 run.finish(exit_code=exit_code)
             except Exception as e:  # noqa: BLE001
                 logger.warning("wandb: finish failed (%s)", e)
-

@@ -13,8 +13,12 @@ def test_secret_looking_keys_are_redacted_anywhere_mappings_are_searched():
         "keep": 2,
     }
     out = redact_secrets(tree)
-    assert out["env"] == {"HF_TOKEN": REDACTED, "WANDB_API_KEY": REDACTED, "PATH": "/bin",
-                          "unset_token": ""}
+    assert out["env"] == {
+        "HF_TOKEN": REDACTED,
+        "WANDB_API_KEY": REDACTED,
+        "PATH": "/bin",
+        "unset_token": "",
+    }
     assert out["data"]["tokenizer_args"] == {"name": "blt", "hub_token": REDACTED}
     assert out["db"] == [{"Password": REDACTED}, {"host": "h"}]
     assert out["aws_secret_access_key"] is None and out["keep"] == 2

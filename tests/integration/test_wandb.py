@@ -27,8 +27,12 @@ WANDB_ENV = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", **STEP_DELAY}
 def test_preempted_and_resumed_run_is_one_wandb_run_with_every_step_once(runner):
     from wandb_offline import offline_runs
 
-    args = [*model_args("entropy", 2), "logging.wandb={mode: offline, tags: [ci]}",
-            f"env.HF_TOKEN={SECRET}", f"env.MY_API_KEY={SECRET}"]
+    args = [
+        *model_args("entropy", 2),
+        "logging.wandb={mode: offline, tags: [ci]}",
+        f"env.HF_TOKEN={SECRET}",
+        f"env.MY_API_KEY={SECRET}",
+    ]
     first = runner.start("run", args, nproc=2, env=WANDB_ENV)
     first.wait_for_step(PREEMPT_AT)
     first.signal_rank(1)

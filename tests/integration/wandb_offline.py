@@ -70,14 +70,20 @@ def read_offline_run(path: Path) -> OfflineRun:
         if kind == "run":
             run.run_id = record.run.run_id
             run.start_time = record.run.start_time.ToMicroseconds() / 1e6
-            run.config.update({_item_key(i): json.loads(i.value_json) for i in record.run.config.update})
+            run.config.update(
+                {_item_key(i): json.loads(i.value_json) for i in record.run.config.update}
+            )
         elif kind == "config":
-            run.config.update({_item_key(i): json.loads(i.value_json) for i in record.config.update})
+            run.config.update(
+                {_item_key(i): json.loads(i.value_json) for i in record.config.update}
+            )
         elif kind == "history":
             row = {_item_key(i): json.loads(i.value_json) for i in record.history.item}
             run.history.append(row)
         elif kind == "summary":
-            run.summary.update({_item_key(i): json.loads(i.value_json) for i in record.summary.update})
+            run.summary.update(
+                {_item_key(i): json.loads(i.value_json) for i in record.summary.update}
+            )
         elif kind == "exit":
             run.exited = True
     return run

@@ -48,8 +48,14 @@ def test_relative_steps_run_trains_n_more_steps_from_the_resumed_step(tmp_path, 
     from tests.trainer.test_cli import TINY_ENTROPY, metrics, run_cli
 
     dump = tmp_path / "run"
-    argv = [*TINY_ENTROPY, f"dump_dir={dump}", f"data.root_dir={corpus_root}", "steps=30",
-            "relative_steps=3", "checkpoint.dump.every=0"]
+    argv = [
+        *TINY_ENTROPY,
+        f"dump_dir={dump}",
+        f"data.root_dir={corpus_root}",
+        "steps=30",
+        "relative_steps=3",
+        "checkpoint.dump.every=0",
+    ]
     for _ in range(2):
         res = run_cli("bytelatent.train", argv)
         assert res.returncode == 0, res.stderr[-3000:]

@@ -41,8 +41,11 @@ def test_one_log_call_reaches_every_sink(tmp_path):
     m.log({"global_step": 1, "loss": 2.0})
     m.log({"global_step": 1, "val/bpb": 1.5})
     m.close(exit_code=3)
-    assert a.records == b.records == [{"global_step": 1, "loss": 2.0},
-                                      {"global_step": 1, "val/bpb": 1.5}]
+    assert (
+        a.records
+        == b.records
+        == [{"global_step": 1, "loss": 2.0}, {"global_step": 1, "val/bpb": 1.5}]
+    )
     assert a.closed == b.closed == 3
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r.get("val/bpb") for r in lines] == [None, 1.5] and "created_at" in lines[0]

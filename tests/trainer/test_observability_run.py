@@ -17,10 +17,20 @@ def complete_steps(dump) -> list[int]:
 @pytest.mark.slow
 def test_profiler_probe_checkpoint_steps_and_timings(tmp_path, corpus_root):
     dump = tmp_path / "run"
-    argv = [*TINY_ENTROPY, f"dump_dir={dump}", f"data.root_dir={corpus_root}", "steps=8",
-            "logging.freq=2", "profiling.run=true", "profiling.start_step=3",
-            "profiling.active_steps=2", "probe_freq=4", "checkpoint.steps=[3]",
-            "checkpoint.dump.every=4", "checkpoint.dump.keep=1"]
+    argv = [
+        *TINY_ENTROPY,
+        f"dump_dir={dump}",
+        f"data.root_dir={corpus_root}",
+        "steps=8",
+        "logging.freq=2",
+        "profiling.run=true",
+        "profiling.start_step=3",
+        "profiling.active_steps=2",
+        "probe_freq=4",
+        "checkpoint.steps=[3]",
+        "checkpoint.dump.every=4",
+        "checkpoint.dump.keep=1",
+    ]
     res = run_cli("bytelatent.train", argv)
     assert res.returncode == 0, res.stderr[-3000:]
 
@@ -28,9 +38,13 @@ def test_profiler_probe_checkpoint_steps_and_timings(tmp_path, corpus_root):
     names = {event.get("name") for event in trace["traceEvents"]}
     assert {"aten::mm", "aten::embedding"} <= names, sorted(n for n in names if n)[:50]
 
-    probe = [json.loads(line) for line in (dump / "probe" / "probe.0.jsonl").read_text().splitlines()]
+    probe = [
+        json.loads(line) for line in (dump / "probe" / "probe.0.jsonl").read_text().splitlines()
+    ]
     assert [r["step"] for r in probe] == [4, 8]
-    assert {"model", "tok_embeddings", "layers.0.attention.wq", "output"} <= set(probe[0]["modules"])
+    assert {"model", "tok_embeddings", "layers.0.attention.wq", "output"} <= set(
+        probe[0]["modules"]
+    )
     assert "tok_embeddings.weight" in probe[0]["grad_norm"]
     assert all(v > 0 for v in probe[0]["grad_norm"].values())
 

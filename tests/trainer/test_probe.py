@@ -40,8 +40,9 @@ def test_probe_records_stats_and_grad_norms_only_on_probe_steps(tmp_path):
         model(x).square().sum().backward()
         probe.record_grads()
         if step == 6:
-            expected_grad = {n: p.grad.norm().item() for n, p in model.named_parameters()
-                             if p.grad is not None}
+            expected_grad = {
+                n: p.grad.norm().item() for n, p in model.named_parameters() if p.grad is not None
+            }
         probe.end()
         assert hook_count(model) == 1 and not probe.active
     lines = [json.loads(x) for x in (tmp_path / "probe" / "probe.5.jsonl").read_text().splitlines()]
