@@ -129,16 +129,25 @@ class MetricLogger:
 
     @classmethod
     def build(
-        cls, args: LoggingArgs, dump_dir: str, rank: int, name: str, config: dict
+        cls,
+        args: LoggingArgs,
+        dump_dir: str,
+        rank: int,
+        name: str,
+        config: dict,
+        start_step: int = 0,
     ) -> MetricLogger:
-        """metrics.jsonl, console and wandb on rank 0; nothing on the other ranks."""
+        """metrics.jsonl, console and wandb on rank 0; nothing on the other ranks.
+
+        `start_step`: the step the run resumed at (0: a new run), for sinks that continue a run.
+        """
         if rank != 0:
             return cls()
         sinks: list = [JsonlSink(os.path.join(dump_dir, "metrics.jsonl"))]
         if args.console:
             sinks.append(ConsoleSink())
         if args.wandb is not None:
-            sinks.append(WandbSink(args.wandb, dump_dir, name, config))
+            sinks.append(WandbSink(args.wandb, dump_dir, name, config, start_step))
         return cls(sinks=sinks)
 
     def log(self, metrics: dict) -> None:

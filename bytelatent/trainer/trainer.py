@@ -113,7 +113,9 @@ class Trainer:
             self.dp_rank, self.dp_size, state=self.state.data_state
         )
         config = {**redacted_dump(args), "n_params": self.n_params}
-        self.metrics = MetricLogger.build(args.logging, args.dump_dir, env.rank, args.name, config)
+        self.metrics = MetricLogger.build(
+            args.logging, args.dump_dir, env.rank, args.name, config, start_step=self.state.step
+        )
         self.metrics.set_summary({"n_params": self.n_params})
         self.timings = Timings()  # timing/* metrics; eval adds `with self.timings.measure("eval_s")`
         self.profiler = build_profiler(args.profiling, args.dump_dir, env.rank, self.device)

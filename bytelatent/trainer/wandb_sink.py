@@ -1,7 +1,7 @@
 """The wandb sink of `MetricLogger`: rank 0 only, one run per dump_dir across resumes and requeues.
 
-* The run id is stored in `dump_dir/wandb_run.json` with the last step sent; a resumed or
-  requeued job reopens the same run (`resume="allow"`) and drops records at or below that step,
+* The run id is stored in `dump_dir/wandb_run.json` with the last step sent; a job resuming from
+  a checkpoint reopens the same run (`resume="allow"`) and drops records at or below that step,
   so wandb never sees a step twice or a step going backwards (a job killed after its last
   checkpoint re-trains a few steps; their first values are the ones kept).
   In offline mode wandb writes one `offline-run-*-{id}` folder per process; they share the id, so
@@ -42,10 +42,19 @@ class WandbArgs(BaseModel):
 class WandbSink:
     """Sends every metrics dict to wandb with its `global_step` as the step."""
 
-    def __init__(self, args: WandbArgs, dump_dir: str, name: str, config: dict[str, Any]):
+    def __init__(
+        self,
+        args: WandbArgs,
+        dump_dir: str,
+        name: str,
+        config: dict[str, Any],
+        start_step: int = 0,
+    ):
         self.run = None
         self._state_path = Path(dump_dir) / RUN_FILE
-        stored = self._read_state()
+        # A run starting from step 0 (no checkpoint: a new experiment in a reused dump_dir, or a
+        # warm start) is a new trajectory, so it gets a new wandb run; resumes continue the stored one.
+        stored = self._read_state() if start_step > 0 else {}
         # Records at or below this step were sent by an earlier process of this run.
         self._floor = stored.get("last_step", -1)
         self._last_step = self._floor

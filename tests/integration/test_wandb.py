@@ -25,7 +25,7 @@ WANDB_ENV = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", **STEP_DELAY}
 
 @pytest.mark.slow
 def test_preempted_and_resumed_run_is_one_wandb_run_with_every_step_once(runner):
-    from wandb_offline import offline_runs
+    from tests.trainer.wandb_offline import offline_runs
 
     args = [
         *model_args("entropy", 2),

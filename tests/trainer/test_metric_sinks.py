@@ -112,3 +112,32 @@ def test_wandb_losing_its_connection_is_one_warning(tmp_path, monkeypatch, bl_lo
     warnings = [r for r in bl_log.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "connection lost" in warnings[0].getMessage()
     assert json.loads((tmp_path / RUN_FILE).read_text())["last_step"] == 1
+
+
+def test_wandb_resume_continues_the_stored_run_without_repeating_steps(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    from tests.trainer.wandb_offline import offline_runs
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    args, dump = WandbArgs(mode="offline"), str(tmp_path)
+
+    def one_process(start_step: int, steps: range) -> None:
+        sink = WandbSink(args, dump, "run", {"lr": 0.1}, start_step=start_step)
+        for step in steps:
+            sink.log({"global_step": step, "loss": 1.0 / step})
+            sink.log({"global_step": step, "val/bpb": 2.0})  # eval at the same step: same row
+        sink.close()
+
+    one_process(0, range(1, 6))
+    # Killed after logging step 5 with the last checkpoint at 3: steps 4 and 5 are trained again.
+    one_process(3, range(4, 9))
+    first, second = offline_runs(tmp_path / "wandb")
+    assert first.run_id == second.run_id
+    steps = [row["_step"] for row in first.history + second.history]
+    assert steps == list(range(1, 9))
+    assert all(row["val/bpb"] == 2.0 and "loss" in row for row in first.history + second.history)
+    # A run that starts from step 0 in the same dump_dir is a new trajectory: a new wandb run.
+    one_process(0, range(1, 3))
+    new_id = json.loads((tmp_path / RUN_FILE).read_text())["id"]
+    assert new_id != first.run_id and list((tmp_path / "wandb").glob(f"offline-run-*-{new_id}"))
