@@ -260,11 +260,14 @@ def cleanup_and_exit(code: int = 0) -> None:
 
 
 def _finish_wandb(code: int) -> None:
-    """`os._exit` skips wandb's atexit hook: finish a run still open (no-op without wandb)."""
+    """`os._exit` skips wandb's atexit hook: finish a run still open, then let wandb's service
+    flush its files and stop (no-op without wandb)."""
     wandb = sys.modules.get("wandb")
-    if wandb is None or getattr(wandb, "run", None) is None:
+    if wandb is None:
         return
     try:
-        wandb.finish(exit_code=code)
+        if getattr(wandb, "run", None) is not None:
+            wandb.finish(exit_code=code)
+        wandb.teardown(exit_code=code)
     except Exception as e:  # noqa: BLE001 - an observer must not change how the process exits
         logger.warning("wandb.finish failed: %s", e)

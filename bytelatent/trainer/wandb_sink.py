@@ -78,7 +78,8 @@ class WandbSink:
             logger.warning("wandb: could not start (%s); training goes on without wandb", e)
             self.run = None
             return
-        if args.mode != "disabled":
+        self._persist = args.mode != "disabled"  # a disabled run has nothing to continue
+        if self._persist:
             self._write_state({"id": self.run.id, "last_step": self._last_step})
         logger.info("wandb: run %s (%s)", self.run.id, args.mode)
 
@@ -110,7 +111,8 @@ class WandbSink:
             return
         if self._guard(lambda: self.run.log(dict(metrics), step=step)) and step > self._last_step:
             self._last_step = step
-            self._guard(lambda: self._write_state({"id": self.run.id, "last_step": step}))
+            if self._persist:
+                self._guard(lambda: self._write_state({"id": self.run.id, "last_step": step}))
 
     def _guard(self, fn) -> bool:
         try:

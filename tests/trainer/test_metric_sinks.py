@@ -115,7 +115,7 @@ def test_wandb_losing_its_connection_is_one_warning(tmp_path, monkeypatch, bl_lo
 
 
 def test_wandb_resume_continues_the_stored_run_without_repeating_steps(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     from tests.trainer.wandb_offline import offline_runs
 
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -128,6 +128,7 @@ def test_wandb_resume_continues_the_stored_run_without_repeating_steps(tmp_path,
             sink.log({"global_step": step, "loss": 1.0 / step})
             sink.log({"global_step": step, "val/bpb": 2.0})  # eval at the same step: same row
         sink.close()
+        wandb.teardown()  # as at process exit: the service flushes the run's file before it ends
 
     one_process(0, range(1, 6))
     # Killed after logging step 5 with the last checkpoint at 3: steps 4 and 5 are trained again.
