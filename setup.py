@@ -27,6 +27,7 @@ EXTRAS = {
     "gpu": ["xformers"],
     "eval": ["lm_eval>=0.4"],
     "s3": ["s3fs[boto3]>=2024.1"],
+    "wandb": ["wandb>=0.18"],
 }
 EXTRAS["dev"] += EXTRAS["test"]
 

@@ -46,8 +46,8 @@ def run(args) -> int:
         print(e.one_line(), file=sys.stderr)
         code = 2
     finally:
-        if trainer is not None:
-            trainer.close()
+        if trainer is not None:  # an exception on the way out marks the wandb run failed
+            trainer.close(code if sys.exc_info()[1] is None else 1)
         for handler in logging.getLogger("bytelatent").handlers:
             handler.flush()
     if env is not None and env.world_size > 1:

@@ -245,6 +245,7 @@ def cleanup_and_exit(code: int = 0) -> None:
     third of CPU FSDP runs). Skipping interpreter finalisation avoids it, so anything that must
     be flushed (logs, wandb.finish(), async checkpoints) has to be finished before calling this.
     """
+    _finish_wandb(code)
     try:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
@@ -256,3 +257,17 @@ def cleanup_and_exit(code: int = 0) -> None:
             except (OSError, ValueError):  # closed or broken pipe: nothing left to save
                 pass
         os._exit(code)
+
+
+def _finish_wandb(code: int) -> None:
+    """`os._exit` skips wandb's atexit hook: finish a run still open, then let wandb's service
+    flush its files and stop (no-op without wandb)."""
+    wandb = sys.modules.get("wandb")
+    if wandb is None:
+        return
+    try:
+        if getattr(wandb, "run", None) is not None:
+            wandb.finish(exit_code=code)
+        wandb.teardown(exit_code=code)
+    except Exception as e:  # noqa: BLE001 - an observer must not change how the process exits
+        logger.warning("wandb.finish failed: %s", e)

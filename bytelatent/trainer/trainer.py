@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from bytelatent.args import TrainArgs
 from bytelatent.checkpoint.manager import CheckpointManager
-from bytelatent.config import dump_yaml
+from bytelatent.config.redact import redacted_dump, redacted_yaml
 from bytelatent.data.batch import Batch
 from bytelatent.distributed.clip import clip_grad_norm_
 from bytelatent.distributed.env import DistEnv
@@ -32,14 +32,17 @@ from bytelatent.distributed.parallelize import (
 from bytelatent.distributed.signals import PreemptionFlag, requeue_slurm_job, under_slurm
 from bytelatent.trainer.actions import Actions, Stop
 from bytelatent.trainer.build import build_model, model_flops_per_byte
+from bytelatent.trainer.loop_controls import resolve_stop_step
 from bytelatent.trainer.metrics import (
     MetricLogger,
+    Timings,
     bits_per_byte,
-    console_line,
     peak_flops_per_device,
     peak_memory_gib,
 )
 from bytelatent.trainer.optim import build_optimizer
+from bytelatent.trainer.probe import build_probe
+from bytelatent.trainer.profiling import build_profiler
 from bytelatent.trainer.state import TrainState, capture_rng_state, restore_rng_state
 
 logger = logging.getLogger("bytelatent")
@@ -72,6 +75,7 @@ class Interval:
 
 class Trainer:
     def __init__(self, args: TrainArgs, env: DistEnv):
+        init_start = time.perf_counter()
         self.args = args
         self.env = env
         self.device = env.device
@@ -104,22 +108,30 @@ class Trainer:
         self.actions = Actions.build(args.actions)
         self.exit_code = 0  # set by an action that stops the run with an error
         self._resume_or_warm_start()
+        self.stop_step = resolve_stop_step(args, self.state)
         self.data = args.data.build_from_rank(
             self.dp_rank, self.dp_size, state=self.state.data_state
         )
-        self.metrics = MetricLogger(
-            os.path.join(args.dump_dir, "metrics.jsonl") if env.rank == 0 else None
+        config = {**redacted_dump(args), "n_params": self.n_params}
+        self.metrics = MetricLogger.build(
+            args.logging, args.dump_dir, env.rank, args.name, config, start_step=self.state.step
         )
+        self.metrics.set_summary({"n_params": self.n_params})
+        self.timings = Timings()  # timing/* metrics; eval adds `with self.timings.measure("eval_s")`
+        self.profiler = build_profiler(args.profiling, args.dump_dir, env.rank, self.device)
+        self.probe = build_probe(self.model, args.probe_freq, args.dump_dir, env.rank)
         self.flops_per_byte = model_flops_per_byte(args)
         self.peak_flops = peak_flops_per_device(self.device, args.logging.peak_tflops)
         self.preemption = PreemptionFlag().install()
         self._last_saved_step = self.state.step if self.state.step > 0 else -1
+        self._steps_run = 0  # optimizer steps taken by this process
+        self.timings.record("init_or_restore_s", time.perf_counter() - init_start)
 
     # ---------------------------------------------------------------- setup
     def _build_model(self) -> torch.nn.Module:
         with torch.device("meta"):
             model = build_model(self.args)
-        n_params = sum(p.numel() for p in model.parameters())
+        n_params = self.n_params = sum(p.numel() for p in model.parameters())
         logger.info("model: %s with %s parameters", type(model).__name__, f"{n_params:,}")
         model = parallelize_model(model, self.mesh, self.args.distributed)
         model.to_empty(device=self.device)
@@ -153,27 +165,25 @@ class Trainer:
             logger.info("initialised model weights from %s", ckpt.init_ckpt_path)
 
     # ---------------------------------------------------------------- loop
-    @property
-    def stop_step(self) -> int:
-        return self.args.max_steps or self.args.steps
-
     def train(self) -> dict | None:
         """Train until `stop_step` or preemption; returns the last logged metrics."""
-        if self.env.rank == 0:
+        if self.env.rank == 0:  # secret-looking values (tokens, keys, passwords) redacted
             with open(os.path.join(self.args.dump_dir, "config.yaml"), "w") as f:
-                f.write(dump_yaml(self.args))
+                f.write(redacted_yaml(self.args))
         if self.args.gc_collect_freq > 0:
             gc.disable()
         interval, last = Interval(self.device), None
+        self.timings.start_interval()
         while self.state.step < self.stop_step:
             t0 = time.perf_counter()
+            if self.probe is not None:
+                self.probe.begin(self.state.step + 1)
             batches = self.next_batches()
             t1 = time.perf_counter()
             out = self.train_step(batches)
             self.state.step += 1
             self._accumulate(interval, out, batches, t1 - t0, time.perf_counter() - t1)
-            if self.args.gc_collect_freq > 0 and self.state.step % self.args.gc_collect_freq == 0:
-                gc.collect()
+            self._after_step(time.perf_counter() - t0)
             if self.state.step % self.args.logging.freq == 0 or self.state.step == self.stop_step:
                 last = self.log(interval, out)
                 if (stop := self.actions.run(self.state.step, last)) is not None:
@@ -186,6 +196,18 @@ class Trainer:
         self.save("final")
         self.checkpoints.wait()
         return last
+
+    def _after_step(self, seconds: float) -> None:
+        """Per-step chores outside the hot path: GC, probe write-out, profiler window, timings."""
+        self._steps_run += 1
+        if self._steps_run == 1:
+            self.timings.record("first_step_s", seconds)  # compilation and warm-up
+        if self.args.gc_collect_freq > 0 and self.state.step % self.args.gc_collect_freq == 0:
+            gc.collect()
+        if self.probe is not None:
+            self.probe.end()
+        if self.profiler is not None:
+            self.profiler.step_done()
 
     def next_batches(self) -> list[Batch]:
         return [next(self.data) for _ in range(self.args.grad_acc_steps)]
@@ -201,6 +223,8 @@ class Trainer:
         for i, batch in enumerate(batches):
             set_gradient_sync(self.model, i == len(batches) - 1)
             loss_sum += self.forward_backward(batch, scale)
+        if self.probe is not None:
+            self.probe.record_grads()  # a no-op unless this step is probed
         grad_norm = clip_grad_norm_(self.model.parameters(), self.args.optim.clip)
         self.optimizer.step()
         self.scheduler.step()
@@ -289,9 +313,8 @@ class Trainer:
         }
         if self.peak_flops:
             m["mfu"] = m["flops_per_s"] / (self.peak_flops * self.env.world_size)
+        m.update(self.timings.pop(interval.steps))
         self.metrics.log(m)
-        if self.args.logging.console and self.env.rank == 0:
-            logger.info(console_line(m))
         interval.reset()
         return m
 
@@ -304,6 +327,8 @@ class Trainer:
             for k, rule in (("dump", ckpt.dump), ("eval", ckpt.eval))
             if rule.every and step % rule.every == 0
         ]
+        if step in ckpt.steps:
+            kinds.append("step")  # an explicit checkpoint.steps entry: kept by retention
         if kinds:
             self.save(kinds)
 
@@ -315,14 +340,15 @@ class Trainer:
         self.state.scheduler = self.scheduler.state_dict()
         self.state.rng = capture_rng_state()
         self.state.actions = self.actions.state_dict()
-        self.checkpoints.save(
-            self.state.step,
-            self.model,
-            self.optimizer,
-            train_state=self.state.model_dump(mode="json"),
-            params=self.args.model_dump(mode="json"),
-            kind=kind,
-        )
+        with self.timings.measure("checkpoint_save_s"):
+            self.checkpoints.save(
+                self.state.step,
+                self.model,
+                self.optimizer,
+                train_state=self.state.model_dump(mode="json"),
+                params=redacted_dump(self.args),  # checkpoints get shared: no secrets
+                kind=kind,
+            )
         self._last_saved_step = self.state.step
 
     def stop(self, stop: Stop) -> None:
@@ -346,9 +372,11 @@ class Trainer:
                 self.args.checkpoint.path,
             )
 
-    def close(self) -> None:
+    def close(self, exit_code: int = 0) -> None:
         self.preemption.uninstall()
-        self.metrics.close()
+        if self.profiler is not None:
+            self.profiler.close()
+        self.metrics.close(exit_code)
         self.checkpoints.close()
         close = getattr(self.data, "close", None) or getattr(self.data, "shutdown", None)
         if close is not None:

@@ -1,0 +1,47 @@
+"""Redact secret-looking values before a config leaves the process (config.yaml, wandb).
+
+A value is secret-looking when its key contains `token`, `key`, `secret`, `password` or
+`passwd` (any case, anywhere in the tree, `env` included). Mappings are searched, not redacted,
+so `data.tokenizer_args` keeps its contents while `env.HF_TOKEN` does not.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+REDACTED = "<redacted>"
+SECRET_KEY = re.compile(r"token|key|secret|passw(or)?d", re.IGNORECASE)
+
+
+def is_secret_key(key: object) -> bool:
+    return isinstance(key, str) and SECRET_KEY.search(key) is not None
+
+
+def redact_secrets(tree: Any) -> Any:
+    """A copy of `tree` (dicts, lists, scalars) with secret-looking values replaced by REDACTED."""
+    if isinstance(tree, dict):
+        return {
+            k: REDACTED if is_secret_key(k) and _has_value(v) else redact_secrets(v)
+            for k, v in tree.items()
+        }
+    if isinstance(tree, (list, tuple)):
+        return [redact_secrets(v) for v in tree]
+    return tree
+
+
+def _has_value(value: Any) -> bool:
+    """Mappings are searched instead; an unset value (None, "") has nothing to hide."""
+    return not isinstance(value, dict) and value not in (None, "")
+
+
+def redacted_dump(model: BaseModel) -> dict:
+    """`model` as JSON-able data, secrets redacted: what config.yaml and wandb receive."""
+    return redact_secrets(model.model_dump(mode="json"))
+
+
+def redacted_yaml(model: BaseModel) -> str:
+    return yaml.safe_dump(redacted_dump(model), sort_keys=False, allow_unicode=True)
