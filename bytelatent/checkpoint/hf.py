@@ -605,3 +605,215 @@ def to_hf_patch_lengths(patch_lengths: torch.Tensor, seq_len: int) -> torch.Tens
     if not bool((lengths[:, -1] != 0).any()):
         lengths = lengths[:, :-1]
     return lengths
+
+
+def read_hf_folder(hf_dir: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(config.json, all weights) of a Hugging Face model folder; one-line errors otherwise."""
+    _require_hf_deps()
+    from safetensors.torch import load_file
+
+    folder = Path(hf_dir)
+    if not folder.is_dir():
+        raise CheckpointError(f"{hf_dir}: not a folder")
+    config_path = folder / CONFIG_FILE
+    if not config_path.exists():
+        raise CheckpointError(f"{hf_dir}: no {CONFIG_FILE}; not a Hugging Face model folder")
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{config_path}: invalid JSON ({exc})") from None
+    model_type = config.get("model_type")
+    if model_type not in (HF_MODEL_TYPE, HF_PATCHER_TYPE):
+        raise CheckpointError(
+            f"{config_path}: model_type {model_type!r} is not a BLT model "
+            f"(expected {HF_MODEL_TYPE!r} or {HF_PATCHER_TYPE!r})"
+        )
+    index = folder / (WEIGHTS_FILE + ".index.json")
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+    elif (folder / WEIGHTS_FILE).exists():
+        files = [WEIGHTS_FILE]
+    else:
+        raise CheckpointError(f"{hf_dir}: no {WEIGHTS_FILE} (nor a sharded index)")
+    weights: dict[str, torch.Tensor] = {}
+    for name in files:
+        try:
+            weights.update(load_file(str(folder / name)))
+        except Exception as exc:  # truncated / foreign files surface as safetensors errors
+            raise CheckpointError(f"{folder / name}: cannot read ({type(exc).__name__}: {exc})") from None
+    return config, weights
+
+
+def _one(values: dict[str, Any], what: str) -> Any:
+    distinct = set(values.values())
+    if len(distinct) != 1:
+        raise CheckpointError(
+            f"config.json: {what} differs between components ({values}); ours uses one value"
+        )
+    return distinct.pop()
+
+
+def _ffn_settings(dims: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    """multiple_of / ffn_dim_multiplier that give every component its intermediate_size."""
+    from bytelatent.model.layers import ffn_hidden_dim
+
+    for multiple_of, mult in ((256, 1.0), (1, 1.0), (128, 1.0), (64, 1.0), (32, 1.0)):
+        if all(ffn_hidden_dim(d, multiple_of, mult) == w for d, w in dims.values()):
+            return {"multiple_of": multiple_of, "ffn_dim_multiplier": mult}
+    raise CheckpointError(
+        f"config.json: intermediate sizes {({k: w for k, (_, w) in dims.items()})} cannot be "
+        "expressed with one multiple_of/ffn_dim_multiplier as our models compute them"
+    )
+
+
+def blt_args_from_hf_config(config: dict[str, Any]) -> Any:
+    """ByteLatentTransformerArgs for an HF BltConfig dict (ours stored in it win, exactly)."""
+    from bytelatent.model.blt import ByteLatentTransformerArgs
+
+    ours = (config.get(OURS_KEY) or {}).get("model")
+    if ours is not None:
+        return ByteLatentTransformerArgs.model_validate(ours)
+    enc, dec, glob = (config.get(k) or {} for k in ("encoder_config", "decoder_config", "global_config"))
+    parts = {"encoder": enc, "decoder": dec, "global": glob}
+    for side in ("encoder", "decoder"):
+        kv = parts[side].get("num_key_value_heads")
+        if kv not in (None, parts[side].get("num_attention_heads")):
+            raise CheckpointError(f"config.json: {side}_config.num_key_value_heads={kv}: ours has no local GQA")
+    fields = dict(
+        vocab_size=config.get("vocab_size", 260),
+        dim=glob["hidden_size"],
+        n_layers=glob["num_hidden_layers"],
+        n_heads=glob["num_attention_heads"],
+        n_kv_heads_global=glob.get("num_key_value_heads") or None,
+        max_seqlen=glob.get("max_position_embeddings", 4096),
+        attn_bias_type="causal",  # HF's global attention is plain causal
+        dim_local_encoder=enc["hidden_size"],
+        dim_local_decoder=dec["hidden_size"],
+        n_layers_local_encoder=enc["num_hidden_layers"],
+        n_layers_local_decoder=dec["num_hidden_layers"],
+        n_heads_local_encoder=enc["num_attention_heads"],
+        n_heads_local_decoder=dec["num_attention_heads"],
+        local_attention_window_len=None,  # HF's local attention has no window
+        max_encoder_seq_length=_one(
+            {s: parts[s].get("max_position_embeddings", 24576) for s in ("encoder", "decoder")},
+            "max_position_embeddings",
+        ),
+        norm_eps=_one({s: p.get("rms_norm_eps", 1e-5) for s, p in parts.items()}, "rms_norm_eps"),
+        rope_theta=_one({s: p.get("rope_theta", 500000.0) for s, p in parts.items()}, "rope_theta"),
+        cross_attn_encoder=True,
+        cross_attn_decoder=True,
+        cross_attn_k=config.get("cross_attn_k", 2),
+        cross_attn_nheads=enc["num_attention_heads"],
+        cross_attn_all_layers_encoder=bool(enc.get("cross_attn_all_layers", False)),
+        cross_attn_all_layers_decoder=bool(dec.get("cross_attn_all_layers", True)),
+        cross_attn_init_by_pooling=True,
+        downsampling_by_pooling="max",
+        encoder_hash_byte_group_size=config.get("encoder_hash_byte_group_size"),
+        encoder_hash_byte_group_vocab=config.get("encoder_hash_byte_group_vocab", 500002),
+        encoder_hash_byte_group_nb_functions=config.get("encoder_hash_byte_group_nb_functions", 1),
+    )
+    if enc["num_attention_heads"] != dec["num_attention_heads"]:
+        raise CheckpointError("config.json: encoder and decoder head counts differ; ours shares cross_attn_nheads")
+    fields.update(
+        _ffn_settings(
+            {s: (p["hidden_size"], p["intermediate_size"]) for s, p in parts.items()}
+        )
+    )
+    try:
+        return ByteLatentTransformerArgs(**fields)
+    except ValueError as exc:
+        raise CheckpointError(f"config.json: cannot be expressed as our BLT args: {exc}") from None
+
+
+def entropy_args_from_hf_config(patcher: dict[str, Any], ours: dict[str, Any] | None) -> Any:
+    from bytelatent.model.transformer import LMTransformerArgs
+
+    if ours is not None:
+        return LMTransformerArgs.model_validate(ours)
+    ffn = _ffn_settings({"patcher": (patcher["hidden_size"], patcher["intermediate_size"])})
+    kv = patcher.get("num_key_value_heads")
+    return LMTransformerArgs(
+        dim=patcher["hidden_size"],
+        n_layers=patcher["num_hidden_layers"],
+        n_heads=patcher["num_attention_heads"],
+        n_kv_heads=None if kv in (None, patcher["num_attention_heads"]) else kv,
+        vocab_size=patcher.get("vocab_size", 260),
+        max_seqlen=patcher.get("max_position_embeddings", 8192),
+        norm_eps=patcher.get("rms_norm_eps", 1e-5),
+        rope_theta=patcher.get("rope_theta", 10000.0),
+        attn_bias_type="causal",  # HF's patcher is plain causal (no window)
+        **ffn,
+    )
+
+
+def _write_consolidated(out_dir: Path, params: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / "consolidated.pth.tmp"
+    torch.save({"model": state}, tmp)
+    tmp.replace(out_dir / "consolidated.pth")
+    _write_json(out_dir / "params.json", params)
+
+
+def _load_strict(args: Any, kind: str, state: dict[str, torch.Tensor], where: str) -> None:
+    """Fail on a missing / unexpected / misshaped tensor before anything is written."""
+    from bytelatent.model.blt import ByteLatentTransformer
+    from bytelatent.model.transformer import LMTransformer
+
+    with torch.device("meta"):
+        model = (ByteLatentTransformer if kind == "blt" else LMTransformer)(args)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    if expected != got:
+        missing = sorted(set(expected) - set(got))
+        extra = sorted(set(got) - set(expected))
+        shape = sorted(k for k in set(expected) & set(got) if expected[k] != got[k])
+        detail = (missing and f"missing {missing[0]}") or (extra and f"unexpected {extra[0]}")
+        detail = detail or f"{shape[0]}: shape {got[shape[0]]} != {expected[shape[0]]}"
+        raise CheckpointError(f"{where}: weights do not match config.json ({detail})")
+
+
+def import_hf(hf_dir: str, out: str) -> str:
+    """HF BLT folder -> our consolidated layout (entropy model, if any, in out/entropy_model)."""
+    config, weights = read_hf_folder(hf_dir)
+    ours = config.get(OURS_KEY) or {}
+    out_dir = Path(out)
+    if config["model_type"] == HF_PATCHER_TYPE:
+        eargs = entropy_args_from_hf_config(config, ours.get("entropy_model"))
+        state = {_entropy_hf_name_to_ours(k, ""): v for k, v in weights.items()}
+        _load_strict(eargs, "entropy", state, hf_dir)
+        _write_consolidated(out_dir, _entropy_params(eargs, hf_dir), state)
+        return str(out_dir)
+    args = blt_args_from_hf_config(config)
+    state, patcher_state = hf_state_dict_to_blt(weights, args)
+    _load_strict(args, "blt", state, hf_dir)
+    patching = ours.get("patching") or {
+        "patching_mode": config.get("patching_mode", "entropy"),
+        "threshold": config.get("patching_threshold", 1.335442066192627),
+        "patch_size": config.get("patch_size", 4.5),
+        "max_patch_length": config.get("max_patch_length"),
+    }
+    eargs = None
+    if patcher_state:
+        eargs = entropy_args_from_hf_config(config.get("patcher_config") or {}, ours.get("entropy_model"))
+        _load_strict(eargs, "entropy", patcher_state, hf_dir)
+    params = {
+        "name": "hf_import",
+        "source": str(hf_dir),
+        "train_entropy_model": False,
+        "model": args.model_dump(mode="json"),
+        "data": {"patcher_args": patching},
+    }
+    _write_consolidated(out_dir, params, state)
+    if eargs is not None:
+        _write_consolidated(out_dir / "entropy_model", _entropy_params(eargs, hf_dir), patcher_state)
+    return str(out_dir)
+
+
+def _entropy_params(eargs: Any, source: str) -> dict[str, Any]:
+    return {
+        "name": "hf_import",
+        "source": str(source),
+        "train_entropy_model": True,
+        "model": None,
+        "entropy_model": eargs.model_dump(mode="json"),
+    }
