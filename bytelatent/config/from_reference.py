@@ -352,6 +352,29 @@ def _entropy_model(report: Report, out: dict, value: Any) -> None:
     out["entropy_model"] = converted
 
 
+def _reconcile(tree: dict, report: Report) -> None:
+    """Rules our TrainArgs checks across sections and the reference did not (noted in the report)."""
+    data = tree.setdefault("data", {}) if isinstance(tree.get("data", {}), dict) else {}
+    model = tree.get("model")
+    if tree.get("train_entropy_model"):
+        patcher = data.setdefault("patcher_args", {})
+        if patcher.get("patching_mode") != "byte":
+            report.notes.append(
+                f"data.patcher_args.patching_mode = byte (was {patcher.get('patching_mode', 'entropy')}): "
+                "the entropy model trains on bytes; byte mode packs rows the same way"
+            )
+            patcher["patching_mode"] = "byte"
+    elif isinstance(model, dict):
+        data_len = data.get("max_encoder_seq_length", 12288)
+        if model.get("max_encoder_seq_length", 12288) != data_len:
+            report.notes.append(
+                f"model.max_encoder_seq_length = {data_len} (was {model.get('max_encoder_seq_length')}): "
+                "set to data.max_encoder_seq_length, which our TrainArgs requires; it only sizes "
+                "the local RoPE tables (not saved weights)"
+            )
+            model["max_encoder_seq_length"] = data_len
+
+
 def _check_converted(tree: dict) -> None:
     """The output must validate as our TrainArgs once its ??? values are filled in."""
     import pydantic
@@ -383,6 +406,7 @@ def convert_file(path: str) -> tuple[str, Report]:
             "data.patcher_args.patching_mode not set: the reference default (entropy) reads "
             "precomputed entropies from the data (data.preprocess_dir); set it to train otherwise"
         )
+    _reconcile(converted, report)
     _check_converted(converted)
     header = f"# converted from {path} by {CONVERTER}\n"
     return header + yaml.safe_dump(converted, sort_keys=False, allow_unicode=True), report
