@@ -227,8 +227,10 @@ def _tokenizer(report: Report, out: dict, value: Any) -> None:
         dotted = f"data.tokenizer_args.{key}"
         if key == "name":
             _leaf(report, out, dotted, dotted, sub)
+        elif key == "init_kwargs" and sub is None:
+            _leaf(report, out, dotted, dotted, sub)
         elif key == "init_kwargs":
-            kwargs = _mapping(sub or {}, dotted)
+            kwargs = _mapping(sub, dotted)
             bpe_delim = bool(kwargs.get("bpe_delim", False))
             for name, arg in kwargs.items():
                 inner = f"{dotted}.{name}"
