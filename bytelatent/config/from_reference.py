@@ -73,7 +73,7 @@ _PATCHER_FIELDS = (
 )
 _SAVE_EVERY = ("every", "keep")
 # keys only the reference has: one of them at the top level marks a file as the reference's
-REFERENCE_ONLY_TOP = frozenset({"probe_freq", "profiling", "eval_on_gpus", "async_eval_gpus", "eval"})
+REFERENCE_ONLY_TOP = frozenset({"probe_freq", "profiling", "eval_on_gpus", "async_eval_gpus"})
 
 
 @dataclass
@@ -128,8 +128,11 @@ def looks_like_reference(tree: dict) -> bool:
     model = tree.get("model")
     if isinstance(model, dict):
         from bytelatent.model.blt import ByteLatentTransformerArgs
+        from bytelatent.model.reference_compat import reference_blt_fields
 
-        return bool(set(model) - set(ByteLatentTransformerArgs.model_fields))
+        # only reference field names (a typo of ours gets the parser's did-you-mean instead)
+        extra = set(model) - set(ByteLatentTransformerArgs.model_fields)
+        return bool(extra) and extra <= reference_blt_fields()
     return False
 
 
