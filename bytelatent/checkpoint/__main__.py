@@ -24,12 +24,8 @@ def _add_consolidate(commands: argparse._SubParsersAction) -> None:
         "ckpt_dir",
         help="a DCP step folder, e.g. dump/checkpoints/0000001000 or s3://...",
     )
-    cons.add_argument(
-        "--out", default=None, help="output folder (default: CKPT_DIR/consolidated)"
-    )
-    cons.add_argument(
-        "--with-optim", action="store_true", help="also store the optimizer state"
-    )
+    cons.add_argument("--out", default=None, help="output folder (default: CKPT_DIR/consolidated)")
+    cons.add_argument("--with-optim", action="store_true", help="also store the optimizer state")
     cons.add_argument(
         "--format",
         default="pth",

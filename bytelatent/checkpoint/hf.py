@@ -105,7 +105,9 @@ def _entropy_name_to_hf(name: str, prefix: str) -> str:
         return prefix + _ENTROPY_TOP[name]
     hf = _rename(name, "layers", prefix + "layers", _BLOCK)
     if hf is None:
-        raise CheckpointError(f"entropy model weight {name}: no Hugging Face BltPatcher counterpart")
+        raise CheckpointError(
+            f"entropy model weight {name}: no Hugging Face BltPatcher counterpart"
+        )
     return hf
 
 
@@ -134,7 +136,10 @@ def check_hf_representable(args: Any) -> list[str]:
         )
 
     if not (args.cross_attn_encoder and args.cross_attn_decoder):
-        refuse("cross_attn_encoder/cross_attn_decoder", "HF always runs both cross-attentions; both must be true")
+        refuse(
+            "cross_attn_encoder/cross_attn_decoder",
+            "HF always runs both cross-attentions; both must be true",
+        )
     if not args.cross_attn_init_by_pooling or args.pooling_modes() != ("max",):
         refuse(
             "cross_attn_init_by_pooling/downsampling_by_pooling",
@@ -147,7 +152,10 @@ def check_hf_representable(args: Any) -> list[str]:
             "pools once and accumulates (same only with one encoder layer)",
         )
     if not args.encoder_hash_byte_group_size:
-        refuse("encoder_hash_byte_group_size", "HF always adds hash n-gram embeddings; set at least one size")
+        refuse(
+            "encoder_hash_byte_group_size",
+            "HF always adds hash n-gram embeddings; set at least one size",
+        )
     if args.ngram_sizes():
         refuse("encoder_ngram_to_size_str", "HF has no frequency n-gram tables")
     if args.pm_size:
@@ -227,7 +235,9 @@ def blt_state_dict_to_hf(state: dict[str, torch.Tensor], args: Any) -> dict[str,
     dec_proj = _TOP["local_decoder.patch_embedding_projection.weight"]
     if dec_proj not in out:
         # we skip the projection when dim == dim_local_decoder and k == 1; HF always has one
-        out[dec_proj] = torch.eye(args.dim_local_decoder, args.dim, dtype=out["lm_head.weight"].dtype)
+        out[dec_proj] = torch.eye(
+            args.dim_local_decoder, args.dim, dtype=out["lm_head.weight"].dtype
+        )
     return out
 
 
@@ -299,7 +309,9 @@ def _entropy_hf_name_to_ours(hf_name: str, prefix: str) -> str:
     return hit
 
 
-def entropy_state_dict_to_hf(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+def entropy_state_dict_to_hf(
+    state: dict[str, torch.Tensor], prefix: str
+) -> dict[str, torch.Tensor]:
     return {_entropy_name_to_hf(name, prefix): tensor for name, tensor in state.items()}
 
 
@@ -423,7 +435,9 @@ def _require_hf_deps() -> None:
 def _patching_settings(params: dict[str, Any]) -> dict[str, Any]:
     """Patcher settings of a run: ours under data.patcher_args, the reference's in its model section."""
     patcher = (params.get("data") or {}).get("patcher_args") or {}
-    if "eval_on_gpus" in params or not patcher:  # the reference keeps the model's patcher in `model`
+    if (
+        "eval_on_gpus" in params or not patcher
+    ):  # the reference keeps the model's patcher in `model`
         model = params.get("model") or {}
         patcher = {
             "patching_mode": model.get("patching_mode", "entropy"),
@@ -433,7 +447,14 @@ def _patching_settings(params: dict[str, Any]) -> dict[str, Any]:
             "monotonicity": model.get("monotonicity", False),
             "threshold_add": model.get("patching_threshold_add"),
         }
-    keys = ("patching_mode", "threshold", "patch_size", "max_patch_length", "monotonicity", "threshold_add")
+    keys = (
+        "patching_mode",
+        "threshold",
+        "patch_size",
+        "max_patch_length",
+        "monotonicity",
+        "threshold_add",
+    )
     return {k: patcher.get(k) for k in keys if k in patcher}
 
 
@@ -469,7 +490,9 @@ def export_hf(ckpt: str, out: str, entropy_model: str | None = None) -> list[str
     out_dir = Path(out)
     if isinstance(args, LMTransformerArgs):
         if entropy_model is not None:
-            raise CheckpointError(f"{ckpt}: is an entropy model; --entropy-model is for BLT exports")
+            raise CheckpointError(
+                f"{ckpt}: is an entropy model; --entropy-model is for BLT exports"
+            )
         return _export_entropy_only(model, args, out_dir)
     notes = check_hf_representable(args)
     hf = blt_state_dict_to_hf(_state_for_export(model), args)
@@ -640,7 +663,9 @@ def read_hf_folder(hf_dir: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]
         try:
             weights.update(load_file(str(folder / name)))
         except Exception as exc:  # truncated / foreign files surface as safetensors errors
-            raise CheckpointError(f"{folder / name}: cannot read ({type(exc).__name__}: {exc})") from None
+            raise CheckpointError(
+                f"{folder / name}: cannot read ({type(exc).__name__}: {exc})"
+            ) from None
     return config, weights
 
 
@@ -661,7 +686,7 @@ def _ffn_settings(dims: dict[str, tuple[int, int]]) -> dict[str, Any]:
         if all(ffn_hidden_dim(d, multiple_of, mult) == w for d, w in dims.values()):
             return {"multiple_of": multiple_of, "ffn_dim_multiplier": mult}
     raise CheckpointError(
-        f"config.json: intermediate sizes {({k: w for k, (_, w) in dims.items()})} cannot be "
+        f"config.json: intermediate sizes { ({k: w for k, (_, w) in dims.items()}) } cannot be "
         "expressed with one multiple_of/ffn_dim_multiplier as our models compute them"
     )
 
@@ -673,12 +698,16 @@ def blt_args_from_hf_config(config: dict[str, Any]) -> Any:
     ours = (config.get(OURS_KEY) or {}).get("model")
     if ours is not None:
         return ByteLatentTransformerArgs.model_validate(ours)
-    enc, dec, glob = (config.get(k) or {} for k in ("encoder_config", "decoder_config", "global_config"))
+    enc, dec, glob = (
+        config.get(k) or {} for k in ("encoder_config", "decoder_config", "global_config")
+    )
     parts = {"encoder": enc, "decoder": dec, "global": glob}
     for side in ("encoder", "decoder"):
         kv = parts[side].get("num_key_value_heads")
         if kv not in (None, parts[side].get("num_attention_heads")):
-            raise CheckpointError(f"config.json: {side}_config.num_key_value_heads={kv}: ours has no local GQA")
+            raise CheckpointError(
+                f"config.json: {side}_config.num_key_value_heads={kv}: ours has no local GQA"
+            )
     fields = dict(
         vocab_size=config.get("vocab_size", 260),
         dim=glob["hidden_size"],
@@ -713,11 +742,11 @@ def blt_args_from_hf_config(config: dict[str, Any]) -> Any:
         encoder_hash_byte_group_nb_functions=config.get("encoder_hash_byte_group_nb_functions", 1),
     )
     if enc["num_attention_heads"] != dec["num_attention_heads"]:
-        raise CheckpointError("config.json: encoder and decoder head counts differ; ours shares cross_attn_nheads")
-    fields.update(
-        _ffn_settings(
-            {s: (p["hidden_size"], p["intermediate_size"]) for s, p in parts.items()}
+        raise CheckpointError(
+            "config.json: encoder and decoder head counts differ; ours shares cross_attn_nheads"
         )
+    fields.update(
+        _ffn_settings({s: (p["hidden_size"], p["intermediate_size"]) for s, p in parts.items()})
     )
     try:
         return ByteLatentTransformerArgs(**fields)
@@ -746,7 +775,9 @@ def entropy_args_from_hf_config(patcher: dict[str, Any], ours: dict[str, Any] | 
     )
 
 
-def _write_consolidated(out_dir: Path, params: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
+def _write_consolidated(
+    out_dir: Path, params: dict[str, Any], state: dict[str, torch.Tensor]
+) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / "consolidated.pth.tmp"
     torch.save({"model": state}, tmp)
@@ -794,7 +825,9 @@ def import_hf(hf_dir: str, out: str) -> str:
     }
     eargs = None
     if patcher_state:
-        eargs = entropy_args_from_hf_config(config.get("patcher_config") or {}, ours.get("entropy_model"))
+        eargs = entropy_args_from_hf_config(
+            config.get("patcher_config") or {}, ours.get("entropy_model")
+        )
         _load_strict(eargs, "entropy", patcher_state, hf_dir)
     params = {
         "name": "hf_import",
@@ -805,7 +838,9 @@ def import_hf(hf_dir: str, out: str) -> str:
     }
     _write_consolidated(out_dir, params, state)
     if eargs is not None:
-        _write_consolidated(out_dir / "entropy_model", _entropy_params(eargs, hf_dir), patcher_state)
+        _write_consolidated(
+            out_dir / "entropy_model", _entropy_params(eargs, hf_dir), patcher_state
+        )
     return str(out_dir)
 
 

@@ -30,8 +30,15 @@ CONVERTER = "python -m bytelatent.config.from_reference"
 # composes, BLT_REFERENCE_FACTS.md §2): section -> its fields. Leaves only; dict-valued fields
 # (data.sources, tokenizer init_kwargs) are kept whole.
 _SAME_TOP = (
-    "name", "dump_dir", "seed", "debug_dynamo", "grad_acc_steps", "gc_collect_freq", "steps",
-    "max_steps", "train_entropy_model",
+    "name",
+    "dump_dir",
+    "seed",
+    "debug_dynamo",
+    "grad_acc_steps",
+    "gc_collect_freq",
+    "steps",
+    "max_steps",
+    "train_entropy_model",
 )
 _DROPPED_TOP = {
     "probe_freq": "the activation probe is not part of bytelatent",
@@ -41,22 +48,58 @@ _DROPPED_TOP = {
 }
 _SECTIONS_SAME = {
     "optim": (
-        "lr", "weight_decay", "epsilon", "beta1", "beta2", "clip", "scheduler", "warmup",
-        "lr_min_ratio", "cycle_length", "cosine_theta", "decay_fraction", "exp_factor",
+        "lr",
+        "weight_decay",
+        "epsilon",
+        "beta1",
+        "beta2",
+        "clip",
+        "scheduler",
+        "warmup",
+        "lr_min_ratio",
+        "cycle_length",
+        "cosine_theta",
+        "decay_fraction",
+        "exp_factor",
     ),
     "distributed": (
-        "dp_shard", "tp_size", "selective_activation_checkpointing", "compile", "fsdp_type",
-        "model_dtype", "float8_recipe", "float8_filter", "matmul_allow_tf32",
-        "allow_bf16_reduced_precision_reduction", "detect_anomaly", "compile_cache_size_limit",
+        "dp_shard",
+        "tp_size",
+        "selective_activation_checkpointing",
+        "compile",
+        "fsdp_type",
+        "model_dtype",
+        "float8_recipe",
+        "float8_filter",
+        "matmul_allow_tf32",
+        "allow_bf16_reduced_precision_reduction",
+        "detect_anomaly",
+        "compile_cache_size_limit",
         "spawn_method",
     ),
     "checkpoint": ("path", "init_ckpt_path", "continue_training_from_init", "s3_profile"),
     "logging": ("freq",),
     "data": (
-        "root_dir", "sources", "batch_size", "seq_len", "seed", "add_bos", "add_eos",
-        "load_async", "async_persist_type", "prefetch_size", "preprocess_dir", "dataset_files",
-        "entropy_model_name", "arrow_batch_size", "buffer_size", "file_format",
-        "pad_to_max_length", "max_encoder_seq_length", "enable_byte_ngrams", "add_patches",
+        "root_dir",
+        "sources",
+        "batch_size",
+        "seq_len",
+        "seed",
+        "add_bos",
+        "add_eos",
+        "load_async",
+        "async_persist_type",
+        "prefetch_size",
+        "preprocess_dir",
+        "dataset_files",
+        "entropy_model_name",
+        "arrow_batch_size",
+        "buffer_size",
+        "file_format",
+        "pad_to_max_length",
+        "max_encoder_seq_length",
+        "enable_byte_ngrams",
+        "add_patches",
         "s3_profile",
     ),
 }
@@ -67,9 +110,18 @@ _DROPPED_IN_SECTION = {
     "logging.wandb": "no wandb section in bytelatent's logging args",
 }
 _PATCHER_FIELDS = (
-    "patching_mode", "patching_device", "entropy_model_checkpoint_dir", "realtime_patching",
-    "threshold", "threshold_add", "max_patch_length", "patch_size", "patching_batch_size",
-    "device", "monotonicity", "log_time",
+    "patching_mode",
+    "patching_device",
+    "entropy_model_checkpoint_dir",
+    "realtime_patching",
+    "threshold",
+    "threshold_add",
+    "max_patch_length",
+    "patch_size",
+    "patching_batch_size",
+    "device",
+    "monotonicity",
+    "log_time",
 )
 _SAVE_EVERY = ("every", "keep")
 # keys only the reference has: one of them at the top level marks a file as the reference's
@@ -84,7 +136,9 @@ class Report:
     dropped: list[str] = field(default_factory=list)
     needs_user: list[str] = field(default_factory=list)
     fields: list[str] = field(default_factory=list)  # every input key, in report order
-    notes: list[str] = field(default_factory=list)  # reference defaults that matter (not input keys)
+    notes: list[str] = field(
+        default_factory=list
+    )  # reference defaults that matter (not input keys)
 
     def map(self, old: str, new: str, value: Any, note: str = "") -> None:
         self.fields.append(old)
@@ -160,7 +214,12 @@ def convert(tree: dict) -> tuple[dict, Report]:
         elif key in _DROPPED_TOP:
             report.drop(key, value, "null: no effect" if value is None else _DROPPED_TOP[key])
         elif key == "profiling":
-            _drop_section(report, "profiling", value, "the profiler is not configured through the training config here")
+            _drop_section(
+                report,
+                "profiling",
+                value,
+                "the profiler is not configured through the training config here",
+            )
         elif key == "env":
             _env(report, out, value)
         elif key == "checkpoint":
@@ -172,9 +231,13 @@ def convert(tree: dict) -> tuple[dict, Report]:
         elif key == "entropy_model":
             _entropy_model(report, out, value)
         elif key == "config":
-            raise ConfigError("config: includes are not followed by the converter; convert each file")
+            raise ConfigError(
+                "config: includes are not followed by the converter; convert each file"
+            )
         else:
-            raise ConfigError(f"{key}: neither a bytelatent nor a reference (facebookresearch/blt) config key")
+            raise ConfigError(
+                f"{key}: neither a bytelatent nor a reference (facebookresearch/blt) config key"
+            )
     return out, report
 
 
@@ -204,7 +267,9 @@ def _env(report: Report, out: dict, value: Any) -> None:
     env = _mapping(value, "env")
     out["env"] = {}
     for key, sub in env.items():
-        _leaf(report, out, f"env.{key}", f"env.{key}", str(sub), "exported before the process group")
+        _leaf(
+            report, out, f"env.{key}", f"env.{key}", str(sub), "exported before the process group"
+        )
 
 
 def _section(report: Report, out: dict, section: str, value: Any) -> None:
@@ -238,7 +303,11 @@ def _tokenizer(report: Report, out: dict, value: Any) -> None:
             for name, arg in kwargs.items():
                 inner = f"{dotted}.{name}"
                 if name == "bpe_tokenizer_path" and not bpe_delim:
-                    report.drop(inner, arg, "never loaded unless bpe_delim=true (bytes are encoded directly)")
+                    report.drop(
+                        inner,
+                        arg,
+                        "never loaded unless bpe_delim=true (bytes are encoded directly)",
+                    )
                 else:
                     _leaf(report, out, inner, inner, arg)
         else:
@@ -332,7 +401,9 @@ def _model(report: Report, out: dict, value: Any) -> None:
     sources = set(section) | {_GLOBAL_ALIASES[k] for k in section if k in _GLOBAL_ALIASES}
     for name in converted:
         if name not in sources:
-            report.notes.append(f"model.{name} = {_short(converted[name])}: the reference's default")
+            report.notes.append(
+                f"model.{name} = {_short(converted[name])}: the reference's default"
+            )
     out["model"] = converted
 
 
@@ -349,8 +420,12 @@ def _entropy_model(report: Report, out: dict, value: Any) -> None:
     reasons = {_field_name(entry): entry for entry in ignored}
     for key in section:
         note = reasons.get(key, "")
-        report.map(f"entropy_model.{key}", f"entropy_model.{key}", converted.get(key),
-                   _reason(note) if note else "")
+        report.map(
+            f"entropy_model.{key}",
+            f"entropy_model.{key}",
+            converted.get(key),
+            _reason(note) if note else "",
+        )
     for name, entry in reasons.items():
         if name not in section:
             report.notes.append(f"entropy_model.{name}: {entry}")
@@ -419,8 +494,12 @@ def convert_file(path: str) -> tuple[str, Report]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=CONVERTER, description=__doc__.splitlines()[0])
-    parser.add_argument("ref_yaml", help="a reference training YAML (e.g. bytelatent/configs/debug.yaml)")
-    parser.add_argument("-o", "--out", default=None, help="write the converted YAML here (default: stdout)")
+    parser.add_argument(
+        "ref_yaml", help="a reference training YAML (e.g. bytelatent/configs/debug.yaml)"
+    )
+    parser.add_argument(
+        "-o", "--out", default=None, help="write the converted YAML here (default: stdout)"
+    )
     args = parser.parse_args(argv)
     try:
         text, report = convert_file(args.ref_yaml)

@@ -10,6 +10,7 @@ import yaml
 from bytelatent.config.from_reference import convert, convert_file, looks_like_reference
 from bytelatent.errors import ConfigError
 from tests.conftest import train_tiny
+from tests.interop.conftest import CONFORMANCE
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -194,21 +195,41 @@ eval: null
 """
 
 SMALL_BLT = [
-    "model.dim=32", "model.n_layers=1", "model.n_heads=2", "model.dim_local_encoder=32",
-    "model.dim_local_decoder=32", "model.n_layers_local_encoder=1", "model.n_layers_local_decoder=1",
-    "model.n_heads_local_encoder=2", "model.n_heads_local_decoder=2", "model.cross_attn_nheads=2",
-    "model.cross_attn_k=2", "model.encoder_hash_byte_group_vocab=512", "model.max_seqlen=64",
-    "model.max_encoder_seq_length=256", "data.max_encoder_seq_length=256", "data.seq_len=24",
+    "model.dim=32",
+    "model.n_layers=1",
+    "model.n_heads=2",
+    "model.dim_local_encoder=32",
+    "model.dim_local_decoder=32",
+    "model.n_layers_local_encoder=1",
+    "model.n_layers_local_decoder=1",
+    "model.n_heads_local_encoder=2",
+    "model.n_heads_local_decoder=2",
+    "model.cross_attn_nheads=2",
+    "model.cross_attn_k=2",
+    "model.encoder_hash_byte_group_vocab=512",
+    "model.max_seqlen=64",
+    "model.max_encoder_seq_length=256",
+    "data.max_encoder_seq_length=256",
+    "data.seq_len=24",
     "data.patcher_args.patching_mode=space",
 ]
 SMALL_ENTROPY = [
-    "entropy_model.dim=32", "entropy_model.n_layers=1", "entropy_model.n_heads=2",
-    "entropy_model.max_seqlen=128", "entropy_model.sliding_window=64", "data.seq_len=128",
+    "entropy_model.dim=32",
+    "entropy_model.n_layers=1",
+    "entropy_model.n_heads=2",
+    "entropy_model.max_seqlen=128",
+    "entropy_model.sliding_window=64",
+    "data.seq_len=128",
     "data.max_encoder_seq_length=128",
 ]
 # the values the reports list under "needs you", filled as a user would
-DATA = ["data.preprocess_dir=null", "data.sources={stdlib: 1.0}", "data.batch_size=2",
-        "data.load_async=false", "distributed.model_dtype=fp32"]
+DATA = [
+    "data.preprocess_dir=null",
+    "data.sources={stdlib: 1.0}",
+    "data.batch_size=2",
+    "data.load_async=false",
+    "distributed.model_dtype=fp32",
+]
 
 
 def _leaves(tree: dict, prefix: str = "") -> list[str]:
@@ -222,7 +243,9 @@ def _leaves(tree: dict, prefix: str = "") -> list[str]:
     return keys
 
 
-@pytest.mark.parametrize("text", [REFERENCE_DEBUG_YAML, REFERENCE_ENTROPY_YAML], ids=["debug", "entropy"])
+@pytest.mark.parametrize(
+    "text", [REFERENCE_DEBUG_YAML, REFERENCE_ENTROPY_YAML], ids=["debug", "entropy"]
+)
 def test_report_lists_every_input_field_exactly_once(text):
     tree = yaml.safe_load(text)
     _, report = convert(tree)
@@ -234,20 +257,33 @@ def test_report_lists_every_input_field_exactly_once(text):
 def test_debug_report_details():
     converted, report = convert(yaml.safe_load(REFERENCE_DEBUG_YAML))
     dropped = "\n".join(report.dropped)
-    assert "model.dim = 512: dim=512 (the reference ignores it for BLT" not in dropped  # reason only
+    assert (
+        "model.dim = 512: dim=512 (the reference ignores it for BLT" not in dropped
+    )  # reason only
     assert "model.dim = 512: the reference ignores it for BLT" in dropped
-    assert "model.patching_mode = space: the reference reads the model's patcher settings only" in dropped
+    assert (
+        "model.patching_mode = space: the reference reads the model's patcher settings only"
+        in dropped
+    )
     assert "model.recompute_attn = False: no effect in the reference" in dropped
     assert "data.tokenizer_args.init_kwargs.bpe_tokenizer_path = ???: never loaded" in dropped
     assert "profiling.run = False" in dropped and "eval_on_gpus = 8" in dropped
-    assert [line.split(" ->")[0] for line in report.needs_user] == ["data.root_dir", "data.preprocess_dir"]
-    assert converted["model"]["dim"] == 512 and converted["model"]["n_layers"] == 8  # dim_global default
+    assert [line.split(" ->")[0] for line in report.needs_user] == [
+        "data.root_dir",
+        "data.preprocess_dir",
+    ]
+    assert (
+        converted["model"]["dim"] == 512 and converted["model"]["n_layers"] == 8
+    )  # dim_global default
     assert "model.dim_token" not in converted["model"]
-    assert any(note.startswith("model.n_layers = 8: the reference's default") for note in report.notes)
+    assert any(
+        note.startswith("model.n_layers = 8: the reference's default") for note in report.notes
+    )
 
 
 @pytest.mark.parametrize(
-    "text, small", [(REFERENCE_DEBUG_YAML, SMALL_BLT), (REFERENCE_ENTROPY_YAML, SMALL_ENTROPY)],
+    "text, small",
+    [(REFERENCE_DEBUG_YAML, SMALL_BLT), (REFERENCE_ENTROPY_YAML, SMALL_ENTROPY)],
     ids=["debug", "entropy"],
 )
 def test_converted_config_trains_three_steps(text, small, tmp_path, corpus_root):
@@ -276,8 +312,13 @@ def _run(module: str, *args: str) -> subprocess.CompletedProcess:
 def test_train_entry_exit_code_on_a_reference_file(tmp_path):
     ref = tmp_path / "entropy.yaml"
     ref.write_text(REFERENCE_ENTROPY_YAML)
-    result = subprocess.run([sys.executable, "-m", "bytelatent.train", f"config={ref}"], cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "bytelatent.train", f"config={ref}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "python -m bytelatent.config.from_reference" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
@@ -311,7 +352,9 @@ def test_neither_ours_nor_reference_is_one_line_exit_2(tmp_path):
     assert result.stderr.strip().splitlines() == [
         "config error: trainer: neither a bytelatent nor a reference (facebookresearch/blt) config key"
     ]
-    with pytest.raises(ConfigError, match="model.lr_warmup: not a reference ByteLatentTransformerArgs"):
+    with pytest.raises(
+        ConfigError, match="model.lr_warmup: not a reference ByteLatentTransformerArgs"
+    ):
         convert({"model": {"lr_warmup": 1}})
 
 
@@ -319,9 +362,6 @@ def test_detection():
     assert looks_like_reference(yaml.safe_load(REFERENCE_DEBUG_YAML))
     assert looks_like_reference(yaml.safe_load(REFERENCE_ENTROPY_YAML))  # probe_freq, profiling
     assert not looks_like_reference(yaml.safe_load((REPO / "configs" / "debug.yaml").read_text()))
-
-
-CONFORMANCE = Path("/work/shared/conformance")
 
 
 @pytest.mark.skipif(not CONFORMANCE.exists(), reason="no shared/conformance")
@@ -339,6 +379,8 @@ def test_released_params_json_converts(name, tmp_path):
         expected, _ = blt_args_from_reference(params["model"])
         model = dict(converted["model"])
         assert model.pop("max_encoder_seq_length") == 12288  # raised to data's (noted)
-        assert all(getattr(expected, k) == v or list(getattr(expected, k)) == v for k, v in model.items())
+        assert all(
+            getattr(expected, k) == v or list(getattr(expected, k)) == v for k, v in model.items()
+        )
     else:
         assert converted["data"]["patcher_args"]["patching_mode"] == "byte"

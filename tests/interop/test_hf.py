@@ -16,11 +16,9 @@ from transformers.models.blt.modeling_blt import BltPatcher  # noqa: E402
 
 from bytelatent.checkpoint.hf import OURS_KEY, export_hf, import_hf, to_hf_patch_lengths  # noqa: E402
 from bytelatent.checkpoint.pretrained import load_any_checkpoint  # noqa: E402
+from tests.interop.conftest import CONFORMANCE  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-CONFORMANCE = REPO.parent / "shared" / "conformance"
-if not CONFORMANCE.exists():
-    CONFORMANCE = Path("/work/shared/conformance")
 needs_fixtures = pytest.mark.skipif(not CONFORMANCE.exists(), reason="no shared/conformance")
 TOL = 1e-4
 
@@ -59,7 +57,9 @@ def test_conformance_logits_match(conformance_export):
         lengths = torch.tensor([case["patch_lengths"]])
         assert tokenizer(case["text"]).input_ids == list(case["input_ids"])
         with torch.no_grad():
-            theirs = hf(input_ids=ids, patch_lengths=to_hf_patch_lengths(lengths, ids.shape[1])).logits
+            theirs = hf(
+                input_ids=ids, patch_lengths=to_hf_patch_lengths(lengths, ids.shape[1])
+            ).logits
             mine = ours(ids, patch_lengths=lengths)
             entropies, hf_lengths, entropy_logits = hf.model.patcher(
                 ids, patch_size=4.5, threshold=hf.config.patching_threshold
@@ -87,12 +87,17 @@ def test_rows_summing_to_n_differ_only_at_the_last_byte(conformance_export):
 @needs_fixtures
 def test_round_trip_is_bit_exact(conformance_export, tmp_path):
     import_hf(str(conformance_export), str(tmp_path / "ours"))
-    export_hf(str(tmp_path / "ours"), str(tmp_path / "again"),
-              entropy_model=str(tmp_path / "ours" / "entropy_model"))
+    export_hf(
+        str(tmp_path / "ours"),
+        str(tmp_path / "again"),
+        entropy_model=str(tmp_path / "ours" / "entropy_model"),
+    )
     first = load_file(conformance_export / "model.safetensors")
     second = load_file(tmp_path / "again" / "model.safetensors")
     assert first.keys() == second.keys()
-    assert all(torch.equal(first[k], second[k]) and first[k].dtype == second[k].dtype for k in first)
+    assert all(
+        torch.equal(first[k], second[k]) and first[k].dtype == second[k].dtype for k in first
+    )
     assert json.loads((conformance_export / "config.json").read_text()) == json.loads(
         (tmp_path / "again" / "config.json").read_text()
     )
@@ -110,7 +115,9 @@ def test_import_of_a_plain_hf_config(conformance_export, tmp_path):
     config = json.loads((conformance_export / "config.json").read_text())
     del config[OURS_KEY]
     (plain / "config.json").write_text(json.dumps(config))
-    (plain / "model.safetensors").write_bytes((conformance_export / "model.safetensors").read_bytes())
+    (plain / "model.safetensors").write_bytes(
+        (conformance_export / "model.safetensors").read_bytes()
+    )
     import_hf(str(plain), str(tmp_path / "ours"))
     model, args, _ = load_any_checkpoint(str(tmp_path / "ours"))
     assert args.local_attention_window_len is None and args.attn_bias_type == "causal"
@@ -118,7 +125,9 @@ def test_import_of_a_plain_hf_config(conformance_export, tmp_path):
     ids = torch.tensor([[1] + [b + 4 for b in b"plain import"]])
     lengths = torch.tensor([[1, 6, 7]])
     with torch.no_grad():
-        assert (hf(input_ids=ids, patch_lengths=lengths).logits - model(ids, patch_lengths=lengths)).abs().max() < TOL
+        assert (
+            hf(input_ids=ids, patch_lengths=lengths).logits - model(ids, patch_lengths=lengths)
+        ).abs().max() < TOL
 
 
 @needs_fixtures
@@ -158,12 +167,24 @@ def _save_ours(folder: Path, **overrides) -> Path:
     from bytelatent.model.blt import ByteLatentTransformer, ByteLatentTransformerArgs
 
     fields = dict(
-        dim=32, n_layers=1, n_heads=2, dim_local_encoder=16, dim_local_decoder=16,
-        n_layers_local_encoder=2, n_layers_local_decoder=1, n_heads_local_encoder=2,
-        n_heads_local_decoder=2, cross_attn_encoder=True, cross_attn_decoder=True,
-        cross_attn_init_by_pooling=True, cross_attn_nheads=2, encoder_hash_byte_group_size=[3],
-        encoder_hash_byte_group_vocab=64, encoder_hash_byte_group_nb_functions=1,
-        max_encoder_seq_length=64, max_seqlen=64,
+        dim=32,
+        n_layers=1,
+        n_heads=2,
+        dim_local_encoder=16,
+        dim_local_decoder=16,
+        n_layers_local_encoder=2,
+        n_layers_local_decoder=1,
+        n_heads_local_encoder=2,
+        n_heads_local_decoder=2,
+        cross_attn_encoder=True,
+        cross_attn_decoder=True,
+        cross_attn_init_by_pooling=True,
+        cross_attn_nheads=2,
+        encoder_hash_byte_group_size=[3],
+        encoder_hash_byte_group_vocab=64,
+        encoder_hash_byte_group_nb_functions=1,
+        max_encoder_seq_length=64,
+        max_seqlen=64,
     )
     args = ByteLatentTransformerArgs(**{**fields, **overrides})
     model = ByteLatentTransformer(args)
@@ -179,7 +200,10 @@ def _save_ours(folder: Path, **overrides) -> Path:
     [
         ({"cross_attn_all_layers_encoder": True}, "model.cross_attn_all_layers_encoder"),
         ({"cross_attn_nheads": 1}, "model.cross_attn_nheads"),
-        ({"downsampling_by_pooling": "avg"}, "model.cross_attn_init_by_pooling/downsampling_by_pooling"),
+        (
+            {"downsampling_by_pooling": "avg"},
+            "model.cross_attn_init_by_pooling/downsampling_by_pooling",
+        ),
     ],
 )
 def test_refuses_what_hf_cannot_represent(tmp_path, overrides, field):
@@ -187,7 +211,11 @@ def test_refuses_what_hf_cannot_represent(tmp_path, overrides, field):
     result = _cli("export-hf", str(ckpt), str(tmp_path / "out"))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("checkpoint error: cannot export") and field in lines[0]
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("checkpoint error: cannot export")
+        and field in lines[0]
+    )
     assert not (tmp_path / "out" / "model.safetensors").exists()
 
 
@@ -212,8 +240,21 @@ def test_bad_inputs_one_line_exit_2(tmp_path):
 
 def test_cli_subprocess_exit_code(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "bytelatent.checkpoint", "import-hf", str(tmp_path), str(tmp_path / "o")],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "bytelatent.checkpoint",
+            "import-hf",
+            str(tmp_path),
+            str(tmp_path / "o"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2
-    assert result.stderr.strip() == f"checkpoint error: {tmp_path}: no config.json; not a Hugging Face model folder"
+    assert (
+        result.stderr.strip()
+        == f"checkpoint error: {tmp_path}: no config.json; not a Hugging Face model folder"
+    )

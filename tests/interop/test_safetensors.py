@@ -36,8 +36,15 @@ def test_consolidate_safetensors_loads_back_identically(tiny_blt_run, tmp_path):
 
 def test_safetensors_format_errors_are_one_line(tiny_blt_run, tmp_path):
     step = tiny_blt_run / "checkpoints" / "0000000020"
-    code, err = _cli("consolidate", str(step), "--out", str(tmp_path / "a"), "--format", "safetensors",
-                     "--with-optim")
+    code, err = _cli(
+        "consolidate",
+        str(step),
+        "--out",
+        str(tmp_path / "a"),
+        "--format",
+        "safetensors",
+        "--with-optim",
+    )
     assert code == 2 and err.strip().splitlines() == [
         "checkpoint error: --with-optim needs --format pth: safetensors holds flat tensors, not optimizer state"
     ]
