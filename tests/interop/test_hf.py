@@ -258,3 +258,62 @@ def test_cli_subprocess_exit_code(tmp_path):
         result.stderr.strip()
         == f"checkpoint error: {tmp_path}: no config.json; not a Hugging Face model folder"
     )
+
+
+def _compare(tmp_path: Path, text: bytes, lengths: list[int], bypass: bool = False, **overrides) -> float:
+    """max |ours - HF| for a small random model; `bypass` exports without the refusal check."""
+    from unittest import mock
+
+    import bytelatent.checkpoint.hf as hf_module
+
+    ckpt = _save_ours(tmp_path / "ckpt", **overrides)
+    with mock.patch.object(
+        hf_module, "check_hf_representable", (lambda args: []) if bypass else hf_module.check_hf_representable
+    ):
+        export_hf(str(ckpt), str(tmp_path / "hf"))
+    ours, _, _ = load_any_checkpoint(str(ckpt))
+    ids = torch.tensor([[1] + [b + 4 for b in text]])
+    patch_lengths = torch.tensor([lengths])
+    with torch.no_grad():
+        mine = ours(ids, patch_lengths=patch_lengths)
+        theirs = _hf(tmp_path / "hf")(
+            input_ids=ids, patch_lengths=to_hf_patch_lengths(patch_lengths, ids.shape[1])
+        ).logits
+    return float((mine - theirs).abs().max())
+
+
+TEXT, LENGTHS = b"hello world, numbers 12345!", [1, 6, 7, 8, 6]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"encoder_hash_byte_group_size": [3, 4], "encoder_hash_byte_group_nb_functions": 2, "cross_attn_k": 3},
+        {"cross_attn_k": 1, "dim": 16, "n_heads": 2},  # no decoder projection here: identity in HF
+        {"n_kv_heads_global": 1},
+    ],
+    ids=["base", "two-hash-functions-k3", "k1-identity-projection", "global-gqa"],
+)
+def test_faithful_configurations(tmp_path, overrides):
+    assert _compare(tmp_path, TEXT, LENGTHS, **overrides) < TOL
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"cross_attn_all_layers_encoder": True},
+        {"cross_attn_nheads": 1},
+        {"downsampling_by_pooling": "avg"},
+    ],
+    ids=["all-layers-encoder", "cross-heads", "avg-pooling"],
+)
+def test_refused_configurations_really_differ(tmp_path, overrides):
+    """Why the refusals exist: exported anyway, HF computes another function."""
+    assert _compare(tmp_path, TEXT, LENGTHS, bypass=True, **overrides) > 1e-2
+
+
+def test_local_window_shorter_than_the_row_differs(tmp_path):
+    """Documented, not refused: HF has no local window; equal for rows within the window."""
+    assert _compare(tmp_path / "a", TEXT[:7], [1, 4, 3], local_attention_window_len=8) < TOL
+    assert _compare(tmp_path / "b", TEXT, LENGTHS, local_attention_window_len=8) > 1e-3
