@@ -1,8 +1,7 @@
-"""`python -m bytelatent.checkpoint {consolidate,export-hf,import-hf} ...`.
+"""`python -m bytelatent.checkpoint consolidate DIR [--out OUT] [--with-optim] [--s3-profile P]`.
 
-consolidate DIR [--out OUT] [--with-optim] [--format pth|safetensors] [--s3-profile P]
-export-hf CKPT OUT [--entropy-model DIR]   (Hugging Face transformers BltForCausalLM folder)
-import-hf HFDIR OUT                        (back to params.json + consolidated.pth)
+Also `consolidate ... --format safetensors`, `export-hf CKPT OUT [--entropy-model DIR]` (a folder
+for transformers' BltForCausalLM) and `import-hf HFDIR OUT` (back to our consolidated layout).
 """
 
 from __future__ import annotations
@@ -15,39 +14,9 @@ from bytelatent.checkpoint.consolidate import consolidate
 from bytelatent.errors import UserError
 
 
-def _add_consolidate(commands: argparse._SubParsersAction) -> None:
-    cons = commands.add_parser(
-        "consolidate",
-        help="DCP step folder -> params.json + consolidated.pth (single-process loadable)",
-    )
-    cons.add_argument(
-        "ckpt_dir",
-        help="a DCP step folder, e.g. dump/checkpoints/0000001000 or s3://...",
-    )
-    cons.add_argument("--out", default=None, help="output folder (default: CKPT_DIR/consolidated)")
-    cons.add_argument("--with-optim", action="store_true", help="also store the optimizer state")
-    cons.add_argument(
-        "--format",
-        default="pth",
-        help="pth (default: consolidated.pth) or safetensors (consolidated.safetensors, model only)",
-    )
-    cons.add_argument("--s3-profile", default=None, help="AWS profile for s3:// paths")
-
-
-def _run_consolidate(args: argparse.Namespace) -> str:
-    return consolidate(
-        args.ckpt_dir,
-        args.out,
-        with_optim=args.with_optim,
-        s3_profile=args.s3_profile,
-        format=args.format,
-    )
-
-
-def _add_hf(commands: argparse._SubParsersAction) -> None:
+def _add_hf_commands(commands: argparse._SubParsersAction) -> None:
     export = commands.add_parser(
-        "export-hf",
-        help="checkpoint -> folder for transformers' BltForCausalLM.from_pretrained",
+        "export-hf", help="checkpoint -> folder for transformers' BltForCausalLM.from_pretrained"
     )
     export.add_argument("ckpt", help="a DCP step folder, a consolidated or a released folder")
     export.add_argument("out", help="output folder (config.json, model.safetensors, tokenizer)")
@@ -58,7 +27,7 @@ def _add_hf(commands: argparse._SubParsersAction) -> None:
         "import-hf", help="Hugging Face BLT folder -> params.json + consolidated.pth"
     )
     imp.add_argument("hf_dir", help="folder with config.json (model_type blt) + model.safetensors")
-    imp.add_argument("out", help="output folder (entropy model, if any, in OUT/entropy_model)")
+    imp.add_argument("out", help="output folder (an entropy model goes to OUT/entropy_model)")
 
 
 def _run_export_hf(args: argparse.Namespace) -> str:
@@ -75,22 +44,46 @@ def _run_import_hf(args: argparse.Namespace) -> str:
     return import_hf(args.hf_dir, args.out)
 
 
-RUNNERS = {
-    "consolidate": _run_consolidate,
-    "export-hf": _run_export_hf,
-    "import-hf": _run_import_hf,
-}
+HF_COMMANDS = {"export-hf": _run_export_hf, "import-hf": _run_import_hf}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bytelatent.checkpoint")
     commands = parser.add_subparsers(dest="command", required=True)
-    _add_consolidate(commands)
-    _add_hf(commands)
+    cons = commands.add_parser(
+        "consolidate",
+        help="DCP step folder -> params.json + consolidated.pth (single-process loadable)",
+    )
+    cons.add_argument(
+        "ckpt_dir",
+        help="a DCP step folder, e.g. dump/checkpoints/0000001000 or s3://...",
+    )
+    cons.add_argument(
+        "--out", default=None, help="output folder (default: CKPT_DIR/consolidated)"
+    )
+    cons.add_argument(
+        "--with-optim", action="store_true", help="also store the optimizer state"
+    )
+    cons.add_argument("--s3-profile", default=None, help="AWS profile for s3:// paths")
+    cons.add_argument(
+        "--format",
+        default="pth",
+        help="pth (consolidated.pth, default) or safetensors (consolidated.safetensors, model only)",
+    )
+    _add_hf_commands(commands)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
-        out = RUNNERS[args.command](args)
+        if args.command in HF_COMMANDS:
+            out = HF_COMMANDS[args.command](args)
+        else:
+            out = consolidate(
+                args.ckpt_dir,
+                args.out,
+                with_optim=args.with_optim,
+                s3_profile=args.s3_profile,
+                format=args.format,
+            )
     except UserError as e:
         print(e.one_line(), file=sys.stderr)
         return 2
