@@ -23,12 +23,16 @@ EXTRAS = {
         "tiktoken>=0.7",
         "tqdm>=4.60",
     ],
+    # Hugging Face interop (export-hf / import-hf, safetensors): transformers 4.57 has
+    # BltForCausalLM and is the release the adapter is tested against (tests/interop).
+    "hf": ["transformers==4.57.*", "safetensors>=0.4", "tokenizers>=0.21"],
     "dev": ["ruff>=0.6"],
     "gpu": ["xformers"],
     "eval": ["lm_eval>=0.4"],
     "s3": ["s3fs[boto3]>=2024.1"],
     "wandb": ["wandb>=0.18"],
 }
+EXTRAS["test"] += EXTRAS["hf"]  # CI runs the interop tests
 EXTRAS["dev"] += EXTRAS["test"]
 
 setup(

@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 METADATA_FILE = ".metadata"
 PARAMS_FILE = "params.json"
 CONSOLIDATED_FILE = "consolidated.pth"
+CONSOLIDATED_SAFETENSORS = "consolidated.safetensors"
+FORMATS = ("pth", "safetensors")
 CONSOLIDATE_FOLDER = "consolidated"
 
 
@@ -122,6 +124,7 @@ def consolidate(
     *,
     with_optim: bool = False,
     s3_profile: str | None = None,
+    format: str = "pth",
 ) -> str:
     """Convert the DCP checkpoint in `ckpt_dir` to `out_dir/{params.json, consolidated.pth}`; returns out_dir.
 
@@ -131,6 +134,7 @@ def consolidate(
     """
     ckpt_dir = str(ckpt_dir).rstrip("/")
     out_dir = (out_dir or cfs.join(ckpt_dir, CONSOLIDATE_FOLDER)).rstrip("/")
+    _check_format(format, with_optim)
     keys = {"model", "optim"} if with_optim else {"model"}
     state = load_dcp_state_dict(ckpt_dir, keys=keys, s3_profile=s3_profile)
     if "model" not in state:
@@ -154,9 +158,13 @@ def consolidate(
         logger.warning(
             "%s: no %s; writing %s without it", ckpt_dir, PARAMS_FILE, CONSOLIDATED_FILE
         )
-    payload = {key: state[key] for key in sorted(keys)}
-    with cfs.open_atomic_write(out_fs, cfs.join(out_dir, CONSOLIDATED_FILE)) as f:
-        torch.save(payload, f)
+    if format == "safetensors":
+        data = safetensors_bytes(state["model"])
+        cfs.write_bytes_atomic(out_fs, cfs.join(out_dir, CONSOLIDATED_SAFETENSORS), data)
+    else:
+        payload = {key: state[key] for key in sorted(keys)}
+        with cfs.open_atomic_write(out_fs, cfs.join(out_dir, CONSOLIDATED_FILE)) as f:
+            torch.save(payload, f)
     n_params = sum(
         t.numel() for t in state["model"].values() if isinstance(t, torch.Tensor)
     )
@@ -168,3 +176,36 @@ def consolidate(
         n_params,
     )
     return out_dir
+
+
+def _check_format(format: str, with_optim: bool) -> None:
+    if format not in FORMATS:
+        raise CheckpointError(f"--format {format!r}: expected one of {', '.join(FORMATS)}")
+    if format == "safetensors":
+        if with_optim:
+            raise CheckpointError(
+                "--with-optim needs --format pth: safetensors holds flat tensors, not optimizer state"
+            )
+        try:
+            import safetensors  # noqa: F401
+        except ImportError:
+            raise CheckpointError(
+                "--format safetensors needs the safetensors package: pip install 'bytelatent[hf]'"
+            ) from None
+
+
+def safetensors_bytes(model_state: dict[str, Any]) -> bytes:
+    """A flat model state dict as safetensors bytes (tied tensors stored as separate copies)."""
+    from safetensors.torch import save
+
+    seen: set[int] = set()
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in model_state.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise CheckpointError(f"model entry {name}: not a tensor; cannot store it as safetensors")
+        tensor = tensor.detach().to("cpu").contiguous()
+        if tensor.untyped_storage().data_ptr() in seen:
+            tensor = tensor.clone()  # safetensors refuses shared storage
+        seen.add(tensor.untyped_storage().data_ptr())
+        tensors[name] = tensor
+    return save(tensors, metadata={"format": "pt"})
