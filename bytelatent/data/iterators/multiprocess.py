@@ -264,6 +264,10 @@ class MultiprocessIterator(StatefulIterator[Batch]):
             process.join(timeout=5)
         self._queue.close()
         self._queue.cancel_join_thread()
+        # Drop the queue's and the event's semaphores now: their finalizers unlink them and tell
+        # the resource tracker. Left for interpreter exit, they are never released on the
+        # `os._exit` path of distributed runs, and the tracker warns about "leaked semaphores".
+        self._queue = self._stop = None
         _LIVE.discard(self)
         if not self._finished:
             self._initial = self.get_state().base  # a later next() restarts from here
