@@ -26,12 +26,11 @@ from bytelatent.distributed.mesh import build_mesh, dp_rank_and_size, tp_rank_an
 from bytelatent.distributed.parallelize import (
     forward_context,
     init_model_weights,
-    parallelize_model,
     set_gradient_sync,
 )
 from bytelatent.distributed.signals import PreemptionFlag, requeue_slurm_job, under_slurm
 from bytelatent.trainer.actions import Actions, Stop
-from bytelatent.trainer.build import build_model, model_flops_per_byte
+from bytelatent.trainer.build import build_parallel_model, model_flops_per_byte
 from bytelatent.trainer.metrics import (
     MetricLogger,
     bits_per_byte,
@@ -39,6 +38,7 @@ from bytelatent.trainer.metrics import (
     peak_flops_per_device,
     peak_memory_gib,
 )
+from bytelatent.trainer.model_info import write_model_info
 from bytelatent.trainer.optim import build_optimizer
 from bytelatent.trainer.state import TrainState, capture_rng_state, restore_rng_state
 
@@ -117,11 +117,9 @@ class Trainer:
 
     # ---------------------------------------------------------------- setup
     def _build_model(self) -> torch.nn.Module:
-        with torch.device("meta"):
-            model = build_model(self.args)
-        n_params = sum(p.numel() for p in model.parameters())
-        logger.info("model: %s with %s parameters", type(model).__name__, f"{n_params:,}")
-        model = parallelize_model(model, self.mesh, self.args.distributed)
+        model = build_parallel_model(self.args, self.mesh)
+        if self.env.rank == 0:
+            write_model_info(model, self.args, self.mesh, self.env.rank)
         model.to_empty(device=self.device)
         init_model_weights(model, seed=self.args.active_model_args().seed)
         model.train()
