@@ -22,11 +22,14 @@ EXTRAS = {
         "sentencepiece>=0.2",
         "tiktoken>=0.7",
         "tqdm>=4.60",
+        "matplotlib>=3.8",
     ],
     "dev": ["ruff>=0.6"],
     "gpu": ["xformers"],
     "eval": ["lm_eval>=0.4"],
     "s3": ["s3fs[boto3]>=2024.1"],
+    "plot": ["matplotlib>=3.8"],  # python -m apps.plot
+    "progress": ["tqdm>=4.60"],  # progress bars (preprocessing, consolidation) when on a terminal
 }
 EXTRAS["dev"] += EXTRAS["test"]
 

@@ -40,6 +40,7 @@ from bytelatent.trainer.metrics import (
 )
 from bytelatent.trainer.model_info import write_model_info
 from bytelatent.trainer.optim import build_optimizer
+from bytelatent.trainer.patch_stats import PatchLengthStats
 from bytelatent.trainer.state import TrainState, capture_rng_state, restore_rng_state
 
 logger = logging.getLogger("bytelatent")
@@ -112,6 +113,7 @@ class Trainer:
         )
         self.flops_per_byte = model_flops_per_byte(args)
         self.peak_flops = peak_flops_per_device(self.device, args.logging.peak_tflops)
+        self.patch_stats = PatchLengthStats()  # patch_len_* metrics of BLT runs, host-side
         self.preemption = PreemptionFlag().install()
         self._last_saved_step = self.state.step if self.state.step > 0 else -1
 
@@ -253,6 +255,7 @@ class Trainer:
         interval.data_time += data_time
         interval.step_time += step_time
         self.state.tokens_seen += out.n_bytes
+        self.patch_stats.add(batches)
 
     def log(self, interval: Interval, out: StepOutput) -> dict:
         sums = torch.tensor(
@@ -287,6 +290,7 @@ class Trainer:
         }
         if self.peak_flops:
             m["mfu"] = m["flops_per_s"] / (self.peak_flops * self.env.world_size)
+        m.update(self.patch_stats.pop())
         self.metrics.log(m)
         if self.args.logging.console and self.env.rank == 0:
             logger.info(console_line(m))
