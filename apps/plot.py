@@ -142,7 +142,9 @@ def plot_run(dump_dir: Path, out_dir: Path | None = None) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m apps.plot", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m apps.plot", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("dump_dir", type=Path, help="a run's dump_dir (holds metrics.jsonl)")
     parser.add_argument("--out", type=Path, default=None, help="default: DUMP_DIR/plots")
     args = parser.parse_args(argv)

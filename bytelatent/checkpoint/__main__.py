@@ -1,4 +1,5 @@
-"""`python -m bytelatent.checkpoint consolidate DIR [--out OUT] [--with-optim] [--s3-profile P]`."""
+"""`python -m bytelatent.checkpoint consolidate DIR [--out OUT] [--with-optim] [--s3-profile P]
+[--progress auto|on|off]`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 
 from bytelatent.checkpoint.consolidate import consolidate
 from bytelatent.errors import UserError
+from bytelatent.progress import PROGRESS_MODES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,6 +30,12 @@ def main(argv: list[str] | None = None) -> int:
         "--with-optim", action="store_true", help="also store the optimizer state"
     )
     cons.add_argument("--s3-profile", default=None, help="AWS profile for s3:// paths")
+    cons.add_argument(
+        "--progress",
+        choices=PROGRESS_MODES,
+        default="auto",
+        help="progress bar while reading: auto (only on a terminal), on, off",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
@@ -36,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out,
             with_optim=args.with_optim,
             s3_profile=args.s3_profile,
+            progress=args.progress,
         )
     except UserError as e:
         print(e.one_line(), file=sys.stderr)

@@ -24,9 +24,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
-
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from bytelatent.args import TrainArgs
 from bytelatent.distributed.mesh import tp_rank_and_size
@@ -286,6 +285,5 @@ def write_model_info(
 def summary_line(total: int, mem: MemoryEstimate) -> str:
     parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in memory_items(mem) if k != "total")
     return (
-        f"parameters: {total:,}; estimated memory per rank: {mem.total / GIB:.2f} GiB "
-        f"({parts} GiB)"
+        f"parameters: {total:,}; estimated memory per rank: {mem.total / GIB:.2f} GiB ({parts} GiB)"
     )

@@ -33,7 +33,10 @@ def test_plot_a_finished_blt_run(tiny_blt_run, tmp_path):
     run.mkdir()
     shutil.copy(tiny_blt_run / "metrics.jsonl", run / "metrics.jsonl")
     res = subprocess.run(
-        [sys.executable, "-m", "apps.plot", str(run)], cwd=REPO, capture_output=True, text=True,
+        [sys.executable, "-m", "apps.plot", str(run)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
         timeout=120,
     )
     assert res.returncode == 0, res.stderr
@@ -45,15 +48,31 @@ def test_plot_a_finished_blt_run(tiny_blt_run, tmp_path):
     assert not has_color(run / "plots" / "bpb.png", ORANGE)  # no validation metrics yet
     with open(run / "metrics.eval.jsonl", "w") as f:
         for step, bpb in ((10, 6.0), (20, 5.0)):
-            f.write(json.dumps({"global_step": step, "val/bpb": bpb, "val/loss": bpb * 0.69}) + "\n")
-    assert subprocess.run([sys.executable, "-m", "apps.plot", str(run), "--out", str(tmp_path / "p")],
-                          cwd=REPO, capture_output=True, timeout=120).returncode == 0
-    assert has_color(tmp_path / "p" / "bpb.png", ORANGE) and has_color(tmp_path / "p" / "loss.png", ORANGE)
+            f.write(
+                json.dumps({"global_step": step, "val/bpb": bpb, "val/loss": bpb * 0.69}) + "\n"
+            )
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "apps.plot", str(run), "--out", str(tmp_path / "p")],
+            cwd=REPO,
+            capture_output=True,
+            timeout=120,
+        ).returncode
+        == 0
+    )
+    assert has_color(tmp_path / "p" / "bpb.png", ORANGE) and has_color(
+        tmp_path / "p" / "loss.png", ORANGE
+    )
 
 
 def test_plot_of_a_folder_without_metrics_is_one_line(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "apps.plot", str(tmp_path)], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "apps.plot", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2 and res.stderr.startswith("data error:")
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
 
@@ -61,8 +80,16 @@ def test_plot_of_a_folder_without_metrics_is_one_line(tmp_path):
 def test_resumed_run_keeps_one_record_per_step(tmp_path):
     from apps.plot import read_records
 
-    lines = [{"global_step": 1, "loss": 3.0}, {"global_step": 2, "loss": 2.0},
-             {"global_step": 2, "loss": 1.5}, {"global_step": 3, "loss": 1.0}]
+    lines = [
+        {"global_step": 1, "loss": 3.0},
+        {"global_step": 2, "loss": 2.0},
+        {"global_step": 2, "loss": 1.5},
+        {"global_step": 3, "loss": 1.0},
+    ]
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"global_st')
-    assert [(r["global_step"], r["loss"]) for r in read_records(path)] == [(1, 3.0), (2, 1.5), (3, 1.0)]
+    assert [(r["global_step"], r["loss"]) for r in read_records(path)] == [
+        (1, 3.0),
+        (2, 1.5),
+        (3, 1.0),
+    ]

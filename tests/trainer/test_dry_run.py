@@ -18,7 +18,12 @@ from bytelatent.args import TrainArgs
 from bytelatent.config import parse_args
 from bytelatent.train import SECTIONS, main
 from bytelatent.trainer.build import build_parallel_model
-from bytelatent.trainer.model_info import MODEL_INFO, estimate_memory, parameter_table, write_model_info
+from bytelatent.trainer.model_info import (
+    MODEL_INFO,
+    estimate_memory,
+    parameter_table,
+    write_model_info,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 BLT_1B_PARAMS = 4_533_879_808
@@ -84,7 +89,9 @@ def test_dry_run_blt_1b_two_ranks_fsdp(tmp_path):
     rows = info_rows(tmp_path / MODEL_INFO)
     assert sum(r[1] for r in rows) == BLT_1B_PARAMS
     # rank 0's FSDP shard: dim 0 split in two (rounded up), every parameter sharded
-    assert all(local[0] == -(-shape[0] // 2) and local[1:] == shape[1:] for *_, shape, local in rows)
+    assert all(
+        local[0] == -(-shape[0] // 2) and local[1:] == shape[1:] for *_, shape, local in rows
+    )
     assert "dp_shard=2:S(0)" in text and "fsdp gathered" in text
     for noise in ("leaked semaphore", "Traceback", "Error"):
         assert noise not in res.stderr, res.stderr[-3000:]

@@ -25,6 +25,13 @@ def test_histogram_mean_and_reset():
 
 def test_byte_mode_batches_log_nothing():
     stats = PatchLengthStats()
-    stats.add([Batch(x=np.zeros((2, 3), dtype=np.int64), y=np.zeros((2, 3), dtype=np.int64),
-                     mask=np.ones((2, 3), dtype=bool))])
+    stats.add(
+        [
+            Batch(
+                x=np.zeros((2, 3), dtype=np.int64),
+                y=np.zeros((2, 3), dtype=np.int64),
+                mask=np.ones((2, 3), dtype=bool),
+            )
+        ]
+    )
     assert stats.pop() == {}
