@@ -13,8 +13,12 @@ The memory estimate is analytic, per rank, for one micro-batch:
 * activations: what autograd keeps for backward, from the blocks' shapes (per token of a
   transformer block: 6·dim + 2·kv_dim + 4·ffn_hidden values without checkpointing, the block
   input plus matmul/attention outputs with `selective`, the block input with `full` plus one
-  block recomputed), in `model_dtype`, plus the logits and fp32 log-softmax of the loss. The
-  allocator's fragmentation, communication buffers and CUDA context are not included.
+  block recomputed), in `model_dtype`, plus the dense attention masks of `attn_impl=sdpa` and
+  the logits and fp32 log-softmax of the loss. Not included: small tensors (hash ids, pooling
+  indices), the allocator's fragmentation, communication buffers and the CUDA context. Against
+  the tensors autograd really saves (bench/model_info_activations.py, debug configs on CPU) the
+  estimate is 0.85x in fp32 and 0.7x in bf16 (CPU autocast keeps norms and the residual stream
+  in fp32): read it as a lower bound.
 """
 
 from __future__ import annotations
@@ -161,6 +165,20 @@ def _cross_attention_values(model: nn.Module, args: TrainArgs, micro_batch: int)
     return total
 
 
+def _dense_mask_values(args: TrainArgs, micro_batch: int) -> int:
+    """sdpa runs block-causal, windowed and cross-attention masks as dense [B, 1, Q, K] tensors
+    that autograd keeps (flex_attention and xformers build none)."""
+    model_args = args.active_model_args()
+    if getattr(model_args, "attn_impl", "sdpa") != "sdpa":
+        return 0
+    if args.train_entropy_model:
+        return micro_batch * args.data.seq_len**2
+    n_bytes, n_patches = args.data.max_encoder_seq_length, args.data.seq_len
+    queries = n_patches * (args.model.cross_attn_k or 1)
+    # encoder and decoder self-attention, the global transformer, both cross-attentions
+    return micro_batch * (2 * n_bytes**2 + n_patches**2 + 2 * n_bytes * queries)
+
+
 def activation_bytes(model: nn.Module, args: TrainArgs, tp: int = 1) -> int:
     """Estimated bytes autograd keeps for one micro-batch of `data.batch_size` rows."""
     micro_batch = args.data.batch_size
@@ -179,7 +197,7 @@ def activation_bytes(model: nn.Module, args: TrainArgs, tp: int = 1) -> int:
         peak_recompute = max(peak_recompute, recompute * tokens)
     if not args.train_entropy_model:
         kept += _cross_attention_values(model, args, micro_batch)
-    values = kept + peak_recompute
+    values = kept + peak_recompute + _dense_mask_values(args, micro_batch)
     output = getattr(model, "output", None) or getattr(
         getattr(model, "local_decoder", None), "output", None
     )
@@ -287,3 +305,31 @@ def summary_line(total: int, mem: MemoryEstimate) -> str:
     return (
         f"parameters: {total:,}; estimated memory per rank: {mem.total / GIB:.2f} GiB ({parts} GiB)"
     )
+
+
+def measured_activation_bytes(model: nn.Module, args: TrainArgs, batch) -> int:
+    """Bytes of the tensors autograd saves in one forward + loss on `batch` (a real, materialised
+    model; parameters and their views excluded, each storage once). Checks the estimate above in
+    tests and bench/model_info_activations.py; checkpointed blocks' recomputation is not seen."""
+    import torch.nn.functional as F
+
+    from bytelatent.distributed.parallelize import forward_context
+
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        saved[storage.data_ptr()] = max(saved.get(storage.data_ptr(), 0), storage.nbytes())
+        return t
+
+    device = next(model.parameters()).device
+    x, y = torch.from_numpy(batch.x).to(device), torch.from_numpy(batch.y).to(device)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with forward_context(None, args.distributed, device.type):
+            if batch.patch_lengths is not None and not args.train_entropy_model:
+                logits = model(x, patch_lengths=torch.from_numpy(batch.patch_lengths).to(device))
+            else:
+                logits = model(x)
+        F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none").sum()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return sum(n for ptr, n in saved.items() if ptr not in params)

@@ -163,3 +163,32 @@ def test_meta_model_is_not_materialised(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     model = build_parallel_model(tiny(tmp_path), None)
     assert all(p.device == torch.device("meta") for p in model.parameters())
+
+
+@pytest.mark.parametrize("config", ["debug", "entropy_debug"])
+def test_activation_estimate_is_close_to_what_autograd_saves(
+    tmp_path, monkeypatch, corpus_root, config
+):
+    from bytelatent.distributed.parallelize import init_model_weights
+    from bytelatent.trainer.model_info import measured_activation_bytes
+
+    monkeypatch.chdir(REPO)
+    small = (
+        ["data.batch_size=2", "data.seq_len=64"]
+        if config == "entropy_debug"
+        else ["data.batch_size=2"]
+    )
+    args = tiny(
+        tmp_path,
+        f"config=configs/{config}.yaml",
+        "distributed.model_dtype=fp32",
+        f"data.root_dir={corpus_root}",
+        "data.load_async=false",
+        *small,
+    )
+    model = build_parallel_model(args, None)
+    estimate = estimate_memory(model, parameter_table(model), args).activations
+    model.to_empty(device="cpu")
+    init_model_weights(model, seed=0)
+    measured = measured_activation_bytes(model, args, next(args.data.build_from_rank(0, 1)))
+    assert 0.7 < estimate / measured < 1.2, (estimate, measured)
