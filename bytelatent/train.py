@@ -34,7 +34,7 @@ is built; a mistake is reported in one line and exits 2.
 
 Top-level keys: name, dump_dir (required: config.yaml, metrics.jsonl, train.log, model-info.txt
 and checkpoints go there), seed, steps, max_steps, grad_acc_steps, train_entropy_model,
-dry_run (build and describe the model, then exit), num_threads, gc_collect_freq.
+dry_run (build and describe the model, then exit), num_threads, gc_collect_freq, debug_dynamo.
 
 Config sections:
 {chr(10).join(f"  {name:<15} {line}" for name, line in SECTIONS.items())}
@@ -43,7 +43,7 @@ Examples:
   python -m bytelatent.data.prepare --out data/stdlib      # the default corpus, once
   python -m bytelatent.train config=configs/debug.yaml dump_dir=runs/debug
   python -m bytelatent.train config=configs/blt_1b.yaml dump_dir=runs/1b dry_run=true \\
-      data.root_dir=data data.sources={{stdlib:1.0}} data.preprocess_dir=data/entropies
+      data.root_dir=data "data.sources={{stdlib: 1.0}}" data.preprocess_dir=data/entropies
   torchrun --nproc-per-node 2 -m bytelatent.train config=configs/debug.yaml \\
       dump_dir=runs/ddp distributed.dp_shard=2
   python -m bytelatent.print_config config=configs/debug.yaml optim.lr=1e-3   # resolved YAML

@@ -150,6 +150,9 @@ def test_help_lists_every_config_section(capsys):
         assert set(sections) == set(SECTIONS), (sections, list(SECTIONS))
         for name in sections:
             assert re.search(rf"^  {name}\s+\S", out, re.M), name
+        top_level = out.split("Top-level keys:")[1].split("Config sections:")[0]
+        for name in set(TrainArgs.model_fields) - set(sections):
+            assert re.search(rf"\b{name}\b", top_level), name
 
 
 def test_no_arguments_prints_a_usage_hint(capsys):
