@@ -187,14 +187,17 @@ def test_wire_format_round_trips_packed_and_other_batches():
         assert again.equals(other) and again.x.dtype == np.int64
 
 
-def test_close_then_os_exit_leaks_no_semaphores(corpus, tmp_path):
+@pytest.mark.parametrize("leave", ["close(); os._exit(0)", "cleanup_and_exit(0)"])
+def test_os_exit_leaks_no_semaphores(corpus, tmp_path, leave):
     """Distributed runs leave through os._exit (no atexit, no finalizers): close() must release
-    the queue's and the stop event's semaphores itself, or the resource tracker warns."""
+    the queue's and the stop event's semaphores itself, or the resource tracker warns; and
+    cleanup_and_exit closes iterators nobody closed."""
     (tmp_path / "loader_exit.py").write_text(
         textwrap.dedent(
             f"""
             import os
             from bytelatent.data.args import DataArgs
+            from bytelatent.distributed.env import cleanup_and_exit
 
             def main():
                 args = DataArgs(root_dir={str(corpus)!r}, sources={{"a": 1.0}}, batch_size=2, seq_len=8,
@@ -202,9 +205,8 @@ def test_close_then_os_exit_leaks_no_semaphores(corpus, tmp_path):
                                 patcher_args={{"patching_mode": "space"}})
                 it = args.build_from_rank(0, 1)
                 next(it)
-                it.close()
                 print("closed", flush=True)
-                os._exit(0)
+                {leave.replace("close()", "it.close()")}
 
             if __name__ == "__main__":
                 main()

@@ -40,6 +40,7 @@ from pydantic import Field
 from bytelatent.data.batch import Batch
 from bytelatent.data.iterators.base import IteratorState, StatefulIterator
 from bytelatent.data.iterators.packing import PackingIteratorState
+from bytelatent.distributed.env import run_before_os_exit
 
 _LIVE: weakref.WeakSet[MultiprocessIterator] = weakref.WeakSet()
 _POLL_S = 0.5
@@ -279,6 +280,7 @@ class MultiprocessIterator(StatefulIterator[Batch]):
 
 
 @atexit.register
+@run_before_os_exit  # distributed runs leave through os._exit, which skips atexit
 def _close_all() -> None:
     for iterator in list(_LIVE):
         iterator.close()
