@@ -49,6 +49,9 @@ class TrainArgs(BaseModel):
     )
     train_entropy_model: bool = False
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads on CPU (default: torch's)")
+    dry_run: bool = Field(
+        False, description="build the model on meta, write model-info.txt, print its size; no training"
+    )
 
     data: DataArgs = Field(default_factory=DataArgs)
     optim: OptimArgs = Field(default_factory=OptimArgs)

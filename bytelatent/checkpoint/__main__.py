@@ -1,7 +1,8 @@
-"""`python -m bytelatent.checkpoint consolidate DIR [--out OUT] [--with-optim] [--s3-profile P]`.
+"""`python -m bytelatent.checkpoint consolidate DIR [--out OUT] [--with-optim] [--s3-profile P]
+[--progress auto|on|off] [--format pth|safetensors]`.
 
-Also `consolidate ... --format safetensors`, `export-hf CKPT OUT [--entropy-model DIR]` (a folder
-for transformers' BltForCausalLM) and `import-hf HFDIR OUT` (back to our consolidated layout).
+Also `export-hf CKPT OUT [--entropy-model DIR]` (a folder for transformers' BltForCausalLM) and
+`import-hf HFDIR OUT` (back to our consolidated layout).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 
 from bytelatent.checkpoint.consolidate import consolidate
 from bytelatent.errors import UserError
+from bytelatent.progress import PROGRESS_MODES
 
 
 def _add_hf_commands(commands: argparse._SubParsersAction) -> None:
@@ -70,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         default="pth",
         help="pth (consolidated.pth, default) or safetensors (consolidated.safetensors, model only)",
     )
+    cons.add_argument(
+        "--progress",
+        choices=PROGRESS_MODES,
+        default="auto",
+        help="progress bar while reading: auto (only on a terminal), on, off",
+    )
     _add_hf_commands(commands)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
@@ -83,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 with_optim=args.with_optim,
                 s3_profile=args.s3_profile,
                 format=args.format,
+                progress=args.progress,
             )
     except UserError as e:
         print(e.one_line(), file=sys.stderr)

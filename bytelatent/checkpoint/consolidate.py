@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.errors import CheckpointError
+from bytelatent.progress import Progress, ProgressMode
 
 logger = logging.getLogger(__name__)
 
@@ -57,13 +58,38 @@ def require_dcp_dir(path: str, s3_profile: str | None = None) -> None:
     )
 
 
+class _ProgressReader(FsspecReader):
+    """FsspecReader that advances a progress bar by the stored size of every item it reads."""
+
+    def __init__(self, path: str, progress: ProgressMode, **storage_options: Any) -> None:
+        super().__init__(path, **storage_options)
+        self._progress_mode = progress
+        self._bar: Progress | None = None
+
+    def read_data(self, plan, planner):
+        total = sum(self.storage_data[item.storage_index].length for item in plan.items)
+        with Progress(
+            "consolidate: reading", total=total, unit="B", unit_scale=True,
+            mode=self._progress_mode,
+        ) as self._bar:  # fmt: skip
+            return super().read_data(plan, planner)
+
+    def _slice_file(self, file, sinfo):  # called once per read item, with its stored size
+        if self._bar is not None:
+            self._bar.update(sinfo.length)
+        return super()._slice_file(file, sinfo)
+
+
 def load_dcp_state_dict(
-    path: str, keys: set[str] | None = None, s3_profile: str | None = None
+    path: str,
+    keys: set[str] | None = None,
+    s3_profile: str | None = None,
+    progress: ProgressMode = "off",
 ) -> dict[str, Any]:
     """Read a whole DCP checkpoint (or only the top-level `keys`) into plain CPU tensors, in this process only."""
     require_dcp_dir(path, s3_profile)
     state: dict[str, Any] = {}
-    reader = FsspecReader(path, **cfs.storage_options(path, s3_profile))
+    reader = _ProgressReader(path, progress, **cfs.storage_options(path, s3_profile))
     with warnings.catch_warnings():
         # no_dist=True is intended here (one process reads everything); silence DCP's reminder.
         warnings.simplefilter("ignore", UserWarning)
@@ -125,6 +151,7 @@ def consolidate(
     with_optim: bool = False,
     s3_profile: str | None = None,
     format: str = "pth",
+    progress: ProgressMode = "off",
 ) -> str:
     """Convert the DCP checkpoint in `ckpt_dir` to `out_dir/{params.json, consolidated.pth}`; returns out_dir.
 
@@ -136,7 +163,7 @@ def consolidate(
     out_dir = (out_dir or cfs.join(ckpt_dir, CONSOLIDATE_FOLDER)).rstrip("/")
     _check_format(format, with_optim)
     keys = {"model", "optim"} if with_optim else {"model"}
-    state = load_dcp_state_dict(ckpt_dir, keys=keys, s3_profile=s3_profile)
+    state = load_dcp_state_dict(ckpt_dir, keys=keys, s3_profile=s3_profile, progress=progress)
     if "model" not in state:
         raise CheckpointError(
             f"{ckpt_dir}: the checkpoint has no 'model' entries (was it written by dcp.save of {{'model': ...}}?)"

@@ -12,6 +12,7 @@ import random
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -236,6 +237,15 @@ def setup_distributed(args: DistributedArgs) -> DistEnv:
     return env
 
 
+_BEFORE_OS_EXIT: list[Callable[[], None]] = []
+
+
+def run_before_os_exit(hook: Callable[[], None]) -> Callable[[], None]:
+    """Register `hook` to run in `cleanup_and_exit` (atexit handlers do not run under os._exit)."""
+    _BEFORE_OS_EXIT.append(hook)
+    return hook
+
+
 def cleanup_and_exit(code: int = 0) -> None:
     """Destroy the process group, flush stdio, then `os._exit(code)`.
 
@@ -247,6 +257,11 @@ def cleanup_and_exit(code: int = 0) -> None:
     """
     _finish_wandb(code)
     try:
+        for hook in _BEFORE_OS_EXIT:
+            try:
+                hook()
+            except Exception as e:  # noqa: BLE001 - leaving anyway; say what was not released
+                logger.warning("cleanup before exit: %s failed: %s", hook.__qualname__, e)
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
     finally:

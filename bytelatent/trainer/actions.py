@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,7 +38,7 @@ class EarlyStopArgs(BaseModel):
     min_delta: float = Field(0.0, ge=0.0, description="smallest change that counts as improvement")
 
 
-ActionArgs = Annotated[Union[EarlyStopArgs], Field(discriminator="kind")]
+ActionArgs = Annotated[EarlyStopArgs, Field(discriminator="kind")]
 
 
 class Action:

@@ -26,12 +26,11 @@ from bytelatent.distributed.mesh import build_mesh, dp_rank_and_size, tp_rank_an
 from bytelatent.distributed.parallelize import (
     forward_context,
     init_model_weights,
-    parallelize_model,
     set_gradient_sync,
 )
 from bytelatent.distributed.signals import PreemptionFlag, requeue_slurm_job, under_slurm
 from bytelatent.trainer.actions import Actions, Stop
-from bytelatent.trainer.build import build_model, model_flops_per_byte
+from bytelatent.trainer.build import build_parallel_model, model_flops_per_byte
 from bytelatent.trainer.loop_controls import resolve_stop_step
 from bytelatent.trainer.metrics import (
     MetricLogger,
@@ -40,7 +39,9 @@ from bytelatent.trainer.metrics import (
     peak_flops_per_device,
     peak_memory_gib,
 )
+from bytelatent.trainer.model_info import write_model_info
 from bytelatent.trainer.optim import build_optimizer
+from bytelatent.trainer.patch_stats import PatchLengthStats
 from bytelatent.trainer.probe import build_probe
 from bytelatent.trainer.profiling import build_profiler
 from bytelatent.trainer.state import TrainState, capture_rng_state, restore_rng_state
@@ -122,6 +123,7 @@ class Trainer:
         self.probe = build_probe(self.model, args.probe_freq, args.dump_dir, env.rank)
         self.flops_per_byte = model_flops_per_byte(args)
         self.peak_flops = peak_flops_per_device(self.device, args.logging.peak_tflops)
+        self.patch_stats = PatchLengthStats()  # patch_len_* metrics of BLT runs, host-side
         self.preemption = PreemptionFlag().install()
         self._last_saved_step = self.state.step if self.state.step > 0 else -1
         self._steps_run = 0  # optimizer steps taken by this process
@@ -129,11 +131,10 @@ class Trainer:
 
     # ---------------------------------------------------------------- setup
     def _build_model(self) -> torch.nn.Module:
-        with torch.device("meta"):
-            model = build_model(self.args)
-        n_params = self.n_params = sum(p.numel() for p in model.parameters())
-        logger.info("model: %s with %s parameters", type(model).__name__, f"{n_params:,}")
-        model = parallelize_model(model, self.mesh, self.args.distributed)
+        model = build_parallel_model(self.args, self.mesh)
+        self.n_params = sum(p.numel() for p in model.parameters())  # global counts (DTensor)
+        if self.env.rank == 0:
+            write_model_info(model, self.args, self.mesh, self.env.rank)
         model.to_empty(device=self.device)
         init_model_weights(model, seed=self.args.active_model_args().seed)
         model.train()
@@ -279,6 +280,7 @@ class Trainer:
         interval.data_time += data_time
         interval.step_time += step_time
         self.state.tokens_seen += out.n_bytes
+        self.patch_stats.add(batches)
 
     def log(self, interval: Interval, out: StepOutput) -> dict:
         sums = torch.tensor(
@@ -314,6 +316,7 @@ class Trainer:
         if self.peak_flops:
             m["mfu"] = m["flops_per_s"] / (self.peak_flops * self.env.world_size)
         m.update(self.timings.pop(interval.steps))
+        m.update(self.patch_stats.pop())
         self.metrics.log(m)
         interval.reset()
         return m
