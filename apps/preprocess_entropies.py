@@ -41,7 +41,6 @@ import os
 import posixpath
 import re
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -58,6 +57,7 @@ from bytelatent.data.entropy import (
     resolve_device,
 )
 from bytelatent.errors import ConfigError, DataError, UserError
+from bytelatent.progress import PROGRESS_MODES, Progress
 from bytelatent.tokenizers.blt import BltTokenizer
 
 logger = logging.getLogger("preprocess_entropies")
@@ -114,8 +114,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rank", type=int, default=None)
     parser.add_argument("--world-size", type=int, default=None)
     parser.add_argument("--overwrite", action="store_true", help="redo complete shards")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--progress",
+        choices=PROGRESS_MODES,
+        default="auto",
+        help="a progress bar per shard: auto (only on a terminal), on, off",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="same as --progress off")
     args = parser.parse_args(argv)
+    if args.no_progress:
+        args.progress = "off"
     for name in ("batch_size", "docs_per_chunk", "max_length"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -275,39 +283,6 @@ def entropies_batch(
     )
 
 
-class Progress:
-    """tqdm when installed, else a line on stderr every 30 s."""
-
-    def __init__(self, description: str, enabled: bool) -> None:
-        self.description = description
-        self.enabled = enabled
-        self.docs = 0
-        self.started = self.last_print = time.monotonic()
-        self.bar = None
-        if enabled:
-            try:
-                from tqdm import tqdm
-
-                self.bar = tqdm(desc=description, unit="doc", file=sys.stderr)
-            except ImportError:
-                self.bar = None
-
-    def update(self, n_docs: int) -> None:
-        self.docs += n_docs
-        if self.bar is not None:
-            self.bar.update(n_docs)
-        elif self.enabled and time.monotonic() - self.last_print >= 30:
-            self.last_print = time.monotonic()
-            rate = self.docs / max(self.last_print - self.started, 1e-9)
-            print(
-                f"{self.description}: {self.docs} docs ({rate:.1f}/s)", file=sys.stderr
-            )
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def process_shard(
     path: str,
     out: str,
@@ -322,7 +297,7 @@ def process_shard(
     fs.makedirs(posixpath.dirname(out_local), exist_ok=True)
     if fs.exists(marker):  # --overwrite: drop the marker first so a crash leaves none
         fs.rm(marker)
-    progress = Progress(input_name(path), enabled=not args.no_progress)
+    progress = Progress(input_name(path), unit="doc", mode=args.progress)
     n_docs = 0
     try:
         with (

@@ -18,6 +18,7 @@ from bytelatent.model.transformer import LMTransformerArgs
 from bytelatent.trainer.actions import ActionArgs
 from bytelatent.trainer.metrics import LoggingArgs
 from bytelatent.trainer.optim import OptimArgs
+from bytelatent.trainer.profiling import ProfilerArgs
 from bytelatent.trainer.run_lock import RunLockArgs
 
 # Exported before the process group is created; NCCL settings are harmless on CPU.
@@ -41,8 +42,17 @@ class TrainArgs(BaseModel):
     gc_collect_freq: int = Field(1000, ge=0, description="0 leaves Python's GC automatic")
     steps: int = Field(1000, ge=1, description="LR-schedule horizon and loop end")
     max_steps: int | None = Field(None, ge=1, description="stop early at this step (schedule keeps `steps`)")
+    relative_steps: int | None = Field(
+        None, ge=1, description="train this many more steps from the resumed step (trainer/loop_controls.py)"
+    )
+    probe_freq: int | None = Field(
+        None, ge=1, description="module output stats and grad norms every N steps to dump_dir/probe/"
+    )
     train_entropy_model: bool = False
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads on CPU (default: torch's)")
+    dry_run: bool = Field(
+        False, description="build the model on meta, write model-info.txt, print its size; no training"
+    )
 
     data: DataArgs = Field(default_factory=DataArgs)
     optim: OptimArgs = Field(default_factory=OptimArgs)
@@ -52,6 +62,7 @@ class TrainArgs(BaseModel):
     env: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_ENV))
     checkpoint: CheckpointArgs = Field(default_factory=CheckpointArgs)
     logging: LoggingArgs = Field(default_factory=LoggingArgs)
+    profiling: ProfilerArgs = Field(default_factory=ProfilerArgs)
     run_lock: RunLockArgs = Field(default_factory=RunLockArgs)
     actions: list[ActionArgs] = Field(
         default_factory=list, description="run after each log step and evaluation, e.g. early_stop"
@@ -63,6 +74,8 @@ class TrainArgs(BaseModel):
             raise ValueError("dump_dir: must be set (e.g. dump_dir=runs/debug)")
         if self.max_steps is not None and self.max_steps > self.steps:
             raise ValueError(f"max_steps ({self.max_steps}) exceeds steps ({self.steps})")
+        if self.max_steps is not None and self.relative_steps is not None:
+            raise ValueError("max_steps and relative_steps: set at most one of them")
         if self.checkpoint.path is None:
             self.checkpoint.path = os.path.join(self.dump_dir, "checkpoints")
         if self.train_entropy_model:

@@ -10,9 +10,59 @@ from bytelatent.errors import UserError
 
 logger = logging.getLogger("bytelatent")
 
+USAGE = "usage: python -m bytelatent.train config=FILE.yaml [key=value ...]   (--help for more)"
+
+# One line per config section; tests/trainer/test_dry_run.py checks that every section of
+# TrainArgs is listed here.
+SECTIONS = {
+    "data": "corpus, sources and mixture weights, tokenizer, patcher, batch and sequence sizes",
+    "model": "BLT shape: global (latent) transformer, local encoder/decoder, cross-attention, hashes",
+    "entropy_model": "byte LM shape, used with train_entropy_model=true",
+    "optim": "AdamW, gradient clipping, learning-rate schedule and warmup",
+    "distributed": "mesh (dp_replicate x dp_shard x tp), FSDP, dtypes, activation checkpointing",
+    "checkpoint": "where and how often to save, retention, resume and warm start",
+    "logging": "log frequency, console line, peak FLOP/s for MFU",
+    "actions": "run after log steps and evaluations, e.g. [{kind: early_stop, ...}]",
+    "env": "environment variables exported before the process group starts",
+}
+
+HELP = f"""{USAGE}
+
+Train a Byte Latent Transformer (or its entropy model) from a YAML config plus key=value overrides
+(dotted keys, later ones win; `config=` includes a file). Every key is validated before anything
+is built; a mistake is reported in one line and exits 2.
+
+Top-level keys: name, dump_dir (required: config.yaml, metrics.jsonl, train.log, model-info.txt
+and checkpoints go there), seed, steps, max_steps, grad_acc_steps, train_entropy_model,
+dry_run (build and describe the model, then exit), num_threads, gc_collect_freq, debug_dynamo.
+
+Config sections:
+{chr(10).join(f"  {name:<15} {line}" for name, line in SECTIONS.items())}
+
+Examples:
+  python -m bytelatent.data.prepare --out data/stdlib      # the default corpus, once
+  python -m bytelatent.train config=configs/debug.yaml dump_dir=runs/debug
+  python -m bytelatent.train config=configs/blt_1b.yaml dump_dir=runs/1b dry_run=true \\
+      data.root_dir=data "data.sources={{stdlib: 1.0}}" data.preprocess_dir=data/entropies
+  torchrun --nproc-per-node 2 -m bytelatent.train config=configs/debug.yaml \\
+      dump_dir=runs/ddp distributed.dp_shard=2
+  python -m bytelatent.print_config config=configs/debug.yaml optim.lr=1e-3   # resolved YAML
+  python -m apps.plot runs/debug                          # PNG plots of a run
+  python -m bytelatent.launch.slurm --help                # submit to SLURM
+
+Docs: README.md, docs/architecture.md, docs/slurm.md.
+"""
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(HELP, end="")
+        return 0
+    if not argv:
+        print(USAGE, file=sys.stderr)
+        print("example: python -m bytelatent.train config=configs/debug.yaml", file=sys.stderr)
+        return 2
     # Parse and validate everything before importing torch-heavy modules or touching processes.
     from bytelatent.args import TrainArgs
     from bytelatent.config import parse_args
@@ -22,7 +72,38 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(e.one_line(), file=sys.stderr)
         return 2
-    return run(args)
+    return dry_run(args) if args.dry_run else run(args)
+
+
+def dry_run(args) -> int:
+    """Build the model on meta with this world size's parallelism plan, describe it, exit 0."""
+    from bytelatent.distributed.env import cleanup_and_exit, setup_distributed
+    from bytelatent.distributed.mesh import build_mesh
+    from bytelatent.trainer.build import build_parallel_model
+    from bytelatent.trainer.metrics import setup_logging
+    from bytelatent.trainer.model_info import MODEL_INFO, summary_line, write_model_info
+
+    for key, value in args.env.items():
+        os.environ.setdefault(key, value)
+    env = None
+    code = 0
+    try:
+        env = setup_distributed(args.distributed)
+        setup_logging(None, env.rank)  # console only: a dry run leaves the run's train.log alone
+        mesh = build_mesh(args.distributed, env.world_size, env.device.type)
+        model = build_parallel_model(args, mesh)
+        if env.rank == 0:
+            total, mem = write_model_info(model, args, mesh, env.rank)
+            ranks = f"{env.world_size} rank{'s' if env.world_size > 1 else ''}"
+            print(f"dry run ({ranks}): {summary_line(total, mem)}")
+            print(f"dry run: wrote {os.path.join(args.dump_dir, MODEL_INFO)}; nothing trained")
+    except UserError as e:
+        print(e.one_line(), file=sys.stderr)
+        code = 2
+    sys.stdout.flush()
+    if env is not None and env.world_size > 1:
+        cleanup_and_exit(code)
+    return code
 
 
 def run(args) -> int:
@@ -51,8 +132,8 @@ def run(args) -> int:
             print(e.one_line(), file=sys.stderr)
         code = 2
     finally:
-        if trainer is not None:
-            trainer.close()
+        if trainer is not None:  # an exception on the way out marks the wandb run failed
+            trainer.close(code if sys.exc_info()[1] is None else 1)
         if lock is not None:
             lock.release()
         for handler in logging.getLogger("bytelatent").handlers:

@@ -1,5 +1,10 @@
-"""`python -m bytelatent.checkpoint consolidate DIR [--out OUT] [--with-optim] [--s3-profile P]`
-and `python -m bytelatent.checkpoint verify DIR [--sizes-only] [--s3-profile P]`."""
+"""`python -m bytelatent.checkpoint consolidate DIR [--out OUT] [--with-optim] [--s3-profile P]
+[--progress auto|on|off] [--format pth|safetensors]`.
+
+Also `export-hf CKPT OUT [--entropy-model DIR]` (a folder for transformers' BltForCausalLM),
+`import-hf HFDIR OUT` (back to our consolidated layout) and `verify DIR [--sizes-only]` (check
+a step folder, or every step folder under DIR, against its manifests).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,40 @@ import sys
 
 from bytelatent.checkpoint.consolidate import consolidate
 from bytelatent.errors import UserError
+from bytelatent.progress import PROGRESS_MODES
+
+
+def _add_hf_commands(commands: argparse._SubParsersAction) -> None:
+    export = commands.add_parser(
+        "export-hf", help="checkpoint -> folder for transformers' BltForCausalLM.from_pretrained"
+    )
+    export.add_argument("ckpt", help="a DCP step folder, a consolidated or a released folder")
+    export.add_argument("out", help="output folder (config.json, model.safetensors, tokenizer)")
+    export.add_argument(
+        "--entropy-model", default=None, help="entropy model folder to embed as HF's patcher"
+    )
+    imp = commands.add_parser(
+        "import-hf", help="Hugging Face BLT folder -> params.json + consolidated.pth"
+    )
+    imp.add_argument("hf_dir", help="folder with config.json (model_type blt) + model.safetensors")
+    imp.add_argument("out", help="output folder (an entropy model goes to OUT/entropy_model)")
+
+
+def _run_export_hf(args: argparse.Namespace) -> str:
+    from bytelatent.checkpoint.hf import export_hf
+
+    for note in export_hf(args.ckpt, args.out, entropy_model=args.entropy_model):
+        print(f"note: {note}", file=sys.stderr)
+    return args.out
+
+
+def _run_import_hf(args: argparse.Namespace) -> str:
+    from bytelatent.checkpoint.hf import import_hf
+
+    return import_hf(args.hf_dir, args.out)
+
+
+HF_COMMANDS = {"export-hf": _run_export_hf, "import-hf": _run_import_hf}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,18 +64,35 @@ def main(argv: list[str] | None = None) -> int:
     cons.add_argument("--out", default=None, help="output folder (default: CKPT_DIR/consolidated)")
     cons.add_argument("--with-optim", action="store_true", help="also store the optimizer state")
     cons.add_argument("--s3-profile", default=None, help="AWS profile for s3:// paths")
+    cons.add_argument(
+        "--format",
+        default="pth",
+        help="pth (consolidated.pth, default) or safetensors (consolidated.safetensors, model only)",
+    )
+    cons.add_argument(
+        "--progress",
+        choices=PROGRESS_MODES,
+        default="auto",
+        help="progress bar while reading: auto (only on a terminal), on, off",
+    )
+    _add_hf_commands(commands)
     _add_verify_parser(commands)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     if args.command == "verify":
         return _run_verify(args)
     try:
-        out = consolidate(
-            args.ckpt_dir,
-            args.out,
-            with_optim=args.with_optim,
-            s3_profile=args.s3_profile,
-        )
+        if args.command in HF_COMMANDS:
+            out = HF_COMMANDS[args.command](args)
+        else:
+            out = consolidate(
+                args.ckpt_dir,
+                args.out,
+                with_optim=args.with_optim,
+                s3_profile=args.s3_profile,
+                format=args.format,
+                progress=args.progress,
+            )
     except UserError as e:
         print(e.one_line(), file=sys.stderr)
         return 2

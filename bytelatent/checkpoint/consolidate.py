@@ -19,12 +19,15 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.errors import CheckpointError
+from bytelatent.progress import Progress, ProgressMode
 
 logger = logging.getLogger(__name__)
 
 METADATA_FILE = ".metadata"
 PARAMS_FILE = "params.json"
 CONSOLIDATED_FILE = "consolidated.pth"
+CONSOLIDATED_SAFETENSORS = "consolidated.safetensors"
+FORMATS = ("pth", "safetensors")
 CONSOLIDATE_FOLDER = "consolidated"
 
 
@@ -55,13 +58,38 @@ def require_dcp_dir(path: str, s3_profile: str | None = None) -> None:
     )
 
 
+class _ProgressReader(FsspecReader):
+    """FsspecReader that advances a progress bar by the stored size of every item it reads."""
+
+    def __init__(self, path: str, progress: ProgressMode, **storage_options: Any) -> None:
+        super().__init__(path, **storage_options)
+        self._progress_mode = progress
+        self._bar: Progress | None = None
+
+    def read_data(self, plan, planner):
+        total = sum(self.storage_data[item.storage_index].length for item in plan.items)
+        with Progress(
+            "consolidate: reading", total=total, unit="B", unit_scale=True,
+            mode=self._progress_mode,
+        ) as self._bar:  # fmt: skip
+            return super().read_data(plan, planner)
+
+    def _slice_file(self, file, sinfo):  # called once per read item, with its stored size
+        if self._bar is not None:
+            self._bar.update(sinfo.length)
+        return super()._slice_file(file, sinfo)
+
+
 def load_dcp_state_dict(
-    path: str, keys: set[str] | None = None, s3_profile: str | None = None
+    path: str,
+    keys: set[str] | None = None,
+    s3_profile: str | None = None,
+    progress: ProgressMode = "off",
 ) -> dict[str, Any]:
     """Read a whole DCP checkpoint (or only the top-level `keys`) into plain CPU tensors, in this process only."""
     require_dcp_dir(path, s3_profile)
     state: dict[str, Any] = {}
-    reader = FsspecReader(path, **cfs.storage_options(path, s3_profile))
+    reader = _ProgressReader(path, progress, **cfs.storage_options(path, s3_profile))
     with warnings.catch_warnings():
         # no_dist=True is intended here (one process reads everything); silence DCP's reminder.
         warnings.simplefilter("ignore", UserWarning)
@@ -122,6 +150,8 @@ def consolidate(
     *,
     with_optim: bool = False,
     s3_profile: str | None = None,
+    format: str = "pth",
+    progress: ProgressMode = "off",
 ) -> str:
     """Convert the DCP checkpoint in `ckpt_dir` to `out_dir/{params.json, consolidated.pth}`; returns out_dir.
 
@@ -131,8 +161,9 @@ def consolidate(
     """
     ckpt_dir = str(ckpt_dir).rstrip("/")
     out_dir = (out_dir or cfs.join(ckpt_dir, CONSOLIDATE_FOLDER)).rstrip("/")
+    _check_format(format, with_optim)
     keys = {"model", "optim"} if with_optim else {"model"}
-    state = load_dcp_state_dict(ckpt_dir, keys=keys, s3_profile=s3_profile)
+    state = load_dcp_state_dict(ckpt_dir, keys=keys, s3_profile=s3_profile, progress=progress)
     if "model" not in state:
         raise CheckpointError(
             f"{ckpt_dir}: the checkpoint has no 'model' entries (was it written by dcp.save of {{'model': ...}}?)"
@@ -154,9 +185,13 @@ def consolidate(
         logger.warning(
             "%s: no %s; writing %s without it", ckpt_dir, PARAMS_FILE, CONSOLIDATED_FILE
         )
-    payload = {key: state[key] for key in sorted(keys)}
-    with cfs.open_atomic_write(out_fs, cfs.join(out_dir, CONSOLIDATED_FILE)) as f:
-        torch.save(payload, f)
+    if format == "safetensors":
+        data = safetensors_bytes(state["model"])
+        cfs.write_bytes_atomic(out_fs, cfs.join(out_dir, CONSOLIDATED_SAFETENSORS), data)
+    else:
+        payload = {key: state[key] for key in sorted(keys)}
+        with cfs.open_atomic_write(out_fs, cfs.join(out_dir, CONSOLIDATED_FILE)) as f:
+            torch.save(payload, f)
     n_params = sum(
         t.numel() for t in state["model"].values() if isinstance(t, torch.Tensor)
     )
@@ -168,3 +203,36 @@ def consolidate(
         n_params,
     )
     return out_dir
+
+
+def _check_format(format: str, with_optim: bool) -> None:
+    if format not in FORMATS:
+        raise CheckpointError(f"--format {format!r}: expected one of {', '.join(FORMATS)}")
+    if format == "safetensors":
+        if with_optim:
+            raise CheckpointError(
+                "--with-optim needs --format pth: safetensors holds flat tensors, not optimizer state"
+            )
+        try:
+            import safetensors  # noqa: F401
+        except ImportError:
+            raise CheckpointError(
+                "--format safetensors needs the safetensors package: pip install 'bytelatent[hf]'"
+            ) from None
+
+
+def safetensors_bytes(model_state: dict[str, Any]) -> bytes:
+    """A flat model state dict as safetensors bytes (tied tensors stored as separate copies)."""
+    from safetensors.torch import save
+
+    seen: set[int] = set()
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in model_state.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise CheckpointError(f"model entry {name}: not a tensor; cannot store it as safetensors")
+        tensor = tensor.detach().to("cpu").contiguous()
+        if tensor.untyped_storage().data_ptr() in seen:
+            tensor = tensor.clone()  # safetensors refuses shared storage
+        seen.add(tensor.untyped_storage().data_ptr())
+        tensors[name] = tensor
+    return save(tensors, metadata={"format": "pt"})

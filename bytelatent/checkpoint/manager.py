@@ -36,7 +36,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from torch import nn
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint.api import CheckpointException
@@ -70,8 +70,9 @@ logger = logging.getLogger(__name__)
 DCP_ERRORS = (Exception, CheckpointException)
 
 MARKER_FILE = ".complete"
-KINDS = ("dump", "eval", "final", "preempt")
+KINDS = ("dump", "eval", "final", "preempt", "step")
 DUMP_KINDS = frozenset({"dump", "final", "preempt"})
+KEPT_KINDS = frozenset({"step"})  # saves at `checkpoint.steps`: asked for by step, never retired
 
 
 class SaveEvery(BaseModel):
@@ -86,6 +87,8 @@ class CheckpointArgs(BaseModel):
 
     dump: SaveEvery = SaveEvery()
     eval: SaveEvery = SaveEvery()
+    # Also save at exactly these steps (T5X's checkpoint_steps); retention never removes them.
+    steps: list[PositiveInt] = Field(default_factory=list)
     # None -> dump_dir/checkpoints (filled in by TrainArgs).
     path: str | None = None
     # Warm start: model weights only, from a DCP step folder or a consolidated folder/file.
@@ -532,7 +535,12 @@ class CheckpointManager:
                 if step < just_saved:
                     logger.info("removing partial checkpoint %s", folder)
                     self._delete(folder)
-            elif step != newest and delete_votes[step] and all(delete_votes[step]):
+            elif (
+                step != newest
+                and not KEPT_KINDS & set(marker.get("kinds", []))
+                and delete_votes[step]
+                and all(delete_votes[step])
+            ):
                 logger.info("retention: removing checkpoint %s", folder)
                 self._delete(folder)
 

@@ -20,6 +20,8 @@ from bytelatent.errors import CheckpointError, UserError
 logger = logging.getLogger("bytelatent")
 
 WEIGHT_FILES = ("consolidated.pth", "consolidated/consolidated.pth")
+# `consolidate --format safetensors` output; tried after the .pth files
+SAFETENSORS_FILES = ("consolidated.safetensors", "consolidated/consolidated.safetensors")
 Kind = Literal["auto", "blt", "entropy"]
 
 
@@ -46,7 +48,27 @@ def read_weights(path: str) -> dict[str, torch.Tensor]:
             with fs.open(local, "rb") as handle:
                 state = torch.load(handle, map_location="cpu", weights_only=True)
             return state.get("model", state) if isinstance(state, dict) else state
-    raise CheckpointError(f"{path}: no consolidated.pth (looked for {', '.join(WEIGHT_FILES)})")
+    for name in SAFETENSORS_FILES:
+        fs, local = fsspec.core.url_to_fs(_join(path, name))
+        if fs.exists(local):
+            return _read_safetensors(fs, local, _join(path, name))
+    looked = ", ".join(WEIGHT_FILES + SAFETENSORS_FILES)
+    raise CheckpointError(f"{path}: no consolidated.pth (looked for {looked})")
+
+
+def _read_safetensors(fs: Any, local: str, where: str) -> dict[str, torch.Tensor]:
+    try:
+        from safetensors.torch import load
+    except ImportError:
+        raise CheckpointError(
+            f"{where}: reading safetensors needs the safetensors package: pip install 'bytelatent[hf]'"
+        ) from None
+    with fs.open(local, "rb") as handle:
+        data = handle.read()
+    try:
+        return load(data)
+    except Exception as exc:  # truncated / foreign files
+        raise CheckpointError(f"{where}: cannot read safetensors ({type(exc).__name__}: {exc})") from None
 
 
 def _resolve_kind(params: dict[str, Any], kind: Kind) -> Literal["blt", "entropy"]:

@@ -9,11 +9,10 @@ from bytelatent.config.parser import (
     parse_args,
     parse_dotlist,
 )
-from bytelatent.config.redact import dump_redacted_yaml, redact_secrets
+from bytelatent.config.redact import redact_secrets, redacted_yaml
 
 __all__ = [
     "ConfigValidationError",
-    "dump_redacted_yaml",
     "dump_yaml",
     "load_config_tree",
     "load_yaml_file",
@@ -21,4 +20,5 @@ __all__ = [
     "parse_args",
     "parse_dotlist",
     "redact_secrets",
+    "redacted_yaml",
 ]

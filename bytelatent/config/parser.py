@@ -272,11 +272,36 @@ def load_config_tree(argv: list[str]) -> dict:
 
 def parse_args(cls: type[ModelT], argv: list[str] | None = None) -> ModelT:
     """Parse argv (default sys.argv[1:]) into `cls`; any problem raises a one-line ConfigError."""
-    tree = load_config_tree(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        tree = load_config_tree(argv)
+    except ConfigError:
+        _raise_if_reference(argv)  # e.g. its `???` paths: name the converter, not the key
+        raise
     try:
         return cls.model_validate(tree)
     except pydantic.ValidationError as exc:
+        _raise_if_reference(argv, tree)
         raise validation_error_to_config_error(exc, cls, tree) from None
+
+
+def _raise_if_reference(argv: list[str], tree: dict | None = None) -> None:
+    """One line naming the converter when a config= file is in the reference's format."""
+    from bytelatent.config.from_reference import looks_like_reference, reference_hint
+
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key.strip() != INCLUDE_KEY:
+            continue
+        for name in _include_list(_parse_yaml_text(value, arg), "command line"):
+            try:
+                data = load_yaml_file(_resolve_include(name, None))
+            except ConfigError:
+                continue
+            if looks_like_reference(data):
+                raise ConfigError(reference_hint(name)) from None
+    if tree is not None and looks_like_reference(tree):
+        raise ConfigError(reference_hint()) from None
 
 
 def dump_yaml(model: pydantic.BaseModel) -> str:

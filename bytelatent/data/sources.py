@@ -20,6 +20,8 @@ import re
 from bytelatent.data.iterators.file import FileFormat, file_format_of, open_fs
 from bytelatent.errors import DataError
 
+DEFAULT_CORPUS = "stdlib"  # written by `python -m bytelatent.data.prepare` (bytelatent/data/corpus.py)
+
 logger = logging.getLogger(__name__)
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -112,9 +114,10 @@ def source_files(
     if fs.isfile(fs_path):
         return [location]
     if not fs.isdir(fs_path):
-        raise DataError(
-            f"data source '{source}': {location} does not exist (check data.root_dir and data.sources)"
-        )
+        hint = "check data.root_dir and data.sources"
+        if source == DEFAULT_CORPUS:
+            hint = f"build the default corpus with: python -m bytelatent.data.prepare --out {location}"
+        raise DataError(f"data source '{source}': {location} does not exist ({hint})")
     files = _directory_files(location, storage_options, file_format)
     if not files:
         raise DataError(f"data source '{source}': no .arrow or .jsonl files in {location}")

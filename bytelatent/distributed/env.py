@@ -12,6 +12,7 @@ import random
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -236,6 +237,15 @@ def setup_distributed(args: DistributedArgs) -> DistEnv:
     return env
 
 
+_BEFORE_OS_EXIT: list[Callable[[], None]] = []
+
+
+def run_before_os_exit(hook: Callable[[], None]) -> Callable[[], None]:
+    """Register `hook` to run in `cleanup_and_exit` (atexit handlers do not run under os._exit)."""
+    _BEFORE_OS_EXIT.append(hook)
+    return hook
+
+
 def cleanup_and_exit(code: int = 0) -> None:
     """Destroy the process group, flush stdio, then `os._exit(code)`.
 
@@ -245,7 +255,13 @@ def cleanup_and_exit(code: int = 0) -> None:
     third of CPU FSDP runs). Skipping interpreter finalisation avoids it, so anything that must
     be flushed (logs, wandb.finish(), async checkpoints) has to be finished before calling this.
     """
+    _finish_wandb(code)
     try:
+        for hook in _BEFORE_OS_EXIT:
+            try:
+                hook()
+            except Exception as e:  # noqa: BLE001 - leaving anyway; say what was not released
+                logger.warning("cleanup before exit: %s failed: %s", hook.__qualname__, e)
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
     finally:
@@ -256,3 +272,17 @@ def cleanup_and_exit(code: int = 0) -> None:
             except (OSError, ValueError):  # closed or broken pipe: nothing left to save
                 pass
         os._exit(code)
+
+
+def _finish_wandb(code: int) -> None:
+    """`os._exit` skips wandb's atexit hook: finish a run still open, then let wandb's service
+    flush its files and stop (no-op without wandb)."""
+    wandb = sys.modules.get("wandb")
+    if wandb is None:
+        return
+    try:
+        if getattr(wandb, "run", None) is not None:
+            wandb.finish(exit_code=code)
+        wandb.teardown(exit_code=code)
+    except Exception as e:  # noqa: BLE001 - an observer must not change how the process exits
+        logger.warning("wandb.finish failed: %s", e)

@@ -59,13 +59,33 @@ def under_slurm() -> bool:
     return "SLURM_JOB_ID" in os.environ
 
 
+# Set by the batch script `bytelatent.launch.slurm` writes: requeue by writing the job id here and
+# let the script run `scontrol requeue` once training has exited.
+REQUEUE_FILE_ENV = "BYTELATENT_REQUEUE_FILE"
+
+
 def requeue_slurm_job(is_rank0: bool) -> bool:
-    """Rank 0 asks SLURM to requeue this job (same job id); returns whether the request succeeded."""
+    """Rank 0 asks SLURM to requeue this job (same job id); returns whether the request succeeded.
+
+    Under the launcher's batch script the request goes to the script instead: a requeue makes
+    SLURM SIGTERM every process of the job at once, and a torchrun agent still waiting for its
+    workers then dies with a `SignalException` traceback that reads like a crash. The script
+    requeues after torchrun has exited, when only the batch shell is left to receive it.
+    """
     if not is_rank0 or not under_slurm():
         return False
     job_id = os.environ.get("SLURM_ARRAY_JOB_ID", os.environ["SLURM_JOB_ID"])
     if "SLURM_ARRAY_TASK_ID" in os.environ:
         job_id = f"{job_id}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    if os.environ.get(REQUEUE_FILE_ENV):
+        try:
+            with open(os.environ[REQUEUE_FILE_ENV], "w") as f:
+                f.write(job_id + "\n")
+        except OSError as e:
+            logger.error("could not ask the batch script to requeue job %s: %s", job_id, e)
+            return False
+        logger.info("requeue of SLURM job %s requested: the batch script runs it on exit", job_id)
+        return True
     try:
         result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
     except OSError as e:  # no scontrol on this node: the checkpoint is saved, requeue by hand

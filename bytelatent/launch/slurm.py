@@ -16,7 +16,10 @@ requeued job lands in the same file. How the signal reaches the training process
   with `scancel --signal=USR2 $SLURM_JOB_ID` (job steps only, not the batch shell).
 
 The workers then agree on the signal at the next step boundary, save a "preempt" checkpoint,
-and rank 0 runs `scontrol requeue`: the job restarts with the same id and resumes from it.
+and rank 0 asks for a requeue by writing the job id to `$BYTELATENT_REQUEUE_FILE`; once training
+has exited, the script runs `scontrol requeue` (requeueing SIGTERMs the whole job: a torchrun
+still running would print a SignalException traceback). The job restarts with the same id and
+resumes from the checkpoint.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from bytelatent.distributed.signals import REQUEUE_FILE_ENV
 from bytelatent.errors import ConfigError, UserError
 
 SCRIPT_NAME = "submit.slurm"
@@ -154,6 +158,11 @@ def render_script(args: SlurmArgs, train_argv: list[str], job_name: str, log_dir
         # shell sits in `wait`, which a trapped signal interrupts.
         "trap 'forward USR2' USR2",
         "trap 'forward TERM' TERM",
+        # Rank 0 writes the job id here on preemption; the requeue waits until torchrun has
+        # exited, because it SIGTERMs the whole job (a live torchrun agent would print a
+        # SignalException traceback).
+        f"export {REQUEUE_FILE_ENV}={shlex.quote(log_dir)}/requeue.\"$SLURM_JOB_ID\"",
+        f'rm -f "${REQUEUE_FILE_ENV}"',
         f"{command} &",
         "child=$!",
         "while :; do",
@@ -162,6 +171,12 @@ def render_script(args: SlurmArgs, train_argv: list[str], job_name: str, log_dir
         "    break",
         "done",
         'echo "bytelatent: training exited with status $status (restart ${SLURM_RESTART_COUNT:-0})"',
+        f'if [ -s "${REQUEUE_FILE_ENV}" ]; then',
+        f'    job="$(cat "${REQUEUE_FILE_ENV}")"; rm -f "${REQUEUE_FILE_ENV}"',
+        "    trap '' TERM USR2  # the requeue's SIGTERM to this shell is expected",
+        '    if scontrol requeue "$job"; then echo "bytelatent: requeued SLURM job $job";',
+        '    else echo "bytelatent: scontrol requeue $job failed; resubmit by hand"; fi',
+        "fi",
         'exit "$status"',
     ]
     return "\n".join([*_sbatch_header(args, job_name, log_dir), "", *body, ""])

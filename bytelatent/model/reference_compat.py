@@ -168,6 +168,12 @@ _BLT_HANDLED = {
 _LM_FIELDS = set(LMTransformerArgs.model_fields)
 
 
+def reference_blt_fields() -> frozenset[str]:
+    """Every field name of the reference's ByteLatentTransformerArgs (model section)."""
+    known = set(_BLT_SAME) | _BLT_HANDLED | set(REFERENCE_NOOP_FIELDS) | set(REFERENCE_PATCHER_FIELDS)
+    return frozenset(known | {"sliding_window"})
+
+
 def blt_args_from_reference(
     model_dict: dict[str, Any],
 ) -> tuple[ByteLatentTransformerArgs, list[str]]:

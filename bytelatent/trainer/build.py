@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
+from torch.distributed.device_mesh import DeviceMesh
 
 from bytelatent.args import TrainArgs
+from bytelatent.distributed.parallelize import parallelize_model
 from bytelatent.model.blt import ByteLatentTransformer
 from bytelatent.model.flops import blt_flops_per_byte, lm_flops_per_token
 from bytelatent.model.transformer import LMTransformer
@@ -14,6 +18,18 @@ def build_model(args: TrainArgs) -> torch.nn.Module:
     if args.train_entropy_model:
         return LMTransformer(args.entropy_model)
     return ByteLatentTransformer(args.model)
+
+
+def build_parallel_model(args: TrainArgs, mesh: DeviceMesh | None) -> torch.nn.Module:
+    """The model on the meta device with the parallelism plan for `mesh` applied (no memory
+    used yet): the trainer then materialises it, the dry run only describes it."""
+    with torch.device("meta"):
+        model = build_model(args)
+    n_params = sum(p.numel() for p in model.parameters())
+    logging.getLogger("bytelatent").info(
+        "model: %s with %s parameters", type(model).__name__, f"{n_params:,}"
+    )
+    return parallelize_model(model, mesh, args.distributed)
 
 
 def model_flops_per_byte(args: TrainArgs) -> float:

@@ -1,7 +1,11 @@
-"""Metrics: the JSONL log, the console line, and `dump_dir/train.log`."""
+"""Metrics: one `MetricLogger.log(m)` call fans out to sinks (metrics.jsonl, console, wandb).
+
+Also the console line, `dump_dir/train.log`, and `Timings` (the `timing/*` metrics).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -15,6 +19,8 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from bytelatent.trainer.wandb_sink import WandbArgs, WandbSink
+
 logger = logging.getLogger("bytelatent")
 LN2 = math.log(2.0)
 
@@ -25,8 +31,11 @@ class LoggingArgs(BaseModel):
     freq: int = Field(10, ge=1, description="log every `freq` optimizer steps")
     console: bool = True
     peak_tflops: float | None = Field(
-        None, gt=0, description="per-device peak for MFU; default: known GPUs' dense bf16 peak, none on CPU"
+        None,
+        gt=0,
+        description="per-device peak for MFU; default: known GPUs' dense bf16 peak, none on CPU",
     )
+    wandb: WandbArgs | None = Field(None, description="wandb run (rank 0); unset: no wandb")
 
 
 def setup_logging(dump_dir: str | None, rank: int) -> None:
@@ -76,27 +85,119 @@ def peak_flops_per_device(device: torch.device, configured_tflops: float | None)
     return None
 
 
-class MetricLogger:
-    """Appends one JSON object per call to `path` (rank 0 only) and flushes it."""
+class JsonlSink:
+    """Appends one JSON object per record to `path` and flushes it."""
 
-    def __init__(self, path: str | os.PathLike | None):
-        self.path = Path(path) if path else None
-        self._fh = None
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.path, "a", buffering=1)
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a", buffering=1)
 
     def log(self, metrics: dict) -> None:
-        if self._fh is None:
-            return
         record = {"created_at": datetime.now(timezone.utc).isoformat(), **metrics}
         self._fh.write(json.dumps(record) + "\n")
         self._fh.flush()
 
-    def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+    def close(self, exit_code: int = 0) -> None:  # noqa: ARG002 - the sink interface
+        self._fh.close()
+
+
+class ConsoleSink:
+    """The one-line summary of a train record; other records (eval, ...) as `key value` pairs."""
+
+    def log(self, metrics: dict) -> None:
+        if all(k in metrics for k in _CONSOLE_KEYS):
+            logger.info(console_line(metrics))
+        else:
+            logger.info(generic_line(metrics))
+
+    def close(self, exit_code: int = 0) -> None:
+        pass
+
+
+class MetricLogger:
+    """One `log(metrics)` call, many sinks; the caller never knows which are on.
+
+    `MetricLogger(path)` is the JSONL-only logger (None: logs nothing, as on ranks > 0).
+    Every record carries `global_step`; sinks may rely on it.
+    """
+
+    def __init__(self, path: str | os.PathLike | None = None, sinks: list | None = None):
+        self.sinks = list(sinks or [])
+        if path is not None:
+            self.sinks.insert(0, JsonlSink(path))
+
+    @classmethod
+    def build(
+        cls,
+        args: LoggingArgs,
+        dump_dir: str,
+        rank: int,
+        name: str,
+        config: dict,
+        start_step: int = 0,
+    ) -> MetricLogger:
+        """metrics.jsonl, console and wandb on rank 0; nothing on the other ranks.
+
+        `start_step`: the step the run resumed at (0: a new run), for sinks that continue a run.
+        """
+        if rank != 0:
+            return cls()
+        sinks: list = [JsonlSink(os.path.join(dump_dir, "metrics.jsonl"))]
+        if args.console:
+            sinks.append(ConsoleSink())
+        if args.wandb is not None:
+            sinks.append(WandbSink(args.wandb, dump_dir, name, config, start_step))
+        return cls(sinks=sinks)
+
+    def log(self, metrics: dict) -> None:
+        for sink in self.sinks:
+            sink.log(metrics)
+
+    def set_summary(self, values: dict) -> None:
+        """Run-level values (parameter count, ...) for sinks that keep them (wandb)."""
+        for sink in self.sinks:
+            if hasattr(sink, "set_summary"):
+                sink.set_summary(values)
+
+    def close(self, exit_code: int = 0) -> None:
+        for sink in self.sinks:
+            sink.close(exit_code)
+        self.sinks = []
+
+
+class Timings:
+    """`timing/*` metrics: durations recorded anywhere, reported once with the next log record.
+
+    The trainer owns one; `with timings.measure("eval_s"): ...` (or `record`) adds to
+    `timing/eval_s` of the next record, `pop()` hands them over and starts afresh.
+    """
+
+    def __init__(self):
+        self._pending: dict[str, float] = {}
+        self._last_log = time.perf_counter()
+
+    def record(self, name: str, seconds: float) -> None:
+        key = f"timing/{name}"
+        self._pending[key] = self._pending.get(key, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def measure(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.record(name, time.perf_counter() - t0)
+
+    def start_interval(self) -> None:
+        self._last_log = time.perf_counter()
+
+    def pop(self, steps: int) -> dict[str, float]:
+        """Pending durations, plus `timing/steps_per_s` over the wall time since the last pop."""
+        now = time.perf_counter()
+        out = {**self._pending, "timing/steps_per_s": steps / max(now - self._last_log, 1e-9)}
+        self._pending, self._last_log = {}, now
+        return out
 
 
 class Timer:
@@ -126,3 +227,24 @@ def console_line(m: dict) -> str:
         + f"step {1000 * m['step_time_s']:.0f} ms | "
         f"data {1000 * m['data_time_s']:.0f} ms | mem {m['peak_mem_gib']:.2f} GiB"
     )
+
+
+_CONSOLE_KEYS = (
+    "loss",
+    "bpb",
+    "grad_norm",
+    "lr",
+    "bytes_per_s",
+    "flops_per_s",
+    "step_time_s",
+    "data_time_s",
+    "peak_mem_gib",
+)
+
+
+def generic_line(m: dict) -> str:
+    parts = [f"step {m.get('global_step', '?'):>6}"]
+    for key, value in m.items():
+        if key != "global_step":
+            parts.append(f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}")
+    return " | ".join(parts)

@@ -57,3 +57,5 @@ class TrainState(BaseModel):
     rng: dict[str, Any] = {}
     tokens_seen: int = 0  # target bytes consumed on this rank
     actions: dict[str, Any] = {}  # each action's state (bytelatent.trainer.actions)
+    # {"relative_steps": N, "stop_step": S} while a relative_steps run is under way (loop_controls)
+    relative_target: dict[str, int] | None = None

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from bytelatent.args import TrainArgs
 from bytelatent.checkpoint.manager import CheckpointManager
-from bytelatent.config import dump_redacted_yaml, redact_secrets
+from bytelatent.config.redact import redacted_dump, redacted_yaml
 from bytelatent.data.batch import Batch
 from bytelatent.distributed.clip import clip_grad_norm_
 from bytelatent.distributed.env import DistEnv
@@ -26,21 +26,25 @@ from bytelatent.distributed.mesh import build_mesh, dp_rank_and_size, tp_rank_an
 from bytelatent.distributed.parallelize import (
     forward_context,
     init_model_weights,
-    parallelize_model,
     set_gradient_sync,
 )
 from bytelatent.distributed.signals import PreemptionFlag, requeue_slurm_job, under_slurm
 from bytelatent.trainer.actions import Actions, Stop, with_nonfinite_stop
-from bytelatent.trainer.build import build_model, model_flops_per_byte
+from bytelatent.trainer.build import build_parallel_model, model_flops_per_byte
 from bytelatent.trainer.guard import NonFiniteGuard
+from bytelatent.trainer.loop_controls import resolve_stop_step
 from bytelatent.trainer.metrics import (
     MetricLogger,
+    Timings,
     bits_per_byte,
-    console_line,
     peak_flops_per_device,
     peak_memory_gib,
 )
+from bytelatent.trainer.model_info import write_model_info
 from bytelatent.trainer.optim import build_optimizer
+from bytelatent.trainer.patch_stats import PatchLengthStats
+from bytelatent.trainer.probe import build_probe
+from bytelatent.trainer.profiling import build_profiler
 from bytelatent.trainer.state import TrainState, capture_rng_state, restore_rng_state
 
 logger = logging.getLogger("bytelatent")
@@ -73,6 +77,7 @@ class Interval:
 
 class Trainer:
     def __init__(self, args: TrainArgs, env: DistEnv):
+        init_start = time.perf_counter()
         self.args = args
         self.env = env
         self.device = env.device
@@ -102,28 +107,38 @@ class Trainer:
         )
         self.tokenizer = args.data.tokenizer_args.build()
         self.state = TrainState()
-        self.actions = Actions.build(with_nonfinite_stop(args.actions, args.optim.max_skipped_steps))
+        self.actions = Actions.build(
+            with_nonfinite_stop(args.actions, args.optim.max_skipped_steps)
+        )
         self.guard = NonFiniteGuard(self.optimizer, self.device)  # skips non-finite updates
         self.exit_code = 0  # set by an action that stops the run with an error
         self._resume_or_warm_start()
+        self.stop_step = resolve_stop_step(args, self.state)
         self.data = args.data.build_from_rank(
             self.dp_rank, self.dp_size, state=self.state.data_state
         )
-        self.metrics = MetricLogger(
-            os.path.join(args.dump_dir, "metrics.jsonl") if env.rank == 0 else None
+        config = {**redacted_dump(args), "n_params": self.n_params}
+        self.metrics = MetricLogger.build(
+            args.logging, args.dump_dir, env.rank, args.name, config, start_step=self.state.step
         )
+        self.metrics.set_summary({"n_params": self.n_params})
+        self.timings = Timings()  # timing/* metrics; eval adds `with self.timings.measure("eval_s")`
+        self.profiler = build_profiler(args.profiling, args.dump_dir, env.rank, self.device)
+        self.probe = build_probe(self.model, args.probe_freq, args.dump_dir, env.rank)
         self.flops_per_byte = model_flops_per_byte(args)
         self.peak_flops = peak_flops_per_device(self.device, args.logging.peak_tflops)
+        self.patch_stats = PatchLengthStats()  # patch_len_* metrics of BLT runs, host-side
         self.preemption = PreemptionFlag().install()
         self._last_saved_step = self.state.step if self.state.step > 0 else -1
+        self._steps_run = 0  # optimizer steps taken by this process
+        self.timings.record("init_or_restore_s", time.perf_counter() - init_start)
 
     # ---------------------------------------------------------------- setup
     def _build_model(self) -> torch.nn.Module:
-        with torch.device("meta"):
-            model = build_model(self.args)
-        n_params = sum(p.numel() for p in model.parameters())
-        logger.info("model: %s with %s parameters", type(model).__name__, f"{n_params:,}")
-        model = parallelize_model(model, self.mesh, self.args.distributed)
+        model = build_parallel_model(self.args, self.mesh)
+        self.n_params = sum(p.numel() for p in model.parameters())  # global counts (DTensor)
+        if self.env.rank == 0:
+            write_model_info(model, self.args, self.mesh, self.env.rank)
         model.to_empty(device=self.device)
         init_model_weights(model, seed=self.args.active_model_args().seed)
         model.train()
@@ -155,27 +170,25 @@ class Trainer:
             logger.info("initialised model weights from %s", ckpt.init_ckpt_path)
 
     # ---------------------------------------------------------------- loop
-    @property
-    def stop_step(self) -> int:
-        return self.args.max_steps or self.args.steps
-
     def train(self) -> dict | None:
         """Train until `stop_step` or preemption; returns the last logged metrics."""
-        if self.env.rank == 0:
+        if self.env.rank == 0:  # secret-looking values (tokens, keys, passwords) redacted
             with open(os.path.join(self.args.dump_dir, "config.yaml"), "w") as f:
-                f.write(dump_redacted_yaml(self.args))  # no credentials on disk
+                f.write(redacted_yaml(self.args))
         if self.args.gc_collect_freq > 0:
             gc.disable()
         interval, last = Interval(self.device), None
+        self.timings.start_interval()
         while self.state.step < self.stop_step:
             t0 = time.perf_counter()
+            if self.probe is not None:
+                self.probe.begin(self.state.step + 1)
             batches = self.next_batches()
             t1 = time.perf_counter()
             out = self.train_step(batches)
             self.state.step += 1
             self._accumulate(interval, out, batches, t1 - t0, time.perf_counter() - t1)
-            if self.args.gc_collect_freq > 0 and self.state.step % self.args.gc_collect_freq == 0:
-                gc.collect()
+            self._after_step(time.perf_counter() - t0)
             if self.state.step % self.args.logging.freq == 0 or self.state.step == self.stop_step:
                 last = self.log(interval, out)
                 if (stop := self.actions.run(self.state.step, last)) is not None:
@@ -188,6 +201,18 @@ class Trainer:
         self.save("final")
         self.checkpoints.wait()
         return last
+
+    def _after_step(self, seconds: float) -> None:
+        """Per-step chores outside the hot path: GC, probe write-out, profiler window, timings."""
+        self._steps_run += 1
+        if self._steps_run == 1:
+            self.timings.record("first_step_s", seconds)  # compilation and warm-up
+        if self.args.gc_collect_freq > 0 and self.state.step % self.args.gc_collect_freq == 0:
+            gc.collect()
+        if self.probe is not None:
+            self.probe.end()
+        if self.profiler is not None:
+            self.profiler.step_done()
 
     def next_batches(self) -> list[Batch]:
         return [next(self.data) for _ in range(self.args.grad_acc_steps)]
@@ -203,6 +228,8 @@ class Trainer:
         for i, batch in enumerate(batches):
             set_gradient_sync(self.model, i == len(batches) - 1)
             loss_sum += self.forward_backward(batch, scale)
+        if self.probe is not None:
+            self.probe.record_grads()  # a no-op unless this step is probed
         grad_norm = clip_grad_norm_(self.model.parameters(), self.args.optim.clip)
         self.guard.step(loss_sum, grad_norm)  # optimizer.step() unless loss/grad norm non-finite
         self.scheduler.step()
@@ -257,6 +284,7 @@ class Trainer:
         interval.data_time += data_time
         interval.step_time += step_time
         self.state.tokens_seen += out.n_bytes
+        self.patch_stats.add(batches)
 
     def log(self, interval: Interval, out: StepOutput) -> dict:
         sums = torch.tensor(
@@ -292,9 +320,9 @@ class Trainer:
         }
         if self.peak_flops:
             m["mfu"] = m["flops_per_s"] / (self.peak_flops * self.env.world_size)
+        m.update(self.timings.pop(interval.steps))
+        m.update(self.patch_stats.pop())
         self.metrics.log(m)
-        if self.args.logging.console and self.env.rank == 0:
-            logger.info(console_line(m))
         interval.reset()
         return m
 
@@ -307,6 +335,8 @@ class Trainer:
             for k, rule in (("dump", ckpt.dump), ("eval", ckpt.eval))
             if rule.every and step % rule.every == 0
         ]
+        if step in ckpt.steps:
+            kinds.append("step")  # an explicit checkpoint.steps entry: kept by retention
         if kinds:
             self.save(kinds)
 
@@ -320,14 +350,15 @@ class Trainer:
         self.state.scheduler = self.scheduler.state_dict()
         self.state.rng = capture_rng_state()
         self.state.actions = self.actions.state_dict()
-        self.checkpoints.save(
-            self.state.step,
-            self.model,
-            self.optimizer,
-            train_state=self.state.model_dump(mode="json"),
-            params=redact_secrets(self.args.model_dump(mode="json")),
-            kind=kind,
-        )
+        with self.timings.measure("checkpoint_save_s"):
+            self.checkpoints.save(
+                self.state.step,
+                self.model,
+                self.optimizer,
+                train_state=self.state.model_dump(mode="json"),
+                params=redacted_dump(self.args),  # checkpoints get shared: no secrets
+                kind=kind,
+            )
         self._last_saved_step = self.state.step
 
     def stop(self, stop: Stop) -> None:
@@ -351,9 +382,11 @@ class Trainer:
                 self.args.checkpoint.path,
             )
 
-    def close(self) -> None:
+    def close(self, exit_code: int = 0) -> None:
         self.preemption.uninstall()
-        self.metrics.close()
+        if self.profiler is not None:
+            self.profiler.close()
+        self.metrics.close(exit_code)
         self.checkpoints.close()
         close = getattr(self.data, "close", None) or getattr(self.data, "shutdown", None)
         if close is not None:

@@ -227,3 +227,13 @@ def test_module_entry_point(setup: dict) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert all(Path(str(s) + ".complete").exists() for s in setup["shards"])
+
+
+def test_progress_bar_only_when_asked(setup: dict, capsys) -> None:
+    pytest.importorskip("tqdm")
+    auto = [a for a in setup["argv"] if a != "--no-progress"]
+    assert prep.main(auto) == 0  # --progress auto under pytest: stderr is not a terminal
+    assert "doc/s" not in capsys.readouterr().err  # tqdm's rate, only printed by a bar
+    assert prep.main([*auto, "--progress", "on", "--overwrite"]) == 0
+    err = capsys.readouterr().err
+    assert "ds.chunk.00.jsonl" in err and "doc/s" in err, err

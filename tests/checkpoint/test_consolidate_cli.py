@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from ckpt_worker import build, full_weights, train_step
 
@@ -51,6 +52,7 @@ def test_cli_consolidate_outputs_loadable_weights(tmp_path):
     proc = run_cli("consolidate", folder, "--out", out)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == out
+    assert "consolidate: reading" not in proc.stderr  # --progress auto: no bar off a terminal
     assert sorted(os.listdir(out)) == ["consolidated.pth", "params.json"]
     with open(os.path.join(out, "params.json")) as f:
         assert json.load(f) == {"model": {"dim": 16}, "seed": 4}
@@ -98,3 +100,11 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["consolidate", folder, "--with-optim"]) == 0
     payload = torch.load(os.path.join(folder, "consolidated", "consolidated.pth"))
     assert set(payload) == {"model", "optim"}
+
+
+def test_consolidate_progress_bar_counts_every_stored_byte(tmp_path, capsys):
+    pytest.importorskip("tqdm")
+    folder, _, _ = saved_checkpoint(tmp_path)
+    consolidate(folder, str(tmp_path / "out"), with_optim=True, progress="on")
+    err = capsys.readouterr().err
+    assert "consolidate: reading" in err and "100%" in err, err

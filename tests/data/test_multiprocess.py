@@ -185,3 +185,42 @@ def test_wire_format_round_trips_packed_and_other_batches():
     ):
         again = _decode(_encode(other))
         assert again.equals(other) and again.x.dtype == np.int64
+
+
+@pytest.mark.parametrize("leave", ["close(); os._exit(0)", "cleanup_and_exit(0)"])
+def test_os_exit_leaks_no_semaphores(corpus, tmp_path, leave):
+    """Distributed runs leave through os._exit (no atexit, no finalizers): close() must release
+    the queue's and the stop event's semaphores itself, or the resource tracker warns; and
+    cleanup_and_exit closes iterators nobody closed."""
+    (tmp_path / "loader_exit.py").write_text(
+        textwrap.dedent(
+            f"""
+            import os
+            from bytelatent.data.args import DataArgs
+            from bytelatent.distributed.env import cleanup_and_exit
+
+            def main():
+                args = DataArgs(root_dir={str(corpus)!r}, sources={{"a": 1.0}}, batch_size=2, seq_len=8,
+                                max_encoder_seq_length=32, prefetch_size=2,
+                                patcher_args={{"patching_mode": "space"}})
+                it = args.build_from_rank(0, 1)
+                next(it)
+                print("closed", flush=True)
+                {leave.replace("close()", "it.close()")}
+
+            if __name__ == "__main__":
+                main()
+            """
+        )
+    )
+    env = os.environ | {"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "loader_exit"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0 and "closed" in done.stdout, done.stderr
+    assert "leaked semaphore" not in done.stderr, done.stderr

@@ -88,6 +88,55 @@ def test_requeue_without_scontrol_returns_false(
     assert requeue_slurm_job(is_rank0=False) is False
 
 
+# Like SLURM on `scontrol requeue`: SIGTERM to every process of the job (its cgroup), here the
+# batch shell (pid in job.pid) and everything below it.
+FAKE_SCONTROL = """#!{python}
+import os, signal, sys
+from pathlib import Path
+
+Path("{tmp}/requeue.txt").write_text(" ".join(sys.argv[1:]))
+root = int(Path("{tmp}/job.pid").read_text())
+parents = {{}}
+for entry in Path("/proc").iterdir():
+    if entry.name.isdigit():
+        try:
+            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            pass
+job, frontier = [root], [root]
+while frontier:
+    frontier = [pid for pid, ppid in parents.items() if ppid in frontier]
+    job += frontier
+for pid in job:
+    if pid != os.getpid():
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+"""
+
+
+def test_requeue_under_the_batch_script_is_left_to_the_script(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With BYTELATENT_REQUEUE_FILE set, rank 0 writes the job id there and runs no scontrol."""
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "70")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "7")
+    monkeypatch.setenv("PATH", str(tmp_path))  # an scontrol call would fail: none here
+    request = tmp_path / "requeue.77"
+    monkeypatch.setenv("BYTELATENT_REQUEUE_FILE", str(request))
+    assert requeue_slurm_job(is_rank0=False) is False and not request.exists()
+    assert requeue_slurm_job(is_rank0=True) is True
+    assert request.read_text().strip() == "70_7"
+    script = render_script(SlurmArgs(nproc_per_node=2), TRAIN_ARGV, "job", "/logs")
+    lines = script.splitlines()
+    requeue_at = next(i for i, line in enumerate(lines) if "scontrol requeue" in line)
+    assert requeue_at > lines.index('echo "bytelatent: training exited with status $status '
+                                    '(restart ${SLURM_RESTART_COUNT:-0})"')
+    assert "export BYTELATENT_REQUEUE_FILE=/logs/requeue.\"$SLURM_JOB_ID\"" in lines
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("pkill") is None, reason="pkill (procps) not installed")
 def test_script_forwards_usr2_without_slurm(runner, tmp_path: Path) -> None:
@@ -103,7 +152,7 @@ def test_script_forwards_usr2_without_slurm(runner, tmp_path: Path) -> None:
     env["PATH"] = os.pathsep.join([str(tmp_path / "bin"), env["PATH"]])
     (tmp_path / "bin").mkdir()
     fake = tmp_path / "bin" / "scontrol"  # records the requeue request instead of a cluster
-    fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "requeue.txt"}\n')
+    fake.write_text(FAKE_SCONTROL.format(python=sys.executable, tmp=str(tmp_path)))
     fake.chmod(0o755)
     log = open(tmp_path / "job.log", "w")
     shell = subprocess.Popen(
@@ -113,6 +162,7 @@ def test_script_forwards_usr2_without_slurm(runner, tmp_path: Path) -> None:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    (tmp_path / "job.pid").write_text(str(shell.pid))
     try:
         deadline = time.monotonic() + 240
         while not (read_metrics(dump_dir) and read_metrics(dump_dir)[-1]["global_step"] >= 5):
@@ -128,6 +178,10 @@ def test_script_forwards_usr2_without_slurm(runner, tmp_path: Path) -> None:
     out = (tmp_path / "job.log").read_text()
     assert "SIGUSR2 received; forwarding it to the training processes" in out
     assert (tmp_path / "requeue.txt").read_text().split() == ["requeue", "1"]
+    assert "bytelatent: requeued SLURM job 1" in out
+    # a clean preemption is silent: no torchrun SignalException, no resource-tracker warnings
+    for noise in ("Traceback", "SignalException", "leaked semaphore"):
+        assert noise not in out, out[-4000:]
     stopped = read_metrics(dump_dir)[-1]["global_step"]
     assert 5 <= stopped < 20
     assert (dump_dir / "checkpoints" / f"{stopped:010d}" / ".complete").exists()

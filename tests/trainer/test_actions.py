@@ -49,3 +49,24 @@ def test_run_stops_early_saves_and_exits_zero(tmp_path, corpus_root):
     assert (dump / "checkpoints" / f"{3:010d}" / ".complete").exists()
     state = json.loads((dump / "checkpoints" / f"{3:010d}" / "train_state_00000.json").read_text())
     assert state["actions"]["0:early_stop"]["bad_reports"] == 2
+
+
+@pytest.mark.slow
+def test_early_stop_state_survives_a_resume_in_the_middle(tmp_path, corpus_root):
+    # bpb falls, so with mode=max every report after step 1 is a bad one: patience 3 stops at 4.
+    # The first run ends at max_steps=2 (1 bad report saved); if the resume forgot it, step 3
+    # would become the new best and the run would stop at 6 instead.
+    dump = tmp_path / "run"
+    argv = [*TINY_ENTROPY, f"dump_dir={dump}", f"data.root_dir={corpus_root}", "steps=30",
+            "checkpoint.dump.every=0",
+            "actions=[{kind: early_stop, metric: bpb, mode: max, patience: 3}]"]
+    first = run_cli("bytelatent.train", [*argv, "max_steps=2"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "early stop" not in first.stdout
+    second = run_cli("bytelatent.train", argv)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from" in second.stdout and "early stop at step 4" in second.stdout
+    assert [r["global_step"] for r in metrics(dump)] == [1, 2, 3, 4]
+    state = json.loads((dump / "checkpoints" / f"{4:010d}" / "train_state_00000.json").read_text())
+    assert state["actions"]["0:early_stop"] == {"best": metrics(dump)[0]["bpb"], "best_step": 1,
+                                                "bad_reports": 3}

@@ -140,6 +140,8 @@ def test_missing_data_is_one_line_and_exit_2(tmp_path):
     )
     assert res.returncode == 2, res.stderr[-2000:]
     assert res.stderr.strip().startswith("data error:") and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    # the default corpus is missing: the message names the command that builds it
+    assert f"python -m bytelatent.data.prepare --out {tmp_path / 'nope' / 'stdlib'}" in res.stderr
 
 
 def test_print_config_resolves_overrides():

@@ -40,6 +40,7 @@ from pydantic import Field
 from bytelatent.data.batch import Batch
 from bytelatent.data.iterators.base import IteratorState, StatefulIterator
 from bytelatent.data.iterators.packing import PackingIteratorState
+from bytelatent.distributed.env import run_before_os_exit
 
 _LIVE: weakref.WeakSet[MultiprocessIterator] = weakref.WeakSet()
 _POLL_S = 0.5
@@ -264,6 +265,10 @@ class MultiprocessIterator(StatefulIterator[Batch]):
             process.join(timeout=5)
         self._queue.close()
         self._queue.cancel_join_thread()
+        # Drop the queue's and the event's semaphores now: their finalizers unlink them and tell
+        # the resource tracker. Left for interpreter exit, they are never released on the
+        # `os._exit` path of distributed runs, and the tracker warns about "leaked semaphores".
+        self._queue = self._stop = None
         _LIVE.discard(self)
         if not self._finished:
             self._initial = self.get_state().base  # a later next() restarts from here
@@ -275,6 +280,7 @@ class MultiprocessIterator(StatefulIterator[Batch]):
 
 
 @atexit.register
+@run_before_os_exit  # distributed runs leave through os._exit, which skips atexit
 def _close_all() -> None:
     for iterator in list(_LIVE):
         iterator.close()

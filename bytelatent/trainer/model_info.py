@@ -1,0 +1,335 @@
+"""`dump_dir/model-info.txt`: every parameter with its layout, totals, and a memory estimate per rank.
+
+Works on a parallelized model on the meta device (the dry run) as well as on a real one (every
+run writes it): only shapes, dtypes and DTensor placements are read, never values.
+
+The memory estimate is analytic, per rank, for one micro-batch:
+
+* parameters, gradients: this rank's shard in the parameters' dtype (fp32 master weights; FSDP
+  reduces gradients into the same dtype), plus, under FSDP sharding, the unsharded
+  `model_dtype` copies of the two largest FSDP units (one computing, one prefetched) and of the
+  root's own parameters while they are gathered;
+* optimizer state: AdamW's two moments per parameter of the shard, in the parameters' dtype;
+* activations: what autograd keeps for backward, from the blocks' shapes (per token of a
+  transformer block: 6·dim + 2·kv_dim + 4·ffn_hidden values without checkpointing, the block
+  input plus matmul/attention outputs with `selective`, the block input with `full` plus one
+  block recomputed), in `model_dtype`, plus the dense attention masks of `attn_impl=sdpa` and
+  the logits and fp32 log-softmax of the loss. Not included: small tensors (hash ids, pooling
+  indices), the allocator's fragmentation, communication buffers and the CUDA context. Against
+  the tensors autograd really saves (bench/model_info_activations.py, debug configs on CPU) the
+  estimate is 0.85x in fp32 and 0.7x in bf16 (CPU autocast keeps norms and the residual stream
+  in fp32): read it as a lower bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+from bytelatent.args import TrainArgs
+from bytelatent.distributed.mesh import tp_rank_and_size
+from bytelatent.distributed.parallelize import checkpoint_blocks, fsdp_units
+
+GIB = 2**30
+MODEL_INFO = "model-info.txt"
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    numel: int  # global count (the whole tensor, over every shard)
+    local_shape: tuple[int, ...]
+    local_numel: int  # this rank's shard
+    placement: str
+    fsdp_sharded: bool  # split over a data-parallel shard dimension larger than 1
+
+    @property
+    def component(self) -> str:
+        return self.name.split(".", 1)[0]
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per rank."""
+
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    gathered_params: int  # FSDP all-gather copies alive at once (0 without sharding)
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer + self.activations + self.gathered_params
+
+
+def _fsdp_sharded(param: torch.Tensor) -> bool:
+    if not isinstance(param, DTensor):
+        return False
+    names = param.device_mesh.mesh_dim_names or ()
+    return any(
+        name == "dp_shard" and size > 1 and p.is_shard()
+        for name, size, p in zip(names, param.device_mesh.shape, param.placements)
+    )
+
+
+def _placement(param: torch.Tensor) -> str:
+    if not isinstance(param, DTensor):
+        return "local (whole tensor on this rank)"
+    mesh = param.device_mesh
+    names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
+    parts = [f"{name}={size}:{p}" for name, size, p in zip(names, mesh.shape, param.placements)]
+    return "DTensor " + ", ".join(parts)
+
+
+def parameter_table(model: nn.Module) -> list[ParamInfo]:
+    """One row per distinct parameter (tied ones once, under their first name)."""
+    rows = []
+    for name, param in model.named_parameters():
+        local = param.to_local() if isinstance(param, DTensor) else param
+        rows.append(
+            ParamInfo(
+                name=name,
+                shape=tuple(param.shape),
+                dtype=param.dtype,
+                numel=param.numel(),
+                local_shape=tuple(local.shape),
+                local_numel=local.numel(),
+                placement=_placement(param),
+                fsdp_sharded=_fsdp_sharded(param),
+            )
+        )
+    return rows
+
+
+def component_totals(rows: list[ParamInfo]) -> dict[str, tuple[int, int]]:
+    """Top-level module name -> (global count, local count), in the model's order."""
+    totals: dict[str, tuple[int, int]] = {}
+    for row in rows:
+        glob, loc = totals.get(row.component, (0, 0))
+        totals[row.component] = (glob + row.numel, loc + row.local_numel)
+    return totals
+
+
+# ------------------------------------------------------------------------------ activations
+def _block_dims(block: nn.Module) -> tuple[int, int, int] | None:
+    """(dim, kv_dim, ffn_hidden) of a self-attention + SwiGLU block, None for anything else."""
+    attention, ffn = getattr(block, "attention", None), getattr(block, "feed_forward", None)
+    if attention is None or ffn is None:
+        return None
+    return attention.wq.weight.shape[1], attention.wk.weight.shape[0], ffn.w1.weight.shape[0]
+
+
+def _block_values_per_token(dims: tuple[int, int, int], mode: str, tp: int) -> tuple[int, int]:
+    """(values kept for backward per token, values of one block recomputed in backward)."""
+    dim, kv, hidden = dims
+    # norms' inputs/outputs stay whole under BLT's TP; q/k/v, attention and FFN are split
+    full = 4 * dim + (2 * dim + 2 * kv + 4 * hidden) // tp
+    if mode == "full":
+        return dim, full
+    if mode == "selective":
+        return dim + (3 * dim + 2 * kv + 2 * hidden) // tp, 0
+    return full, 0
+
+
+def _tokens_of(path: str, args: TrainArgs, micro_batch: int) -> int:
+    """Tokens a block at `path` sees in one micro-batch."""
+    if args.train_entropy_model:
+        return micro_batch * args.data.seq_len
+    if path.startswith("global_transformer"):
+        return micro_batch * args.data.seq_len  # patches per row
+    return micro_batch * args.data.max_encoder_seq_length  # bytes per row
+
+
+def _cross_attention_values(model: nn.Module, args: TrainArgs, micro_batch: int) -> int:
+    """Cross-attention layers of the BLT local models: norms, q, k, v and output per token side."""
+    total = 0
+    n_bytes = micro_batch * args.data.max_encoder_seq_length
+    n_queries = micro_batch * args.data.seq_len * (args.model.cross_attn_k or 1)
+    for name, module in model.named_modules():
+        if not name.endswith("cross_attn_layers") or not isinstance(module, nn.ModuleList):
+            continue
+        for layer in module:
+            dim = layer.wq.weight.shape[0]
+            q_side, kv_side = (
+                (n_queries, n_bytes) if name.startswith("local_encoder") else (n_bytes, n_queries)
+            )
+            total += q_side * 4 * dim + kv_side * 4 * dim
+    return total
+
+
+def _dense_mask_values(args: TrainArgs, micro_batch: int) -> int:
+    """sdpa runs block-causal, windowed and cross-attention masks as dense [B, 1, Q, K] tensors
+    that autograd keeps (flex_attention and xformers build none)."""
+    model_args = args.active_model_args()
+    if getattr(model_args, "attn_impl", "sdpa") != "sdpa":
+        return 0
+    if args.train_entropy_model:
+        return micro_batch * args.data.seq_len**2
+    n_bytes, n_patches = args.data.max_encoder_seq_length, args.data.seq_len
+    queries = n_patches * (args.model.cross_attn_k or 1)
+    # encoder and decoder self-attention, the global transformer, both cross-attentions
+    return micro_batch * (2 * n_bytes**2 + n_patches**2 + 2 * n_bytes * queries)
+
+
+def activation_bytes(model: nn.Module, args: TrainArgs, tp: int = 1) -> int:
+    """Estimated bytes autograd keeps for one micro-batch of `data.batch_size` rows."""
+    micro_batch = args.data.batch_size
+    mode = args.distributed.activation_checkpointing
+    act_bytes = args.distributed.param_dtype.itemsize
+    kept, peak_recompute = 0, 0
+    block_ids = {id(b) for b in checkpoint_blocks(model)}
+    for path, module in model.named_modules():
+        dims = _block_dims(module) if id(module) in block_ids else None
+        if dims is None:
+            continue
+        block_tp = tp if path.startswith(("global_transformer", "layers")) else 1
+        per_token, recompute = _block_values_per_token(dims, mode, block_tp)
+        tokens = _tokens_of(path, args, micro_batch)
+        kept += per_token * tokens
+        peak_recompute = max(peak_recompute, recompute * tokens)
+    if not args.train_entropy_model:
+        kept += _cross_attention_values(model, args, micro_batch)
+    values = kept + peak_recompute + _dense_mask_values(args, micro_batch)
+    output = getattr(model, "output", None) or getattr(
+        getattr(model, "local_decoder", None), "output", None
+    )
+    vocab = output.weight.shape[0] if output is not None else 0
+    out_tokens = micro_batch * (
+        args.data.seq_len if args.train_entropy_model else args.data.max_encoder_seq_length
+    )
+    logits = out_tokens * vocab * (act_bytes + 4)  # logits, then the loss's fp32 log-softmax
+    return values * act_bytes + logits
+
+
+# ------------------------------------------------------------------------------ memory
+def estimate_memory(
+    model: nn.Module, rows: list[ParamInfo], args: TrainArgs, tp: int = 1
+) -> MemoryEstimate:
+    local_bytes = sum(r.local_numel * r.dtype.itemsize for r in rows)
+    gathered = 0
+    if any(r.fsdp_sharded for r in rows):
+        unit_sizes = sorted(
+            (sum(p.numel() for p in unit.parameters()) for unit in fsdp_units(model)),
+            reverse=True,
+        )
+        in_units = {id(p) for unit in fsdp_units(model) for p in unit.parameters()}
+        root_only = sum(p.numel() for p in model.parameters() if id(p) not in in_units)
+        gathered = (sum(unit_sizes[:2]) + root_only) * args.distributed.param_dtype.itemsize
+    return MemoryEstimate(
+        params=local_bytes,
+        grads=local_bytes,
+        optimizer=2 * local_bytes,
+        activations=activation_bytes(model, args, tp),
+        gathered_params=gathered,
+    )
+
+
+# ------------------------------------------------------------------------------ report
+def _fmt_shape(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def render(
+    model: nn.Module, args: TrainArgs, world_size: int, rank: int, tp: int = 1
+) -> tuple[str, int, MemoryEstimate]:
+    """(model-info.txt text, global parameter count, memory estimate of this rank)."""
+    rows = parameter_table(model)
+    total = sum(r.numel for r in rows)
+    local_total = sum(r.local_numel for r in rows)
+    mem = estimate_memory(model, rows, args, tp)
+    name_w = max([len(r.name) for r in rows] + [4])
+    lines = [
+        f"model: {type(model).__name__}",
+        f"parameters: {total:,} (this rank's shard: {local_total:,}; rank {rank} of {world_size})",
+        "",
+        "per component (global / this rank):",
+    ]
+    for component, (glob, loc) in component_totals(rows).items():
+        lines.append(f"  {component:<32} {glob:>16,} {loc:>16,}")
+    lines += [
+        "",
+        f"estimated memory per rank (micro-batch {args.data.batch_size} rows, "
+        f"activation_checkpointing={args.distributed.activation_checkpointing}):",
+        *(f"  {k:<16} {v / GIB:10.3f} GiB" for k, v in memory_items(mem)),
+        "",
+        "parameters (name, shape, dtype, count, local shape, local count, placement):",
+    ]
+    for r in rows:
+        lines.append(
+            f"  {r.name:<{name_w}}  {_fmt_shape(r.shape):<16} {str(r.dtype).removeprefix('torch.'):<9}"
+            f" {r.numel:>14,}  {_fmt_shape(r.local_shape):<16} {r.local_numel:>14,}  {r.placement}"
+        )
+    return "\n".join(lines) + "\n", total, mem
+
+
+def memory_items(mem: MemoryEstimate) -> list[tuple[str, int]]:
+    return [
+        ("parameters", mem.params),
+        ("gradients", mem.grads),
+        ("optimizer", mem.optimizer),
+        ("fsdp gathered", mem.gathered_params),
+        ("activations", mem.activations),
+        ("total", mem.total),
+    ]
+
+
+def write_model_info(
+    model: nn.Module,
+    args: TrainArgs,
+    mesh: DeviceMesh | None,
+    rank: int = 0,
+    path: str | Path | None = None,
+) -> tuple[int, MemoryEstimate]:
+    """Write `dump_dir/model-info.txt` (or `path`); returns (global parameter count, memory
+    estimate of this rank)."""
+    world_size = mesh.size() if mesh is not None else 1
+    text, total, mem = render(model, args, world_size, rank, tp_rank_and_size(mesh)[1])
+    path = Path(path) if path is not None else Path(args.dump_dir) / MODEL_INFO
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return total, mem
+
+
+def summary_line(total: int, mem: MemoryEstimate) -> str:
+    parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in memory_items(mem) if k != "total")
+    return (
+        f"parameters: {total:,}; estimated memory per rank: {mem.total / GIB:.2f} GiB ({parts} GiB)"
+    )
+
+
+def measured_activation_bytes(model: nn.Module, args: TrainArgs, batch) -> int:
+    """Bytes of the tensors autograd saves in one forward + loss on `batch` (a real, materialised
+    model; parameters and their views excluded, each storage once). Checks the estimate above in
+    tests and bench/model_info_activations.py; checkpointed blocks' recomputation is not seen."""
+    import torch.nn.functional as F
+
+    from bytelatent.distributed.parallelize import forward_context
+
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        saved[storage.data_ptr()] = max(saved.get(storage.data_ptr(), 0), storage.nbytes())
+        return t
+
+    device = next(model.parameters()).device
+    x, y = torch.from_numpy(batch.x).to(device), torch.from_numpy(batch.y).to(device)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with forward_context(None, args.distributed, device.type):
+            if batch.patch_lengths is not None and not args.train_entropy_model:
+                logits = model(x, patch_lengths=torch.from_numpy(batch.patch_lengths).to(device))
+            else:
+                logits = model(x)
+        F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none").sum()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return sum(n for ptr, n in saved.items() if ptr not in params)
