@@ -23,6 +23,7 @@ SECTIONS = {
     "checkpoint": "where and how often to save, retention, resume and warm start",
     "logging": "log frequency, console line, peak FLOP/s for MFU",
     "actions": "run after log steps and evaluations, e.g. [{kind: early_stop, ...}]",
+    "profiling": "torch.profiler trace window (start step, active steps, CUDA memory snapshot)",
     "env": "environment variables exported before the process group starts",
 }
 
@@ -34,7 +35,9 @@ is built; a mistake is reported in one line and exits 2.
 
 Top-level keys: name, dump_dir (required: config.yaml, metrics.jsonl, train.log, model-info.txt
 and checkpoints go there), seed, steps, max_steps, grad_acc_steps, train_entropy_model,
-dry_run (build and describe the model, then exit), num_threads, gc_collect_freq, debug_dynamo.
+relative_steps (train N more steps from wherever the run resumes), probe_freq (per-module
+statistics every N steps), dry_run (build and describe the model, then exit), num_threads,
+gc_collect_freq, debug_dynamo.
 
 Config sections:
 {chr(10).join(f"  {name:<15} {line}" for name, line in SECTIONS.items())}
