@@ -24,6 +24,7 @@ SECTIONS = {
     "logging": "log frequency, console line, peak FLOP/s for MFU",
     "actions": "run after log steps and evaluations, e.g. [{kind: early_stop, ...}]",
     "profiling": "torch.profiler trace window (start step, active steps, CUDA memory snapshot)",
+    "run_lock": "one run per dump_dir: the lock's heartbeat and when a dead holder's lock is stale",
     "env": "environment variables exported before the process group starts",
 }
 
