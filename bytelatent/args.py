@@ -19,6 +19,7 @@ from bytelatent.trainer.actions import ActionArgs
 from bytelatent.trainer.metrics import LoggingArgs
 from bytelatent.trainer.optim import OptimArgs
 from bytelatent.trainer.profiling import ProfilerArgs
+from bytelatent.trainer.run_lock import RunLockArgs
 
 # Exported before the process group is created; NCCL settings are harmless on CPU.
 DEFAULT_ENV = {
@@ -62,6 +63,7 @@ class TrainArgs(BaseModel):
     checkpoint: CheckpointArgs = Field(default_factory=CheckpointArgs)
     logging: LoggingArgs = Field(default_factory=LoggingArgs)
     profiling: ProfilerArgs = Field(default_factory=ProfilerArgs)
+    run_lock: RunLockArgs = Field(default_factory=RunLockArgs)
     actions: list[ActionArgs] = Field(
         default_factory=list, description="run after each log step and evaluation, e.g. early_stop"
     )

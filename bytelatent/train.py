@@ -24,6 +24,7 @@ SECTIONS = {
     "logging": "log frequency, console line, peak FLOP/s for MFU",
     "actions": "run after log steps and evaluations, e.g. [{kind: early_stop, ...}]",
     "profiling": "torch.profiler trace window (start step, active steps, CUDA memory snapshot)",
+    "run_lock": "one run per dump_dir: the lock's heartbeat and when a dead holder's lock is stale",
     "env": "environment variables exported before the process group starts",
 }
 
@@ -113,6 +114,7 @@ def run(args) -> int:
     """Set up the process group, train, and always leave through `cleanup_and_exit` when distributed."""
     from bytelatent.distributed.env import cleanup_and_exit, setup_distributed
     from bytelatent.trainer.metrics import setup_logging
+    from bytelatent.trainer.run_lock import hold_run_lock
     from bytelatent.trainer.trainer import Trainer
 
     for key, value in args.env.items():
@@ -120,18 +122,24 @@ def run(args) -> int:
     code = 0
     env = None
     trainer = None
+    lock = None
     try:
         env = setup_distributed(args.distributed)
+        # Before anything is written to dump_dir: a second run there must leave no trace.
+        lock = hold_run_lock(args.dump_dir, args.run_lock, env.rank, env.world_size, env.device)
         setup_logging(args.dump_dir, env.rank)
         trainer = Trainer(args, env)
         trainer.train()
         code = trainer.exit_code
     except UserError as e:
-        print(e.one_line(), file=sys.stderr)
+        if not getattr(e, "quiet", False):
+            print(e.one_line(), file=sys.stderr)
         code = 2
     finally:
         if trainer is not None:  # an exception on the way out marks the wandb run failed
             trainer.close(code if sys.exc_info()[1] is None else 1)
+        if lock is not None:
+            lock.release()
         for handler in logging.getLogger("bytelatent").handlers:
             handler.flush()
     if env is not None and env.world_size > 1:

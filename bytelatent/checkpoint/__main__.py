@@ -1,8 +1,9 @@
 """`python -m bytelatent.checkpoint consolidate DIR [--out OUT] [--with-optim] [--s3-profile P]
 [--progress auto|on|off] [--format pth|safetensors]`.
 
-Also `export-hf CKPT OUT [--entropy-model DIR]` (a folder for transformers' BltForCausalLM) and
-`import-hf HFDIR OUT` (back to our consolidated layout).
+Also `export-hf CKPT OUT [--entropy-model DIR]` (a folder for transformers' BltForCausalLM),
+`import-hf HFDIR OUT` (back to our consolidated layout) and `verify DIR [--sizes-only]` (check
+a step folder, or every step folder under DIR, against its manifests).
 """
 
 from __future__ import annotations
@@ -60,12 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         "ckpt_dir",
         help="a DCP step folder, e.g. dump/checkpoints/0000001000 or s3://...",
     )
-    cons.add_argument(
-        "--out", default=None, help="output folder (default: CKPT_DIR/consolidated)"
-    )
-    cons.add_argument(
-        "--with-optim", action="store_true", help="also store the optimizer state"
-    )
+    cons.add_argument("--out", default=None, help="output folder (default: CKPT_DIR/consolidated)")
+    cons.add_argument("--with-optim", action="store_true", help="also store the optimizer state")
     cons.add_argument("--s3-profile", default=None, help="AWS profile for s3:// paths")
     cons.add_argument(
         "--format",
@@ -79,8 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         help="progress bar while reading: auto (only on a terminal), on, off",
     )
     _add_hf_commands(commands)
+    _add_verify_parser(commands)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    if args.command == "verify":
+        return _run_verify(args)
     try:
         if args.command in HF_COMMANDS:
             out = HF_COMMANDS[args.command](args)
@@ -98,6 +98,28 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(out)
     return 0
+
+
+def _add_verify_parser(commands) -> None:
+    verify = commands.add_parser(
+        "verify", help="check a step folder, or every step folder under DIR, against its manifests"
+    )
+    verify.add_argument("ckpt_dir", help="a step folder or a checkpoints folder (local or s3://)")
+    verify.add_argument(
+        "--sizes-only", action="store_true", help="check file sizes only, not CRC32s (faster)"
+    )
+    verify.add_argument("--s3-profile", default=None, help="AWS profile for s3:// paths")
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    """Print one line per step folder; exit 1 if any complete (or named) folder fails."""
+    from bytelatent.checkpoint.verify import verify_tree
+
+    try:
+        return verify_tree(args.ckpt_dir, checksum=not args.sizes_only, s3_profile=args.s3_profile)
+    except UserError as e:
+        print(e.one_line(), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -6,11 +6,16 @@ On-disk layout (compatible with the reference; `.complete` is ours):
         .metadata, __{rank}_0.distcp      DCP of {"model": model_sd, "optim": optim_sd}
         train_state_{dp_rank:05d}.json    one per DP rank (written by its TP rank 0)
         params.json                       full config (global rank 0)
+        manifest_{rank:05d}.json          sizes + CRC32s of each rank's shards (checkpoint/verify.py)
+        manifest.json                     sizes + CRC32s of the small files (rank 0, before the marker)
         .complete                         JSON {"step", "kinds", "dp_size", "world_size", "time"},
                                           written last by rank 0 once every rank has finished
 
 A folder without `.complete` is a partial save (killed, crashed, or still being written): it is
 never resumed from automatically and is deleted by rank 0 after a later successful save.
+On resume the newest complete folder is verified against its manifests (sizes; CRC32s with
+`checkpoint.verify=checksum`); one that fails is renamed `{step}.corrupt-{time}` (kept, never
+deleted, ignored from then on) and the next newest is tried.
 Retention classifies folders by the kinds recorded in `.complete`, not by `step % every`, so it
 stays correct when `every` changes between runs.
 """
@@ -26,14 +31,14 @@ import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from torch import nn
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -50,6 +55,12 @@ from bytelatent.checkpoint.consolidate import (
     find_consolidated_file,
     load_consolidated_state_dict,
     require_dcp_dir,
+)
+from bytelatent.checkpoint.verify import (
+    ManifestWriter,
+    VerifyReport,
+    verify_step_folder,
+    write_folder_manifest,
 )
 from bytelatent.errors import CheckpointError, ConfigError
 
@@ -92,6 +103,8 @@ class CheckpointArgs(BaseModel):
     init_ckpt_rename: dict[str, str] | None = None
     # Resume from this step folder instead of the newest complete one under `path`.
     load_path: str | None = None
+    # What resuming checks against the manifests: file sizes, or sizes and CRC32s (reads every file).
+    verify: Literal["size", "checksum"] = "size"
 
 
 @dataclass
@@ -206,6 +219,8 @@ class CheckpointManager:
         self.distributed = dist.is_available() and dist.is_initialized()
         self.is_rank0 = not self.distributed or dist.get_rank() == 0
         self.world_size = dist.get_world_size() if self.distributed else 1
+        self.group_rank = dist.get_rank(process_group) if self.distributed else 0
+        self.group_size = dist.get_world_size(process_group) if self.distributed else 1
         self._pending: _PendingSave | None = None
         self._last_saved_step: int | None = None
         self.last_load: LoadInfo | None = None
@@ -255,13 +270,70 @@ class CheckpointManager:
         """Where a (re)started run resumes from: load_path, else the newest complete save, else
         init_ckpt_path when continue_training_from_init; None means start fresh (maybe `load_init`)."""
         if self.args.load_path:
+            self._require_verified(self.args.load_path)
             return self.args.load_path
-        latest = self.latest_complete()
+        latest = self.latest_verified()
         if latest is not None:
             return latest
         if self.args.init_ckpt_path and self.args.continue_training_from_init:
             return self.args.init_ckpt_path
         return None
+
+    def verify(self, folder: str) -> VerifyReport:
+        """Check `folder` against its manifests; collective (ranks split the rank manifests)."""
+        report = verify_step_folder(
+            folder,
+            checksum=self.args.verify == "checksum",
+            fs=self.fs,
+            shard=(self.group_rank, self.group_size),
+        )
+        if self.distributed:
+            gathered: list[Any] = [None] * self.group_size
+            mine = (report.problems, report.verified, report.n_files)
+            dist.all_gather_object(gathered, mine, group=self.process_group)
+            report.problems = [p for problems, _, _ in gathered for p in problems]
+            report.verified = all(verified for _, verified, _ in gathered)
+            report.n_files = sum(n for _, _, n in gathered)
+        return report
+
+    def latest_verified(self) -> str | None:
+        """Newest complete folder that passes verification; failing ones are set aside (renamed)."""
+        complete = [folder for _, folder, marker in self._scan() if marker is not None]
+        for folder in reversed(complete):
+            report = self.verify(folder)
+            if not report.verified:
+                logger.warning("%s has no manifest (saved by an older version): not verified", folder)
+                return folder
+            if report.ok:
+                return folder
+            if self.is_rank0:
+                aside = self._set_aside(folder)
+                more = f" (+{len(report.problems) - 3} more)" if len(report.problems) > 3 else ""
+                logger.error(
+                    "checkpoint %s fails verification: %s%s; moved it to %s (kept, not deleted); "
+                    "resuming from the previous checkpoint instead",
+                    folder, "; ".join(report.problems[:3]), more, aside,
+                )  # fmt: skip
+            self._barrier()  # the rename is visible before any rank lists the folder again
+        return None
+
+    def _require_verified(self, folder: str) -> None:
+        report = self.verify(folder)
+        if not report.ok:
+            raise CheckpointError(
+                f"{folder}: fails verification ({'; '.join(report.problems[:3])}); "
+                "unset checkpoint.load_path to resume from the newest good checkpoint"
+            )
+
+    def _set_aside(self, folder: str) -> str:
+        aside = f"{folder}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}"
+        n = 1
+        while cfs.exists(self.fs, aside if n == 1 else f"{aside}-{n}"):
+            n += 1
+        aside = aside if n == 1 else f"{aside}-{n}"
+        self.fs.mv(folder, aside, recursive=True)
+        cfs._refresh(self.fs, folder)  # s3fs caches listings
+        return aside
 
     # ------------------------------------------------------------------ saving
 
@@ -308,14 +380,16 @@ class CheckpointManager:
         try:
             self._write_small_files(folder, train_state, params)
         except OSError as e:
-            raise CheckpointError(
-                f"{folder}: cannot write ({_first_line(e)}); check checkpoint.path"
-            ) from e
+            raise CheckpointError(self._save_failed(folder, e)) from e
         state = self._state_dict(model, optimizer)
-        writer = FsspecWriter(folder, **self._options)
+        writer = ManifestWriter(folder, self.group_rank, self.fs, **self._options)
 
         def finalize() -> None:
-            self._write_marker(folder, step, kinds)
+            try:
+                write_folder_manifest(self.fs, folder, self.group_size)
+                self._write_marker(folder, step, kinds)
+            except OSError as e:
+                raise CheckpointError(self._save_failed(folder, e)) from e
             self._apply_retention(step)
 
         if self.args.async_save:
@@ -343,7 +417,7 @@ class CheckpointManager:
                     no_dist=not self.distributed,
                 )
         except DCP_ERRORS as e:
-            raise CheckpointError(f"{folder}: saving failed ({_first_line(e)})") from e
+            raise CheckpointError(self._save_failed(folder, e)) from e
         self._barrier()  # every rank has finished writing before the marker appears
         try:
             if self.is_rank0:
@@ -352,6 +426,25 @@ class CheckpointManager:
             self._barrier()  # on return the marker is visible to every rank (even if rank 0 failed)
         self._last_saved_step = step
         return folder
+
+    def _save_failed(self, folder: str, error: BaseException) -> str:
+        """The one line for a failed save; rank 0 removes the partial folder (frees the space)."""
+        if self.is_rank0:
+            try:
+                cfs.rm(self.fs, folder)
+            except OSError:
+                pass  # the next successful save removes older partial folders anyway
+        try:
+            previous = self.latest_complete()
+        except OSError:
+            previous = None
+        kept = f"the newest complete checkpoint {previous} is intact" if previous else (
+            "no earlier checkpoint exists"
+        )
+        return (
+            f"{folder}: cannot write the checkpoint ({_first_line(error)}); {kept}; free space or fix "
+            "permissions under checkpoint.path and run again to resume"
+        )
 
     def _write_small_files(
         self, folder: str, train_state: dict[str, Any], params: dict[str, Any] | None
@@ -379,9 +472,7 @@ class CheckpointManager:
         try:
             pending.future.result()
         except DCP_ERRORS as e:  # DCP raises on every rank, so all ranks agree here
-            error = CheckpointError(
-                f"{pending.folder}: async save failed ({_first_line(e)})"
-            )
+            error = CheckpointError(self._save_failed(pending.folder, e))
             error.__cause__ = e
         if self.is_rank0 and error is None:
             pending.finalize()

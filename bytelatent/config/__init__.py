@@ -9,6 +9,7 @@ from bytelatent.config.parser import (
     parse_args,
     parse_dotlist,
 )
+from bytelatent.config.redact import redact_secrets, redacted_yaml
 
 __all__ = [
     "ConfigValidationError",
@@ -18,4 +19,6 @@ __all__ = [
     "merge_config_trees",
     "parse_args",
     "parse_dotlist",
+    "redact_secrets",
+    "redacted_yaml",
 ]

@@ -2,7 +2,9 @@
 
 A value is secret-looking when its key contains `token`, `key`, `secret`, `password` or
 `passwd` (any case, anywhere in the tree, `env` included). Mappings are searched, not redacted,
-so `data.tokenizer_args` keeps its contents while `env.HF_TOKEN` does not.
+so `data.tokenizer_args` keeps its contents while `env.HF_TOKEN` does not. Values that look like
+a credential whatever their key (AWS access key ids, GitHub / Hugging Face / OpenAI / Slack
+tokens) are redacted too, and so is the password of a `scheme://user:password@host` URL.
 """
 
 from __future__ import annotations
@@ -15,6 +17,14 @@ from pydantic import BaseModel
 
 REDACTED = "<redacted>"
 SECRET_KEY = re.compile(r"token|key|secret|passw(or)?d", re.IGNORECASE)
+SECRET_VALUE = re.compile(
+    r"^(AKIA|ASIA)[0-9A-Z]{16}$"  # AWS access key id
+    r"|^gh[pousr]_[A-Za-z0-9]{20,}$"  # GitHub
+    r"|^hf_[A-Za-z0-9]{20,}$"  # Hugging Face
+    r"|^sk-[A-Za-z0-9_-]{20,}$"  # OpenAI-style
+    r"|^xox[abpr]-[A-Za-z0-9-]{10,}$"  # Slack
+)
+URL_PASSWORD = re.compile(r"^([a-z][a-z0-9+.-]*://[^/:@\s]+):[^/@\s]+@", re.IGNORECASE)
 
 
 def is_secret_key(key: object) -> bool:
@@ -30,6 +40,10 @@ def redact_secrets(tree: Any) -> Any:
         }
     if isinstance(tree, (list, tuple)):
         return [redact_secrets(v) for v in tree]
+    if isinstance(tree, str):
+        if SECRET_VALUE.match(tree):
+            return REDACTED
+        return URL_PASSWORD.sub(rf"\1:{REDACTED}@", tree)
     return tree
 
 

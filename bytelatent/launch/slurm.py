@@ -96,6 +96,10 @@ def _sbatch_header(args: SlurmArgs, job_name: str, log_dir: str) -> list[str]:
     }
     options += [f"--{key}={value}" for key, value in optional.items() if value is not None]
     options += args.sbatch_args
+    for option in options:
+        # A line break would end the `#SBATCH` comment and run the rest as a shell command.
+        if any(c in option for c in "\n\r\0"):
+            raise ConfigError(f"sbatch option {option!r}: line breaks are not allowed")
     return ["#!/bin/bash", *(f"#SBATCH {option}" for option in options)]
 
 

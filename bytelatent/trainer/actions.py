@@ -38,7 +38,19 @@ class EarlyStopArgs(BaseModel):
     min_delta: float = Field(0.0, ge=0.0, description="smallest change that counts as improvement")
 
 
-ActionArgs = Annotated[EarlyStopArgs, Field(discriminator="kind")]
+class NonFiniteStopArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["nonfinite_stop"] = "nonfinite_stop"
+    max_skipped_steps: int = Field(
+        5, ge=1, description="consecutive skipped (non-finite) updates before the run stops"
+    )
+
+
+ActionArgs = Annotated[EarlyStopArgs | NonFiniteStopArgs, Field(discriminator="kind")]
+
+# Exit code of a run stopped because its updates stayed non-finite (2 is a user error).
+NONFINITE_EXIT_CODE = 3
 
 
 class Action:
@@ -92,7 +104,47 @@ class EarlyStop(Action):
         self.bad_reports = int(state.get("bad_reports", 0))
 
 
-_ACTION_TYPES: dict[str, type[Action]] = {"early_stop": EarlyStop}
+class NonFiniteStop(Action):
+    """Stop without saving after `max_skipped_steps` consecutive skipped updates.
+
+    Reads `skipped_streak` / `nonfinite` that the non-finite guard adds to the log-step metrics
+    (bytelatent.trainer.guard); the streak itself is counted on the device, every step.
+    """
+
+    kind = "nonfinite_stop"
+
+    def __init__(self, args: NonFiniteStopArgs):
+        self.args = args
+
+    def run(self, step: int, metrics: dict[str, Any]) -> Stop | None:
+        streak = int(metrics.get("skipped_streak", 0))
+        if streak < self.args.max_skipped_steps:
+            return None
+        first = step - streak + 1
+        what = metrics.get("nonfinite", "loss or grad_norm")
+        verb = "were" if " and " in what else "was"
+        return Stop(
+            f"non-finite guard: stopping at step {step}: {streak} consecutive updates skipped "
+            f"(steps {first}-{step}) because {what} {verb} non-finite; nothing saved, the newest "
+            "checkpoint is the last finite one "
+            f"(lower optim.lr, set optim.clip, or raise optim.max_skipped_steps)",
+            save=False,
+            exit_code=NONFINITE_EXIT_CODE,
+        )
+
+
+_ACTION_TYPES: dict[str, type[Action]] = {
+    "early_stop": EarlyStop,
+    "nonfinite_stop": NonFiniteStop,
+}
+
+
+def with_nonfinite_stop(actions: list[BaseModel], max_skipped_steps: int) -> list[BaseModel]:
+    """`actions` plus a `nonfinite_stop` from `optim.max_skipped_steps` unless one is configured
+    (0 disables the automatic one: skipped updates are then only counted)."""
+    if max_skipped_steps <= 0 or any(a.kind == "nonfinite_stop" for a in actions):
+        return list(actions)
+    return [*actions, NonFiniteStopArgs(max_skipped_steps=max_skipped_steps)]
 
 
 class Actions:

@@ -7,7 +7,7 @@ from functools import partial
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch.optim.lr_scheduler import LambdaLR
 
 
@@ -30,6 +30,8 @@ class OptimArgs(BaseModel):
     decay_fraction: float = 0.1  # wsd: fraction of each cycle spent decaying
     exp_factor: float = 0.5  # inv_sqrt exponent
     fused: bool | None = None  # None: fused AdamW where the device supports it
+    # Non-finite guard: stop after this many consecutive skipped updates (0: never stop, only skip).
+    max_skipped_steps: int = Field(5, ge=0)
 
     @model_validator(mode="after")
     def _check(self) -> OptimArgs:

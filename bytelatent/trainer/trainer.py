@@ -29,8 +29,9 @@ from bytelatent.distributed.parallelize import (
     set_gradient_sync,
 )
 from bytelatent.distributed.signals import PreemptionFlag, requeue_slurm_job, under_slurm
-from bytelatent.trainer.actions import Actions, Stop
+from bytelatent.trainer.actions import Actions, Stop, with_nonfinite_stop
 from bytelatent.trainer.build import build_parallel_model, model_flops_per_byte
+from bytelatent.trainer.guard import NonFiniteGuard
 from bytelatent.trainer.loop_controls import resolve_stop_step
 from bytelatent.trainer.metrics import (
     MetricLogger,
@@ -106,7 +107,10 @@ class Trainer:
         )
         self.tokenizer = args.data.tokenizer_args.build()
         self.state = TrainState()
-        self.actions = Actions.build(args.actions)
+        self.actions = Actions.build(
+            with_nonfinite_stop(args.actions, args.optim.max_skipped_steps)
+        )
+        self.guard = NonFiniteGuard(self.optimizer, self.device)  # skips non-finite updates
         self.exit_code = 0  # set by an action that stops the run with an error
         self._resume_or_warm_start()
         self.stop_step = resolve_stop_step(args, self.state)
@@ -227,7 +231,7 @@ class Trainer:
         if self.probe is not None:
             self.probe.record_grads()  # a no-op unless this step is probed
         grad_norm = clip_grad_norm_(self.model.parameters(), self.args.optim.clip)
-        self.optimizer.step()
+        self.guard.step(loss_sum, grad_norm)  # optimizer.step() unless loss/grad norm non-finite
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.acc_step = 0
@@ -312,6 +316,7 @@ class Trainer:
             "data_time_s": interval.data_time / interval.steps,
             "peak_mem_gib": peak_memory_gib(self.device),
             "tokens_seen": self.state.tokens_seen,
+            **self.guard.read(),
         }
         if self.peak_flops:
             m["mfu"] = m["flops_per_s"] / (self.peak_flops * self.env.world_size)
@@ -339,6 +344,8 @@ class Trainer:
         """The one save path: periodic, eval, preemption and final saves all come through here."""
         if self._last_saved_step == self.state.step:
             return
+        if not self.guard.safe_to_save(self.model, self.state.step):
+            return  # never write non-finite weights: retention would push out the last good one
         self.state.data_state = self.data.get_state().model_dump(mode="json")
         self.state.scheduler = self.scheduler.state_dict()
         self.state.rng = capture_rng_state()

@@ -209,7 +209,7 @@ def scenario_kill(args: argparse.Namespace, rank: int, world: int) -> None:
             hang  # DCP data and .metadata are written
         )
     elif args.kill_at == "before_metadata":
-        writer_cls = manager_module.FsspecWriter
+        writer_cls = manager_module.ManifestWriter  # the writer the manager saves with
         original = writer_cls.finish
 
         def finish_then_hang(self: object, *a: object, **k: object) -> None:

@@ -9,6 +9,8 @@ from bytelatent.data.iterators.file import (
     FileIteratorState,
     FileShard,
     LoopingIteratorState,
+    _ArrowReader,
+    _BadRecord,
     assign_shards,
 )
 from bytelatent.data.iterators.states import load_state
@@ -160,17 +162,17 @@ def test_bad_jsonl_record_names_file_and_row(tmp_path, line, reason):
     assert skipping.get_state().n_skipped == 1
 
 
-def test_truncated_arrow_reports_row_or_skips(tmp_path):
+def test_truncated_arrow_file_fails_at_open_or_skips(tmp_path):
     path = write_arrow(tmp_path / "t.arrow", "s", range(12), batch_rows=4)
     data = path.read_bytes()
     cut = tmp_path / "cut.arrow"
     cut.write_bytes(data[: int(len(data) * 0.6)])
-    it = FileIteratorState(shards=shards_of(cut)).build()
-    got = []
-    with pytest.raises(DataError, match=r"cut\.arrow: row \d+: .*(truncated|corrupt)"):
-        for doc in it:
-            got.append(doc.sample_id)
-    assert got == [f"s-{i}" for i in range(len(got))]  # everything before the damage was read
+    # The footer is gone: the iterator refuses it when built, before any record is yielded.
+    with pytest.raises(DataError, match=r"cut\.arrow: truncated Arrow IPC file.*footer"):
+        FileIteratorState(shards=shards_of(cut)).build()
+    # Opening it (the check that also covers s3:// files) names the footer too.
+    with pytest.raises(_BadRecord, match=r"truncated Arrow IPC file.*footer"):
+        _ArrowReader(str(cut), None)
     good = write_jsonl(tmp_path / "next.jsonl", "n", range(2))
     skipping = FileIteratorState(shards=shards_of(cut, good), skip_bad_records=True).build()
     ids = [d.sample_id for d in skipping]
@@ -201,3 +203,15 @@ def test_state_json_is_strict(tmp_path):
     data["surprise"] = 1
     with pytest.raises(DataError):
         load_state(json.dumps(data))
+
+
+def test_truncated_arrow_among_shards_fails_before_the_first_document(tmp_path):
+    good = write_jsonl(tmp_path / "a.jsonl", "a", range(3))
+    whole = write_arrow(tmp_path / "b.arrow", "b", range(12), batch_rows=4)
+    cut = tmp_path / "c.arrow"
+    cut.write_bytes(whole.read_bytes()[:-30])
+    stream = write_arrow(tmp_path / "d.arrow", "d", range(4), stream=True)
+    with pytest.raises(DataError, match=r"c\.arrow: truncated Arrow IPC file.*skip_bad_records"):
+        FileIteratorState(shards=shards_of(good, whole, cut, stream)).build()
+    fine = FileIteratorState(shards=shards_of(good, whole, stream)).build()
+    assert len(list(fine)) == 3 + 12 + 4

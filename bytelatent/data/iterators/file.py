@@ -15,8 +15,12 @@ Every row is read by exactly one rank, for every world size; no row is dropped.
 Position
     The state names the current file and the exact next row: a byte offset for JSONL and a
     (record batch, first row of that batch) pair for Arrow IPC files, so resuming seeks straight
-    there without replaying the file. Arrow *stream* files (and IPC files whose footer is lost)
-    have no random access: resuming reads and discards the earlier record batches.
+    there without replaying the file. Arrow *stream* files have no random access: resuming reads
+    and discards the earlier record batches.
+
+An Arrow IPC *file* (it starts with the `ARROW1` magic) must end with a valid footer: one that
+does not was cut short (a failed copy, a full disk), so it is rejected when it is opened, not
+days later when training reaches the damage.
 
 Bad records (malformed JSON, invalid UTF-8, missing/null text, unreadable Arrow data) raise
 DataError naming the file and row, or are skipped and counted when `skip_bad_records` is true.
@@ -44,6 +48,7 @@ logger = logging.getLogger(__name__)
 SAMPLE_ID_KEYS = ("sample_id", "title", "qid", "paper_id", "path", "url", "id")
 TEXT_KEYS = ("text", "content")
 FileFormat = Literal["json", "arrow"]
+IPC_MAGIC = b"ARROW1"  # first 6 (and last 6) bytes of an Arrow IPC file
 
 
 @dataclass
@@ -152,6 +157,25 @@ class _JsonReader:
         self.file.close()
 
 
+def arrow_footer_problem(path: str) -> str | None:
+    """For a local file: why it is a truncated Arrow IPC file (IPC magic at the start, not at the
+    end), else None. Two 6-byte reads, so every shard can be checked before training starts."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(IPC_MAGIC))
+            if head != IPC_MAGIC:
+                return None  # a stream (no footer by design) or not Arrow at all: found at open
+            f.seek(0, os.SEEK_END)
+            if f.tell() < 2 * len(IPC_MAGIC) + 8:
+                return "truncated Arrow IPC file: shorter than its header and footer"
+            f.seek(-len(IPC_MAGIC), os.SEEK_END)
+            if f.read(len(IPC_MAGIC)) != IPC_MAGIC:
+                return "truncated Arrow IPC file: it starts with the IPC magic but has no footer"
+    except OSError:
+        return None  # missing/unreadable: reported when the file is opened
+    return None
+
+
 class _ArrowReader:
     """Record batches of an Arrow IPC file (random access) or stream (sequential)."""
 
@@ -170,20 +194,22 @@ class _ArrowReader:
         self.stream_next = 0  # index of the batch the stream reader yields next
         try:
             self.file_reader = pa.ipc.open_file(self.file)
-        except (pa.ArrowInvalid, OSError):
+        except (pa.ArrowInvalid, OSError) as exc:
+            self.file.seek(0)
+            if self.file.read(6) == IPC_MAGIC:
+                self.file.close()
+                raise _BadRecord(
+                    f"truncated Arrow IPC file: it starts with the IPC magic but has no valid "
+                    f"footer ({exc})"
+                ) from exc
             self._open_stream()
 
     def _open_stream(self) -> None:
         self.file.seek(0)
-        # An IPC *file* starts with the 6-byte magic padded to 8; its body is an IPC stream, which
-        # is how a file that lost its footer (truncated) can still be read up to the damage.
-        if self.file.read(6) != b"ARROW1":
-            self.file.seek(0)
-        else:
-            self.file.seek(8)
         try:
             self.stream_reader = pa.ipc.open_stream(self.file)
         except (pa.ArrowInvalid, OSError) as exc:
+            self.file.close()
             raise _BadRecord(f"not an Arrow IPC file or stream ({exc})") from exc
 
     @property
@@ -287,6 +313,8 @@ class FileIterator(StatefulIterator[Document]):
 
     def __init__(self, state: FileIteratorState) -> None:
         self.state = state.model_copy()
+        if not state.skip_bad_records:
+            self._check_arrow_footers()
         self._json: _JsonReader | None = None
         self._arrow: _ArrowReader | None = None
         self._batch: pa.RecordBatch | None = None
@@ -294,6 +322,17 @@ class FileIterator(StatefulIterator[Document]):
 
     def get_state(self) -> FileIteratorState:
         return self.state.model_copy()
+
+    def _check_arrow_footers(self) -> None:
+        """Fail now, not when the loop reaches it, on a local Arrow file that lost its footer."""
+        for shard in self.state.shards[self.state.shard_index :]:
+            if shard.format == "arrow" and "://" not in shard.path:
+                problem = arrow_footer_problem(shard.path)
+                if problem:
+                    raise DataError(
+                        f"{shard.path}: {problem}; re-copy or regenerate it, or set "
+                        "data.skip_bad_records=true to skip it"
+                    )
 
     def __next__(self) -> Document:
         s = self.state
