@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from bytelatent.checkpoint.manager import CheckpointArgs
 from bytelatent.data.args import DataArgs
 from bytelatent.distributed.env import DistributedArgs
+from bytelatent.eval.args import EvalArgs
 from bytelatent.model.blt import ByteLatentTransformerArgs
 from bytelatent.model.transformer import LMTransformerArgs
 from bytelatent.trainer.actions import ActionArgs
@@ -51,6 +52,7 @@ class TrainArgs(BaseModel):
     env: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_ENV))
     checkpoint: CheckpointArgs = Field(default_factory=CheckpointArgs)
     logging: LoggingArgs = Field(default_factory=LoggingArgs)
+    eval: EvalArgs = Field(default_factory=EvalArgs)
     actions: list[ActionArgs] = Field(
         default_factory=list, description="run after each log step and evaluation, e.g. early_stop"
     )
@@ -63,6 +65,11 @@ class TrainArgs(BaseModel):
             raise ValueError(f"max_steps ({self.max_steps}) exceeds steps ({self.steps})")
         if self.checkpoint.path is None:
             self.checkpoint.path = os.path.join(self.dump_dir, "checkpoints")
+        if self.eval.async_launch.mode != "none" and self.checkpoint.eval.every == 0:
+            raise ValueError(
+                f"eval.async_launch.mode={self.eval.async_launch.mode}: evaluates checkpoint.eval "
+                "saves, but checkpoint.eval.every=0; set it > 0"
+            )
         if self.train_entropy_model:
             self._check_entropy_model_run()
         else:

@@ -30,6 +30,8 @@ from bytelatent.distributed.parallelize import (
     set_gradient_sync,
 )
 from bytelatent.distributed.signals import PreemptionFlag, requeue_slurm_job, under_slurm
+from bytelatent.eval.validate import Validator
+from bytelatent.launch.async_eval import AsyncEvalLauncher
 from bytelatent.trainer.actions import Actions, Stop
 from bytelatent.trainer.build import build_model, model_flops_per_byte
 from bytelatent.trainer.metrics import (
@@ -88,6 +90,8 @@ class Trainer:
             if self.mesh is not None and self.device.type == "cuda"
             else None
         )
+        # Validation data is resolved now: a missing source fails before anything is built.
+        self.validator = Validator.for_training(args, env, self.mesh, self.dp_rank, self.dp_size)
         self.model = self._build_model()
         self.optimizer, self.scheduler = build_optimizer(
             self.model, args.optim, args.steps, self.device.type
@@ -104,6 +108,9 @@ class Trainer:
         self.actions = Actions.build(args.actions)
         self.exit_code = 0  # set by an action that stops the run with an error
         self._resume_or_warm_start()
+        self.async_evals = AsyncEvalLauncher.for_training(args, env.rank)
+        self.checkpoints.on_complete = self.async_evals.on_checkpoint
+        self.async_evals.launch_owed(self.checkpoints)
         self.data = args.data.build_from_rank(
             self.dp_rank, self.dp_size, state=self.state.data_state
         )
@@ -165,6 +172,10 @@ class Trainer:
         if self.args.gc_collect_freq > 0:
             gc.disable()
         interval, last = Interval(self.device), None
+        if self.validator.should_run_before_training(self.state.step):
+            if (stop := self.evaluate("before_training")) is not None:
+                self.stop(stop)
+                return last
         while self.state.step < self.stop_step:
             t0 = time.perf_counter()
             batches = self.next_batches()
@@ -179,6 +190,11 @@ class Trainer:
                 if (stop := self.actions.run(self.state.step, last)) is not None:
                     self.stop(stop)
                     return last
+            if self.validator.should_run(self.state.step):
+                if (stop := self.evaluate("loop")) is not None:
+                    self.stop(stop)
+                    return last
+            self.async_evals.poll()
             if self.preemption.agreed(torch.device("cpu"), self._host_group):
                 self.handle_preemption()
                 return last
@@ -186,6 +202,11 @@ class Trainer:
         self.save("final")
         self.checkpoints.wait()
         return last
+
+    def evaluate(self, mode: str) -> Stop | None:
+        """Validate the current model (all ranks); the actions see the eval metrics."""
+        eval_metrics = self.validator.run(self.model, self.state.step, mode=mode)
+        return self.actions.run(self.state.step, eval_metrics)
 
     def next_batches(self) -> list[Batch]:
         return [next(self.data) for _ in range(self.args.grad_acc_steps)]
@@ -350,6 +371,7 @@ class Trainer:
         self.preemption.uninstall()
         self.metrics.close()
         self.checkpoints.close()
+        self.async_evals.close()
         close = getattr(self.data, "close", None) or getattr(self.data, "shutdown", None)
         if close is not None:
             close()
