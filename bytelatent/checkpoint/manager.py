@@ -463,6 +463,13 @@ class CheckpointManager:
                 logger.info("retention: removing checkpoint %s", folder)
                 self._delete(folder)
 
+    def retain(self) -> None:
+        """Apply retention now (rank 0), e.g. once a reader released its lease; not while an
+        async save is in flight (its own finalize applies retention then)."""
+        complete = self.complete_checkpoints()
+        if self.is_rank0 and self._pending is None and complete:
+            self._apply_retention(complete[-1][0])
+
     def _leased(self, folder: str) -> bool:
         return any(
             name.rsplit("/", 1)[-1].startswith(LEASE_PREFIX) for name in cfs.listdir(self.fs, folder)

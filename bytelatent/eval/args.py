@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from bytelatent.launch.slurm import SlurmArgs
 
@@ -83,22 +83,28 @@ class EvalArgs(BaseModel):
         None, description="tqdm progress bars in the standalone eval; None: only on a terminal"
     )
 
-    @model_validator(mode="after")
-    def _check(self) -> EvalArgs:
+    @field_validator("tasks")
+    @classmethod
+    def _known_tasks(cls, tasks: list[str]) -> list[str]:
         from bytelatent.eval.tasks import known_tasks
 
         known = known_tasks()
-        unknown = [t for t in self.tasks if t not in known]
+        unknown = [t for t in tasks if t not in known]
         if unknown:
-            raise ValueError(
-                f"eval.tasks: unknown task '{unknown[0]}'; known tasks: {', '.join(sorted(known))}"
-            )
-        if len(set(self.tasks)) != len(self.tasks):
-            raise ValueError(f"eval.tasks: listed twice in {self.tasks}")
-        stray = sorted(set(self.task_args) - set(self.tasks))
+            raise ValueError(f"unknown task '{unknown[0]}'; known tasks: {', '.join(sorted(known))}")
+        if len(set(tasks)) != len(tasks):
+            raise ValueError(f"a task is listed twice in {tasks}")
+        return tasks
+
+    @field_validator("task_args")
+    @classmethod
+    def _args_of_listed_tasks(
+        cls, task_args: dict[str, dict[str, Any]], info: ValidationInfo
+    ) -> dict[str, dict[str, Any]]:
+        stray = sorted(set(task_args) - set(info.data.get("tasks", [])))
         if stray:
-            raise ValueError(f"eval.task_args.{stray[0]}: task not in eval.tasks {self.tasks}")
-        return self
+            raise ValueError(f"'{stray[0]}' is not in eval.tasks")
+        return task_args
 
     @property
     def enabled(self) -> bool:

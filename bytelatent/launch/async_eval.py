@@ -86,8 +86,11 @@ def slurm_job_state(job_id: str) -> tuple[str | None, str | None]:
 class AsyncEvalLauncher:
     """Rank 0's launcher (a disabled one elsewhere); the trainer calls `on_checkpoint`, `poll`."""
 
-    def __init__(self, args: AsyncLaunchArgs, dump_dir: str, name: str, enabled: bool) -> None:
+    def __init__(
+        self, args: AsyncLaunchArgs, dump_dir: str, name: str, enabled: bool, checkpoints: Any = None
+    ) -> None:
         self.args = args
+        self.checkpoints = checkpoints  # a CheckpointManager: hooked, scanned, retained
         self.dump_dir = str(Path(dump_dir).resolve())
         self.name = name
         self.enabled = enabled and args.mode != "none"
@@ -96,8 +99,11 @@ class AsyncEvalLauncher:
         self._last_poll = 0.0
 
     @classmethod
-    def for_training(cls, args: Any, rank: int) -> AsyncEvalLauncher:
-        return cls(args.eval.async_launch, args.dump_dir, args.name, enabled=rank == 0)
+    def for_training(cls, args: Any, rank: int, checkpoints: Any) -> AsyncEvalLauncher:
+        """Rank 0 launches; every rank hooks its manager (the hook is a no-op off rank 0)."""
+        launcher = cls(args.eval.async_launch, args.dump_dir, args.name, rank == 0, checkpoints)
+        checkpoints.on_complete = launcher.on_checkpoint
+        return launcher
 
     # ------------------------------------------------------------------ launching
     def on_checkpoint(self, step: int, folder: str, kinds: list[str]) -> None:
@@ -105,11 +111,11 @@ class AsyncEvalLauncher:
         if self.enabled and "eval" in kinds:
             self.launch(step, folder)
 
-    def launch_owed(self, checkpoints: Any) -> None:
+    def launch_owed(self) -> None:
         """Evals a previous run of this training owes: complete eval checkpoints without results."""
         if not self.enabled:
             return
-        for step, folder, kinds in checkpoints.complete_checkpoints():
+        for step, folder, kinds in self.checkpoints.complete_checkpoints():
             if "eval" not in kinds or results_file(self.dump_dir, step).exists():
                 continue
             job = self._adopt(step, folder)
@@ -218,12 +224,14 @@ class AsyncEvalLauncher:
         if not force and now - self._last_poll < self.args.poll_interval_s:
             return
         self._last_poll = now
+        released = False
         for step, job in list(self.jobs.items()):
             ended, code = self._ended(job)
             if not ended:
                 continue
             del self.jobs[step]
             self._release(job)
+            released = True
             results = results_file(self.dump_dir, step)
             if results.exists() and code in (None, 0):
                 bpb = json.loads(results.read_text()).get("val/bpb")
@@ -233,7 +241,8 @@ class AsyncEvalLauncher:
                 log = eval_dir(self.dump_dir, step) / ("eval.log" if job.job_id is None else f"{job.job_id}.out")
                 logger.error("async eval of step %d failed (exit code %s); see %s; training goes on",
                              step, code, log)  # fmt: skip
-
+        if released and self.checkpoints is not None:
+            self.checkpoints.retain()  # folders kept for a reader may go now
     def _ended(self, job: EvalJob) -> tuple[bool, int | str | None]:
         if job.proc is not None:
             code = job.proc.poll()

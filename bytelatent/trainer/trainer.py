@@ -108,9 +108,9 @@ class Trainer:
         self.actions = Actions.build(args.actions)
         self.exit_code = 0  # set by an action that stops the run with an error
         self._resume_or_warm_start()
-        self.async_evals = AsyncEvalLauncher.for_training(args, env.rank)
-        self.checkpoints.on_complete = self.async_evals.on_checkpoint
-        self.async_evals.launch_owed(self.checkpoints)
+        # Launches an eval job on every complete eval save, and those a previous run still owes.
+        self.async_evals = AsyncEvalLauncher.for_training(args, env.rank, self.checkpoints)
+        self.async_evals.launch_owed()
         self.data = args.data.build_from_rank(
             self.dp_rank, self.dp_size, state=self.state.data_state
         )
