@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import socket
 import subprocess
 import time
@@ -36,9 +37,11 @@ logger = logging.getLogger("bytelatent")
 
 LEASE_NAME = LEASE_PREFIX + "eval"
 EVALS_DIR = "evals"
-# Variables that would make the eval job believe it is a rank of the training job.
+# Variables that would make the eval job believe it is a rank of the training job (torchrun's,
+# and srun's: see bytelatent.distributed.env.detect_env).
 _LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                  "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")  # fmt: skip
+                  "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                  "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS")  # fmt: skip
 _SLURM_ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
                  "RESIZING", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT"}  # fmt: skip
 
@@ -208,8 +211,12 @@ class AsyncEvalLauncher:
             update={"module": "bytelatent.eval", "nproc_per_node": self.args.nproc, "nodes": 1,
                     "python": self.args.python, "requeue": False}
         )  # fmt: skip
-        exports = [f"export {k}={v!r}" for k, v in self.args.env.items()]
-        slurm = slurm.model_copy(update={"setup": [*slurm.setup, *exports]})
+        # sbatch passes the trainer's environment on; the eval job is not one of its ranks.
+        setup = ["unset " + " ".join(_LAUNCHER_VARS), *slurm.setup]
+        env = {"OMP_NUM_THREADS": str(self.args.num_threads)} if self.args.num_threads else {}
+        env.update(self.args.env)
+        setup += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+        slurm = slurm.model_copy(update={"setup": setup})
         job_name = f"{slurm.job_name or self.name}-eval-{job.step}"
         script = out / "eval.slurm"
         script.write_text(render_script(slurm, argv, job_name, str(out)))
