@@ -69,7 +69,9 @@ def main() -> None:
     print("|---|---|---|")
     print(f"| async evals off | {off:.2f} | {', '.join(f'{t:.1f}' for t in times['off'])} |")
     print(f"| async evals local | {local:.2f} | {', '.join(f'{t:.1f}' for t in times['local'])} |")
-    print(f"\noverhead: {100 * (local / off - 1):+.1f}% ({opts.steps // opts.every} eval jobs per run)")
+    print(
+        f"\noverhead: {100 * (local / off - 1):+.1f}% ({opts.steps // opts.every} eval jobs per run)"
+    )
     if opts.out:
         Path(opts.out).write_text(json.dumps(times))
 

@@ -471,9 +471,7 @@ class CheckpointManager:
             self._apply_retention(complete[-1][0])
 
     def _leased(self, folder: str) -> bool:
-        return any(
-            name.rsplit("/", 1)[-1].startswith(LEASE_PREFIX) for name in cfs.listdir(self.fs, folder)
-        )
+        return any(name.startswith(LEASE_PREFIX) for name in cfs.listdir(self.fs, folder))
 
     # ------------------------------------------------------------------ loading
 

@@ -55,7 +55,9 @@ def parse_standalone_args(argv: list[str]) -> StandaloneEvalArgs:
     if "ckpt" not in cli or "dump_dir" not in cli:
         raise ConfigError("usage: python -m bytelatent.eval ckpt=DIR dump_dir=OUT [key=value ...]")
     params = read_params(str(cli["ckpt"]))
-    base = {k: params[k] for k in ("data", "distributed", "eval") if isinstance(params.get(k), dict)}
+    base = {
+        k: params[k] for k in ("data", "distributed", "eval") if isinstance(params.get(k), dict)
+    }
     # The training run's async-launch settings are the trainer's business, not this job's.
     base.get("eval", {}).pop("async_launch", None)
     tree = merge_config_trees(base, cli)

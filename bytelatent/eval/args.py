@@ -1,13 +1,13 @@
 """`EvalArgs`: the `eval:` section of a training run (and of `python -m bytelatent.eval`).
 
-    eval.every               steps between in-loop validations (0: off)
-    eval.before_training     validate the initial or restored model before the first step
-    eval.tasks               what an evaluation runs (default: ["bpb"], validation bits-per-byte);
-                             names come from the registry in bytelatent/eval/tasks.py
-    eval.task_args           per-task options, {task name: {...}}, validated by that task
-    eval.validation.*        which data, how many batches, batch size and row length
-    eval.async_launch.*      on every `checkpoint.eval` save, evaluate that checkpoint in a
-                             separate job (local detached process or SLURM) without waiting
+eval.every               steps between in-loop validations (0: off)
+eval.before_training     validate the initial or restored model before the first step
+eval.tasks               what an evaluation runs (default: ["bpb"], validation bits-per-byte);
+                         names come from the registry in bytelatent/eval/tasks.py
+eval.task_args           per-task options, {task name: {...}}, validated by that task
+eval.validation.*        which data, how many batches, batch size and row length
+eval.async_launch.*      on every `checkpoint.eval` save, evaluate that checkpoint in a
+                         separate job (local detached process or SLURM) without waiting
 """
 
 from __future__ import annotations
@@ -91,7 +91,9 @@ class EvalArgs(BaseModel):
         known = known_tasks()
         unknown = [t for t in tasks if t not in known]
         if unknown:
-            raise ValueError(f"unknown task '{unknown[0]}'; known tasks: {', '.join(sorted(known))}")
+            raise ValueError(
+                f"unknown task '{unknown[0]}'; known tasks: {', '.join(sorted(known))}"
+            )
         if len(set(tasks)) != len(tasks):
             raise ValueError(f"a task is listed twice in {tasks}")
         return tasks

@@ -123,7 +123,9 @@ def rank_batches(
 # ------------------------------------------------------------------------------ the bpb task
 def _eval_data_args(ctx: EvalContext) -> DataArgs:
     seq_len = ctx.eval_args.validation.seq_len
-    return ctx.data_args if seq_len is None else ctx.data_args.model_copy(update={"seq_len": seq_len})
+    return (
+        ctx.data_args if seq_len is None else ctx.data_args.model_copy(update={"seq_len": seq_len})
+    )
 
 
 def _progress(ctx: EvalContext, iterable: Any, source: str) -> Any:

@@ -90,7 +90,12 @@ class AsyncEvalLauncher:
     """Rank 0's launcher (a disabled one elsewhere); the trainer calls `on_checkpoint`, `poll`."""
 
     def __init__(
-        self, args: AsyncLaunchArgs, dump_dir: str, name: str, enabled: bool, checkpoints: Any = None
+        self,
+        args: AsyncLaunchArgs,
+        dump_dir: str,
+        name: str,
+        enabled: bool,
+        checkpoints: Any = None,
     ) -> None:
         self.args = args
         self.checkpoints = checkpoints  # a CheckpointManager: hooked, scanned, retained
@@ -123,7 +128,9 @@ class AsyncEvalLauncher:
                 continue
             job = self._adopt(step, folder)
             if job is not None:
-                logger.info("async eval of step %d still running (from before); not relaunched", step)
+                logger.info(
+                    "async eval of step %d still running (from before); not relaunched", step
+                )
                 self.jobs[step] = job
             else:
                 logger.info("async eval of step %d is owed: launching it", step)
@@ -143,7 +150,11 @@ class AsyncEvalLauncher:
         if job.job_id is not None:
             alive = slurm_job_state(job.job_id)[0] in _SLURM_ACTIVE | {"UNKNOWN"}
         else:
-            alive = job.pid is not None and info.get("host") == socket.gethostname() and _pid_alive(job.pid)
+            alive = (
+                job.pid is not None
+                and info.get("host") == socket.gethostname()
+                and _pid_alive(job.pid)
+            )
         return job if alive else None
 
     def launch(self, step: int, folder: str) -> None:
@@ -245,11 +256,14 @@ class AsyncEvalLauncher:
                 logger.info("async eval of step %d done: val/bpb %s", step, bpb)
             else:
                 self.failed.append(step)
-                log = eval_dir(self.dump_dir, step) / ("eval.log" if job.job_id is None else f"{job.job_id}.out")
+                log = eval_dir(self.dump_dir, step) / (
+                    "eval.log" if job.job_id is None else f"{job.job_id}.out"
+                )
                 logger.error("async eval of step %d failed (exit code %s); see %s; training goes on",
                              step, code, log)  # fmt: skip
         if released and self.checkpoints is not None:
             self.checkpoints.retain()  # folders kept for a reader may go now
+
     def _ended(self, job: EvalJob) -> tuple[bool, int | str | None]:
         if job.proc is not None:
             code = job.proc.poll()

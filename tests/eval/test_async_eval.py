@@ -82,7 +82,9 @@ def test_kill_the_trainer_and_resume_no_eval_twice_none_lost(tmp_path, corpus_ro
         f"dump_dir={dump}", f"data.root_dir={corpus_root}", "steps=40", *ASYNC,
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1", BYTELATENT_TEST_STEP_DELAY="0.1")
-    first = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 120
     while _lease_pid(dump, 20) is None:
         assert first.poll() is None and time.monotonic() < deadline, "no eval of step 20 launched"
@@ -105,7 +107,9 @@ def test_kill_the_trainer_and_resume_no_eval_twice_none_lost(tmp_path, corpus_ro
 @pytest.mark.slow
 def test_two_ranks_in_loop_equals_standalone_on_two_ranks_and_one(tmp_path, corpus_root):
     dump = tmp_path / "run"
-    fp32 = ["distributed.model_dtype=fp32"]  # 1 process autocasts, FSDP casts params: same only in fp32
+    fp32 = [
+        "distributed.model_dtype=fp32"
+    ]  # 1 process autocasts, FSDP casts params: same only in fp32
     torchrun = ["torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m"]
     res = run_cli(torchrun[0], [*torchrun[1:], "bytelatent.train", *TINY_BLT, *fp32,
                   f"dump_dir={dump}", f"data.root_dir={corpus_root}", "steps=20", "eval.every=20",

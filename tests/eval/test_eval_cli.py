@@ -25,7 +25,8 @@ def debug_run(tmp_path_factory, corpus_root) -> Path:
     """configs/debug.yaml (tiny widths) for 200 steps with validation every 50 and before training."""
     dump = tmp_path_factory.mktemp("eval_loop") / "run"
     res = run_cli(
-        "bytelatent.train", [*TINY_BLT, f"dump_dir={dump}", f"data.root_dir={corpus_root}", *EVAL_LOOP]
+        "bytelatent.train",
+        [*TINY_BLT, f"dump_dir={dump}", f"data.root_dir={corpus_root}", *EVAL_LOOP],
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return dump
@@ -43,18 +44,25 @@ def test_loop_eval_logs_val_bpb_at_0_50_100_150_200_and_it_falls(debug_run):
     bpb = [r["val/bpb"] for r in rows]
     assert bpb[-1] < bpb[0] - 1.0 and bpb[-1] < bpb[1], bpb
     # in-loop evaluation does not count as training: the training metrics are untouched by it
-    train_steps = [json.loads(x)["global_step"] for x in (debug_run / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [
+        json.loads(x)["global_step"] for x in (debug_run / "metrics.jsonl").read_text().splitlines()
+    ]
     assert train_steps == [50, 100, 150, 200]
 
 
 def test_standalone_eval_matches_the_in_loop_eval(debug_run, tmp_path):
     in_loop = eval_lines(debug_run)[-1]
     out = tmp_path / "out"
-    res = run_cli("bytelatent.eval", [f"ckpt={debug_run / 'checkpoints' / '0000000200'}", f"dump_dir={out}"])
+    res = run_cli(
+        "bytelatent.eval", [f"ckpt={debug_run / 'checkpoints' / '0000000200'}", f"dump_dir={out}"]
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert results["global_step"] == 200 and results["eval_mode"] == "standalone"
-    assert abs(results["val/bpb"] - in_loop["val/bpb"]) <= 1e-6, (results["val/bpb"], in_loop["val/bpb"])
+    assert abs(results["val/bpb"] - in_loop["val/bpb"]) <= 1e-6, (
+        results["val/bpb"],
+        in_loop["val/bpb"],
+    )
     assert results["val/n_bytes"] == in_loop["val/n_bytes"]
     lines = [line for line in res.stdout.splitlines() if line.startswith("eval step 200")]
     assert len(lines) == 1 and "val/bpb" in lines[0] and str(out / "results.json") in lines[0]

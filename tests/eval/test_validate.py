@@ -57,7 +57,9 @@ def test_rank_shares_partition_the_global_stream(train_args, corpus_root, world)
     assert len(whole) == 7
     shares = [list(rank_batches(data, files, r, world, 7, None, fsdp=True)) for r in range(world)]
     assert len({len(s) for s in shares}) == 1  # FSDP: every rank runs the same number of forwards
-    real = [(i * world + r, b) for r, s in enumerate(shares) for i, b in enumerate(s) if b.mask.any()]
+    real = [
+        (i * world + r, b) for r, s in enumerate(shares) for i, b in enumerate(s) if b.mask.any()
+    ]
     assert sorted(i for i, _ in real) == list(range(7))
     for i, batch in real:
         np.testing.assert_array_equal(batch.x, whole[i])
@@ -73,7 +75,9 @@ def test_bpb_is_the_ce_sum_over_the_bytes_of_the_targets(train_args, model, corp
     for b in rank_batches(train_args.data, files, 0, 1, 3, None, fsdp=False):
         with torch.no_grad():
             logits = model(torch.from_numpy(b.x), patch_lengths=torch.from_numpy(b.patch_lengths))
-        ce = F.cross_entropy(logits.flatten(0, 1), torch.from_numpy(b.y).flatten(), reduction="none")
+        ce = F.cross_entropy(
+            logits.flatten(0, 1), torch.from_numpy(b.y).flatten(), reduction="none"
+        )
         loss_sum += float((ce * torch.from_numpy(b.mask).flatten()).sum())
         n_bytes += int(b.mask.sum())  # byte tokenizer: one byte per target
     assert metrics["global_step"] == 7 and metrics["val/n_bytes"] == n_bytes
@@ -89,7 +93,7 @@ class _TopArgs(__import__("pydantic").BaseModel):
 def _top_k_accuracy(ctx: EvalContext) -> dict[str, float]:
     """A second task, as another module would register one: top-k next-byte accuracy."""
     hits = total = 0
-    for name, files in ctx.validation_sources.items():
+    for files in ctx.validation_sources.values():
         for b in rank_batches(ctx.data_args, files, ctx.dp_rank, ctx.dp_size, 2, None, ctx.fsdp):
             top = ctx.forward(b).topk(ctx.task_args.k, dim=-1).indices
             hit = (top == torch.from_numpy(b.y)[..., None]).any(-1) & torch.from_numpy(b.mask)
