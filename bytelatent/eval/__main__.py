@@ -70,7 +70,9 @@ def parse_standalone_args(argv: list[str]) -> StandaloneEvalArgs:
 def _step_of(ckpt: str) -> int | None:
     from bytelatent.checkpoint.manager import parse_step
 
-    return parse_step(ckpt)
+    # a step folder, or a folder inside one (e.g. .../0000000200/consolidated)
+    parts = ckpt.rstrip("/").rsplit("/", 2)
+    return parse_step(parts[-1]) if parse_step(parts[-1]) is not None else parse_step(parts[-2])
 
 
 def evaluate(args: StandaloneEvalArgs, env) -> dict:

@@ -131,8 +131,12 @@ def _eval_data_args(ctx: EvalContext) -> DataArgs:
 def _progress(ctx: EvalContext, iterable: Any, source: str) -> Any:
     if not (ctx.progress and ctx.dp_rank == 0):
         return iterable
-    from tqdm import tqdm
-
+    try:
+        from tqdm import tqdm
+    except ImportError:  # an optional nicety: `pip install tqdm` (in the test extra)
+        logger.warning("eval.progress: tqdm is not installed; no progress bars")
+        ctx.progress = False
+        return iterable
     total = ctx.eval_args.validation.max_batches
     total = None if total is None else math.ceil(total / ctx.dp_size)
     return tqdm(iterable, desc=f"val {source}", unit="batch", total=total, leave=False)

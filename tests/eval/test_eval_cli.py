@@ -117,3 +117,14 @@ def test_early_stop_acts_on_val_bpb(tmp_path, corpus_root):
     assert [r["global_step"] for r in eval_lines(dump)] == [0, 5]
     assert (dump / "checkpoints" / f"{5:010d}" / ".complete").exists()
     assert "early stop at step 5: val/bpb" in res.stdout
+
+
+def test_standalone_eval_of_a_consolidated_folder_gives_the_same_bpb(debug_run, tmp_path):
+    step_dir = debug_run / "checkpoints" / "0000000200"
+    res = run_cli("bytelatent.checkpoint", ["consolidate", str(step_dir)])
+    assert res.returncode == 0, res.stderr[-3000:]
+    res = run_cli("bytelatent.eval", [f"ckpt={step_dir / 'consolidated'}", f"dump_dir={tmp_path}"])
+    assert res.returncode == 0, res.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["global_step"] == 200
+    assert abs(results["val/bpb"] - eval_lines(debug_run)[-1]["val/bpb"]) <= 1e-6
