@@ -1,6 +1,8 @@
 """Does launching async evals slow training down? Wall time of the same training with and without.
 
-Both rows train configs/debug.yaml (the real debug BLT) for `--steps` steps with the same
+Both rows train configs/debug.yaml (`--model debug`, 2.4M parameters, or `--model tiny`, the
+test suite's 170k-parameter widths, for a loaded machine; trainer and eval 1 thread each) for
+`--steps` steps with the same
 `checkpoint.eval.every` saves; the `local` row also launches an eval job (`python -m
 bytelatent.eval`, CPU, niced, 1 thread) on each of them, the `off` row does not. Rows alternate
 (off, local, local, off, ...) so the machine's background load falls on both alike; the table
@@ -8,7 +10,7 @@ shows medians. The trainer's wall time is the whole process (start to exit; it n
 evals: `wait_on_exit_s=0`); between runs the bench waits for the previous run's eval jobs to end,
 outside the timing.
 
-    python bench/async_eval_overhead.py --data data --repeats 3 --steps 100 --every 25
+    python bench/async_eval_overhead.py --data data --model tiny --repeats 3 --steps 200 --every 50
 """
 
 from __future__ import annotations
@@ -24,19 +26,29 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+TINY = [
+    "model.dim=32", "model.n_layers=1", "model.n_heads=2", "model.dim_local_encoder=32",
+    "model.dim_local_decoder=32", "model.n_heads_local_encoder=2", "model.n_heads_local_decoder=2",
+    "model.cross_attn_nheads=2", "model.n_layers_local_decoder=1",
+    "model.encoder_hash_byte_group_vocab=257", "model.max_encoder_seq_length=256",
+    "model.local_attention_window_len=64", "data.max_encoder_seq_length=256", "data.seq_len=48",
+    "model.max_seqlen=48", "data.load_async=false",
+]  # fmt: skip
 
 
-def run(row: str, data: str, steps: int, every: int, dump: Path) -> float:
+def run(row: str, data: str, steps: int, every: int, dump: Path, model: str) -> float:
     args = [
         sys.executable, "-m", "bytelatent.train", "config=configs/debug.yaml", f"dump_dir={dump}",
         f"data.root_dir={data}", f"steps={steps}", f"checkpoint.eval.every={every}",
         "checkpoint.dump.every=0", "logging.console=false", "eval.validation.max_batches=8",
+        "num_threads=1", *(TINY if model == "tiny" else []),
     ]  # fmt: skip
     if row == "local":
         args += ["eval.async_launch.mode=local", "eval.async_launch.nice=19",
                  "eval.async_launch.num_threads=1", "eval.async_launch.poll_interval_s=2"]  # fmt: skip
     t0 = time.perf_counter()
-    subprocess.run(args, cwd=REPO, check=True, capture_output=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    subprocess.run(args, cwd=REPO, check=True, capture_output=True, env=env)
     wall = time.perf_counter() - t0
     if row == "local":  # let its eval jobs finish before the next run (not timed)
         deadline = time.monotonic() + 600
@@ -50,6 +62,7 @@ def run(row: str, data: str, steps: int, every: int, dump: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", default="data", help="data.root_dir holding stdlib/")
+    parser.add_argument("--model", choices=["tiny", "debug"], default="tiny")
     parser.add_argument("--repeats", type=int, default=3, help="pairs of runs")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--every", type=int, default=25)
@@ -57,10 +70,14 @@ def main() -> None:
     opts = parser.parse_args()
     times: dict[str, list[float]] = {"off": [], "local": []}
     with tempfile.TemporaryDirectory() as tmp:
-        run("off", opts.data, 10, 10, Path(tmp) / "warmup")  # warm the page cache and imports
+        run(
+            "off", opts.data, 10, 10, Path(tmp) / "warmup", opts.model
+        )  # warm the page cache and imports
         for i in range(opts.repeats):
             for row in ("off", "local") if i % 2 == 0 else ("local", "off"):
-                wall = run(row, opts.data, opts.steps, opts.every, Path(tmp) / f"{row}{i}")
+                wall = run(
+                    row, opts.data, opts.steps, opts.every, Path(tmp) / f"{row}{i}", opts.model
+                )
                 times[row].append(wall)
                 print(f"run {i} {row:5s} {wall:7.2f} s", flush=True)
     off, local = statistics.median(times["off"]), statistics.median(times["local"])

@@ -152,3 +152,21 @@ def test_with_async_save_the_hook_fires_once_the_save_is_complete(tmp_path):
     assert seen[0] == (1, True)
     manager.close()
     assert seen == [(1, True), (2, True)]
+
+
+def test_validation_data_on_s3_gives_the_local_batches(train_args, corpus_root, s3_env):
+    s3fs = pytest.importorskip("s3fs")
+    fs = s3fs.S3FileSystem()
+    if not fs.exists("evalbucket"):
+        fs.mkdir("evalbucket")
+    fs.put_file(
+        str(corpus_root / "stdlib" / "stdlib.val.jsonl"), "evalbucket/stdlib/stdlib.val.jsonl"
+    )
+    data = train_args.data.model_copy(update={"root_dir": "s3://evalbucket"})
+    sources = resolve_validation_sources(EvalArgs(), data)  # the default: *.val.jsonl beside stdlib
+    assert sources == {"stdlib": ["s3://evalbucket/stdlib/stdlib.val.jsonl"]}
+    local = resolve_validation_sources(EvalArgs(), train_args.data)["stdlib"]
+    remote = list(rank_batches(data, sources["stdlib"], 0, 1, 3, None, fsdp=False))
+    for a, b in zip(rank_batches(train_args.data, local, 0, 1, 3, None, fsdp=False), remote):
+        np.testing.assert_array_equal(a.x, b.x)
+    assert len(remote) == 3
