@@ -81,7 +81,13 @@ def main() -> None:
                 times[row].append(wall)
                 print(f"run {i} {row:5s} {wall:7.2f} s", flush=True)
     off, local = statistics.median(times["off"]), statistics.median(times["local"])
+    # runs i of both rows are adjacent in time: their ratio is the least drift-prone estimate
+    ratios = [b / a for a, b in zip(times["off"], times["local"])]
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")
+    print(
+        f"per-pair local/off: {', '.join(f'{r:.3f}' for r in ratios)}; "
+        f"median {statistics.median(ratios):.3f}"
+    )
     print("| row | trainer wall s (median) | runs |")
     print("|---|---|---|")
     print(f"| async evals off | {off:.2f} | {', '.join(f'{t:.1f}' for t in times['off'])} |")

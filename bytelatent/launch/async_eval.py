@@ -124,7 +124,7 @@ class AsyncEvalLauncher:
         if not self.enabled:
             return
         for step, folder, kinds in self.checkpoints.complete_checkpoints():
-            if "eval" not in kinds or results_file(self.dump_dir, step).exists():
+            if "eval" not in kinds:
                 continue
             job = self._adopt(step, folder)
             if job is not None:
@@ -132,7 +132,10 @@ class AsyncEvalLauncher:
                     "async eval of step %d still running (from before); not relaunched", step
                 )
                 self.jobs[step] = job
-            else:
+                continue
+            # A lease left by a job that is gone: nobody reads the folder, retention may have it.
+            self._release(EvalJob(step, folder, cfs.join(folder, LEASE_NAME)))
+            if not results_file(self.dump_dir, step).exists():
                 logger.info("async eval of step %d is owed: launching it", step)
                 self.launch(step, folder)
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -170,3 +174,20 @@ def test_validation_data_on_s3_gives_the_local_batches(train_args, corpus_root, 
     for a, b in zip(rank_batches(train_args.data, local, 0, 1, 3, None, fsdp=False), remote):
         np.testing.assert_array_equal(a.x, b.x)
     assert len(remote) == 3
+
+
+def test_resume_releases_stale_leases_and_skips_finished_evals(tmp_path):
+    from bytelatent.eval.args import AsyncLaunchArgs
+    from bytelatent.launch.async_eval import AsyncEvalLauncher, results_file
+
+    manager = CheckpointManager(CheckpointArgs(path=str(tmp_path / "checkpoints")))
+    manager.save(10, torch.nn.Linear(2, 2), None, train_state={}, kind="eval")
+    lease = tmp_path / "checkpoints" / f"{10:010d}" / ".lease.eval"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that is certainly not a running eval
+    lease.write_text(json.dumps({"pid": dead.pid, "job_id": None, "host": socket.gethostname()}))
+    results_file(tmp_path, 10).parent.mkdir(parents=True)
+    results_file(tmp_path, 10).write_text("{}")
+    launcher = AsyncEvalLauncher(AsyncLaunchArgs(mode="local"), str(tmp_path), "t", True, manager)
+    launcher.launch_owed()
+    assert not lease.exists() and launcher.jobs == {}  # released, and nothing relaunched
