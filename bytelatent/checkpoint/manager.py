@@ -466,8 +466,10 @@ class CheckpointManager:
     def retain(self) -> None:
         """Apply retention now (rank 0), e.g. once a reader released its lease; not while an
         async save is in flight (its own finalize applies retention then)."""
+        if not self.is_rank0 or self._pending is not None:
+            return
         complete = self.complete_checkpoints()
-        if self.is_rank0 and self._pending is None and complete:
+        if complete:
             self._apply_retention(complete[-1][0])
 
     def _leased(self, folder: str) -> bool:
