@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from bytelatent.checkpoint.manager import CheckpointArgs
 from bytelatent.data.args import DataArgs
 from bytelatent.distributed.env import DistributedArgs
+from bytelatent.eval.args import EvalArgs
 from bytelatent.model.blt import ByteLatentTransformerArgs
 from bytelatent.model.transformer import LMTransformerArgs
 from bytelatent.trainer.actions import ActionArgs
@@ -64,6 +65,7 @@ class TrainArgs(BaseModel):
     logging: LoggingArgs = Field(default_factory=LoggingArgs)
     profiling: ProfilerArgs = Field(default_factory=ProfilerArgs)
     run_lock: RunLockArgs = Field(default_factory=RunLockArgs)
+    eval: EvalArgs = Field(default_factory=EvalArgs)
     actions: list[ActionArgs] = Field(
         default_factory=list, description="run after each log step and evaluation, e.g. early_stop"
     )
@@ -78,6 +80,11 @@ class TrainArgs(BaseModel):
             raise ValueError("max_steps and relative_steps: set at most one of them")
         if self.checkpoint.path is None:
             self.checkpoint.path = os.path.join(self.dump_dir, "checkpoints")
+        if self.eval.async_launch.mode != "none" and self.checkpoint.eval.every == 0:
+            raise ValueError(
+                f"eval.async_launch.mode={self.eval.async_launch.mode}: evaluates checkpoint.eval "
+                "saves, but checkpoint.eval.every=0; set it > 0"
+            )
         if self.train_entropy_model:
             self._check_entropy_model_run()
         else:

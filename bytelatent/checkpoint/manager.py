@@ -11,6 +11,9 @@ On-disk layout (compatible with the reference; `.complete` is ours):
         .complete                         JSON {"step", "kinds", "dp_size", "world_size", "time"},
                                           written last by rank 0 once every rank has finished
 
+A folder holding a reader lease (a file named `.lease.*`, e.g. `.lease.eval` while an async eval
+reads it) is never deleted by retention; it is retained again once the reader removes its lease.
+
 A folder without `.complete` is a partial save (killed, crashed, or still being written): it is
 never resumed from automatically and is deleted by rank 0 after a later successful save.
 On resume the newest complete folder is verified against its manifests (sizes; CRC32s with
@@ -70,6 +73,7 @@ logger = logging.getLogger(__name__)
 DCP_ERRORS = (Exception, CheckpointException)
 
 MARKER_FILE = ".complete"
+LEASE_PREFIX = ".lease."  # a reader's lease: retention keeps the folder while one exists
 KINDS = ("dump", "eval", "final", "preempt", "step")
 DUMP_KINDS = frozenset({"dump", "final", "preempt"})
 KEPT_KINDS = frozenset({"step"})  # saves at `checkpoint.steps`: asked for by step, never retired
@@ -173,9 +177,9 @@ class _PendingSave:
     """An async DCP save in flight; `finalize` (rank 0) writes the marker and applies retention once."""
 
     def __init__(
-        self, step: int, folder: str, future: Future, finalize_fn: Any
+        self, step: int, folder: str, future: Future, finalize_fn: Any, kinds: list[str]
     ) -> None:
-        self.step, self.folder, self.future = step, folder, future
+        self.step, self.folder, self.future, self.kinds = step, folder, future, kinds
         self._finalize_fn = finalize_fn
         self._lock = threading.Lock()
         self._done = False
@@ -224,6 +228,9 @@ class CheckpointManager:
         self._pending: _PendingSave | None = None
         self._last_saved_step: int | None = None
         self.last_load: LoadInfo | None = None
+        # Called as on_complete(step, folder, kinds) on every rank once a save is complete
+        # (marker visible), e.g. to launch an async eval of it.
+        self.on_complete: Any = None
         # Background DCP collectives must not interleave with the training loop's collectives on
         # the same group, so async saves get their own gloo group (collective: all ranks build it).
         self._async_group: dist.ProcessGroup | None = None
@@ -260,6 +267,10 @@ class CheckpointManager:
                 folder = cfs.join(self.path, name)
                 found.append((step, folder, self._marker(folder)))
         return sorted(found)
+
+    def complete_checkpoints(self) -> list[tuple[int, str, list[str]]]:
+        """(step, folder, kinds) of every complete step folder, oldest first."""
+        return [(s, f, list(m.get("kinds", []))) for s, f, m in self._scan() if m is not None]
 
     def latest_complete(self) -> str | None:
         """Newest step folder whose save completed (has the marker); partial folders are ignored."""
@@ -401,7 +412,7 @@ class CheckpointManager:
                     process_group=group,
                     no_dist=not self.distributed,
                 )
-            pending = _PendingSave(step, folder, future, finalize)
+            pending = _PendingSave(step, folder, future, finalize, kinds)
             self._pending = pending
             if self.is_rank0:
                 # Rank 0's DCP future resolves only after every rank reported its files written
@@ -425,6 +436,8 @@ class CheckpointManager:
         finally:
             self._barrier()  # on return the marker is visible to every rank (even if rank 0 failed)
         self._last_saved_step = step
+        if self.on_complete is not None:
+            self.on_complete(step, folder, kinds)
         return folder
 
     def _save_failed(self, folder: str, error: BaseException) -> str:
@@ -487,6 +500,8 @@ class CheckpointManager:
         if error is not None:
             raise error
         self._last_saved_step = pending.step
+        if self.on_complete is not None:
+            self.on_complete(pending.step, pending.folder, pending.kinds)
 
     def close(self) -> None:
         self.wait()
@@ -541,8 +556,23 @@ class CheckpointManager:
                 and delete_votes[step]
                 and all(delete_votes[step])
             ):
+                if self._leased(folder):
+                    logger.info("retention: keeping %s while a reader holds a lease", folder)
+                    continue
                 logger.info("retention: removing checkpoint %s", folder)
                 self._delete(folder)
+
+    def retain(self) -> None:
+        """Apply retention now (rank 0), e.g. once a reader released its lease; not while an
+        async save is in flight (its own finalize applies retention then)."""
+        if not self.is_rank0 or self._pending is not None:
+            return
+        complete = self.complete_checkpoints()
+        if complete:
+            self._apply_retention(complete[-1][0])
+
+    def _leased(self, folder: str) -> bool:
+        return any(name.startswith(LEASE_PREFIX) for name in cfs.listdir(self.fs, folder))
 
     # ------------------------------------------------------------------ loading
 

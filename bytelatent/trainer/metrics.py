@@ -154,6 +154,13 @@ class MetricLogger:
         for sink in self.sinks:
             sink.log(metrics)
 
+    def log_external(self, metrics: dict) -> None:
+        """A record another component already stored in its own file (evaluation results): only
+        the sinks that mirror every record elsewhere (wandb) get it."""
+        for sink in self.sinks:
+            if getattr(sink, "mirrors_all", False):
+                sink.log(metrics)
+
     def set_summary(self, values: dict) -> None:
         """Run-level values (parameter count, ...) for sinks that keep them (wandb)."""
         for sink in self.sinks:

@@ -29,6 +29,8 @@ from bytelatent.distributed.parallelize import (
     set_gradient_sync,
 )
 from bytelatent.distributed.signals import PreemptionFlag, requeue_slurm_job, under_slurm
+from bytelatent.eval.validate import Validator
+from bytelatent.launch.async_eval import AsyncEvalLauncher
 from bytelatent.trainer.actions import Actions, Stop, with_nonfinite_stop
 from bytelatent.trainer.build import build_parallel_model, model_flops_per_byte
 from bytelatent.trainer.guard import NonFiniteGuard
@@ -94,6 +96,8 @@ class Trainer:
             if self.mesh is not None and self.device.type == "cuda"
             else None
         )
+        # Validation data is resolved now: a missing source fails before anything is built.
+        self.validator = Validator.for_training(args, env, self.mesh, self.dp_rank, self.dp_size)
         self.model = self._build_model()
         self.optimizer, self.scheduler = build_optimizer(
             self.model, args.optim, args.steps, self.device.type
@@ -114,6 +118,9 @@ class Trainer:
         self.exit_code = 0  # set by an action that stops the run with an error
         self._resume_or_warm_start()
         self.stop_step = resolve_stop_step(args, self.state)
+        # Launches an eval job on every complete eval save, and those a previous run still owes.
+        self.async_evals = AsyncEvalLauncher.for_training(args, env.rank, self.checkpoints)
+        self.async_evals.launch_owed()
         self.data = args.data.build_from_rank(
             self.dp_rank, self.dp_size, state=self.state.data_state
         )
@@ -179,6 +186,10 @@ class Trainer:
             gc.disable()
         interval, last = Interval(self.device), None
         self.timings.start_interval()
+        if self.validator.should_run_before_training(self.state.step):
+            if (stop := self.evaluate("before_training")) is not None:
+                self.stop(stop)
+                return last
         while self.state.step < self.stop_step:
             t0 = time.perf_counter()
             if self.probe is not None:
@@ -194,6 +205,11 @@ class Trainer:
                 if (stop := self.actions.run(self.state.step, last)) is not None:
                     self.stop(stop)
                     return last
+            if self.validator.should_run(self.state.step):
+                if (stop := self.evaluate("loop")) is not None:
+                    self.stop(stop)
+                    return last
+            self.async_evals.poll()
             if self.preemption.agreed(torch.device("cpu"), self._host_group):
                 self.handle_preemption()
                 return last
@@ -213,6 +229,13 @@ class Trainer:
             self.probe.end()
         if self.profiler is not None:
             self.profiler.step_done()
+
+    def evaluate(self, mode: str) -> Stop | None:
+        """Validate the current model (all ranks); the actions see the eval metrics."""
+        with self.timings.measure("eval_s"):
+            eval_metrics = self.validator.run(self.model, self.state.step, mode=mode)
+        self.metrics.log_external(eval_metrics)  # metrics.eval.jsonl is the validator's; wandb too
+        return self.actions.run(self.state.step, eval_metrics)
 
     def next_batches(self) -> list[Batch]:
         return [next(self.data) for _ in range(self.args.grad_acc_steps)]
@@ -388,6 +411,7 @@ class Trainer:
             self.profiler.close()
         self.metrics.close(exit_code)
         self.checkpoints.close()
+        self.async_evals.close()
         close = getattr(self.data, "close", None) or getattr(self.data, "shutdown", None)
         if close is not None:
             close()

@@ -42,6 +42,8 @@ class WandbArgs(BaseModel):
 class WandbSink:
     """Sends every metrics dict to wandb with its `global_step` as the step."""
 
+    mirrors_all = True  # also gets records stored elsewhere (MetricLogger.log_external)
+
     def __init__(
         self,
         args: WandbArgs,
