@@ -83,12 +83,15 @@ class Generator:
         args = self.model.args
         return args.max_encoder_seq_length if self.is_blt else args.max_seqlen
 
-    def encode(self, prompts: list[str | bytes], truncate: bool = False) -> list[list[int]]:
-        """Token rows; a too-long prompt is a DataError unless ``truncate`` keeps its end."""
+    def encode(
+        self, prompts: list[str | bytes], truncate: bool = False, allow_empty: bool = False
+    ) -> list[list[int]]:
+        """Token rows; a too-long prompt is a DataError unless ``truncate`` keeps its end; an
+        empty prompt is one unless ``allow_empty`` (the row is then just BOS)."""
         rows = []
         for index, prompt in enumerate(prompts):
             row = encode_prompt(prompt)
-            if len(row) == 1:
+            if len(row) == 1 and not allow_empty:
                 raise DataError(f"prompt {index} is empty; give at least one byte")
             if len(row) > self.max_tokens - 1:
                 if not truncate:
@@ -96,15 +99,19 @@ class Generator:
                         f"prompt {index} has {len(row) - 1} bytes; the model takes at most "
                         f"{self.max_tokens - 2} prompt bytes (BOS + prompt + 1 new byte)"
                     )
-                row = row[-(self.max_tokens - 1) :]
+                row = [BOS_ID] + row[-(self.max_tokens - 2) :]  # keep BOS and the end
             rows.append(row)
         return rows
 
     def generate(
-        self, prompts: list[str | bytes], args: GenerationArgs | None = None, truncate: bool = False
+        self,
+        prompts: list[str | bytes],
+        args: GenerationArgs | None = None,
+        truncate: bool = False,
+        allow_empty: bool = False,
     ) -> list[GenerationResult]:
         args = args or GenerationArgs()
-        rows = self.encode(prompts, truncate)
+        rows = self.encode(prompts, truncate, allow_empty)
         results: list[GenerationResult] = []
         for first in range(0, len(rows), args.batch_size):
             results += self.generate_tokens(rows[first : first + args.batch_size], args)
