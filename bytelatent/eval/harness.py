@@ -226,9 +226,14 @@ def run(args: HarnessArgs) -> dict[str, Any]:
     check_tasks(args.tasks, manager)
     gen = load_generator(args.ckpt, args.device, args.entropy_ckpt, args.patcher or None)
     results = run_harness(
-        gen.model, args.tasks, args.include_path, args.limit,
-        patcher_args=gen.patcher_args, entropy_model=gen.entropy_model,
-        num_fewshot=args.num_fewshot, bootstrap_iters=args.bootstrap_iters,
+        gen.model,
+        args.tasks,
+        args.include_path,
+        args.limit,
+        patcher_args=gen.patcher_args,
+        entropy_model=gen.entropy_model,
+        num_fewshot=args.num_fewshot,
+        bootstrap_iters=args.bootstrap_iters,
         include_defaults=args.include_defaults,
         show_progress=sys.stderr.isatty() if args.progress is None else args.progress,
     )

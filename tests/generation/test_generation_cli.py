@@ -19,8 +19,11 @@ from bytelatent.generate import main
 REPO = Path(__file__).resolve().parents[2]
 # /work/main -> /work/shared; a worktree /work/wt/NAME -> /work/shared as well
 CONFORMANCE = next(
-    (p / "shared" / "conformance" for p in (REPO.parent, REPO.parent.parent)
-     if (p / "shared" / "conformance").exists()),
+    (
+        p / "shared" / "conformance"
+        for p in (REPO.parent, REPO.parent.parent)
+        if (p / "shared" / "conformance").exists()
+    ),
     REPO.parent / "shared" / "conformance",
 )
 needs_fixtures = pytest.mark.skipif(
@@ -56,8 +59,13 @@ def test_bad_prompts_are_data_errors() -> None:
 
 def _cli(*argv: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "bytelatent.generate", *argv], cwd=REPO,
-                          env=env, capture_output=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "bytelatent.generate", *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -66,8 +74,15 @@ def test_cli_on_trained_dcp_checkpoint(tiny_blt_run, tmp_path) -> None:
     prompts = tmp_path / "in.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["def f(x):", "import os"]))
     out = tmp_path / "out.jsonl"
-    code = main([f"ckpt={ckpt}", f"prompts_file={prompts}", f"output={out}",
-                 "max_new_bytes=20", "batch_size=2"])
+    code = main(
+        [
+            f"ckpt={ckpt}",
+            f"prompts_file={prompts}",
+            f"output={out}",
+            "max_new_bytes=20",
+            "batch_size=2",
+        ]
+    )
     assert code == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["prompt"] for r in rows] == ["def f(x):", "import os"]

@@ -13,8 +13,9 @@ PROMPTS = ["Hello, world", "def f(x):\n    return", "é", "The quick brown fox j
 
 
 def _generate(gen: Generator, prompts, use_cache: bool, **kw):
-    args = GenerationArgs(max_new_bytes=kw.pop("max_new_bytes", 30), use_cache=use_cache,
-                          stop_at_eos=False, **kw)
+    args = GenerationArgs(
+        max_new_bytes=kw.pop("max_new_bytes", 30), use_cache=use_cache, stop_at_eos=False, **kw
+    )
     return gen.generate(prompts, args)
 
 
@@ -65,8 +66,9 @@ def test_blt_entropy_patching(rule: str) -> None:
         _assert_same(cached, [_generate(gen, [p], True)[0] for p in prompts])
 
 
-@pytest.mark.parametrize("variant", ["released_flags", "all_layers_windows_norope",
-                                     "pooling_avg_max", "concat"])
+@pytest.mark.parametrize(
+    "variant", ["released_flags", "all_layers_windows_norope", "pooling_avg_max", "concat"]
+)
 def test_blt_space_patching(variant: str) -> None:
     gen = Generator(tiny_blt(variant), PatcherArgs(patching_mode="space", max_patch_length=5))
     prompts = PROMPTS[:3]

@@ -76,8 +76,9 @@ def test_rolling_windows_cover_long_strings() -> None:
 
 
 def test_generation_kwargs() -> None:
-    args = generation_args_from_lm_eval({"until": "\n\n", "max_gen_toks": 7, "do_sample": False,
-                                         "temperature": 0.7})
+    args = generation_args_from_lm_eval(
+        {"until": "\n\n", "max_gen_toks": 7, "do_sample": False, "temperature": 0.7}
+    )
     assert (args.stop, args.max_new_bytes, args.temperature) == (["\n\n"], 7, 0.0)
 
 
@@ -106,11 +107,24 @@ def _write_task(folder: Path) -> None:
 def test_real_lm_eval_run_through_cli(tiny_blt_run, tmp_path) -> None:
     _write_task(tmp_path)
     out = tmp_path / "results.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-           "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    cmd = [sys.executable, "-m", "bytelatent.eval.harness",
-           f"ckpt={tiny_blt_run / 'checkpoints' / '0000000020'}", "tasks=[bytelatent_toy_mc]",
-           f"include_path={tmp_path}", f"output={out}", "include_defaults=false"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "bytelatent.eval.harness",
+        f"ckpt={tiny_blt_run / 'checkpoints' / '0000000020'}",
+        "tasks=[bytelatent_toy_mc]",
+        f"include_path={tmp_path}",
+        f"output={out}",
+        "include_defaults=false",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(out.read_text())["results"]["bytelatent_toy_mc"]
@@ -120,12 +134,19 @@ def test_real_lm_eval_run_through_cli(tiny_blt_run, tmp_path) -> None:
 
 def test_unknown_task_one_line(tmp_path, capsys) -> None:
     _write_task(tmp_path)
-    code = main(["ckpt=/does/not/matter", "tasks=[bytelatent_toy_mx]", f"include_path={tmp_path}",
-                 "include_defaults=false"])
+    code = main(
+        [
+            "ckpt=/does/not/matter",
+            "tasks=[bytelatent_toy_mx]",
+            f"include_path={tmp_path}",
+            "include_defaults=false",
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["config error: tasks: unknown task 'bytelatent_toy_mx' "
-                   "(did you mean bytelatent_toy_mc?)"], err
+    assert err == [
+        "config error: tasks: unknown task 'bytelatent_toy_mx' (did you mean bytelatent_toy_mc?)"
+    ], err
     with pytest.raises(ConfigError):
         from bytelatent.eval.harness import run_harness
 

@@ -41,8 +41,13 @@ from bytelatent.model.patch_utils import (
 def _local_stack(local: nn.Module, args, batch: int, capacity: int) -> CachedStack:
     rope = local.rope.freqs_cis if local.rope is not None else None
     return CachedStack(
-        local.layers, rope, batch, capacity, args.local_attn_kind(),
-        args.local_attention_window_len, like=next(local.parameters()),
+        local.layers,
+        rope,
+        batch,
+        capacity,
+        args.local_attn_kind(),
+        args.local_attention_window_len,
+        like=next(local.parameters()),
     )
 
 
@@ -62,14 +67,24 @@ class IncrementalBLT:
             raise ConfigError("generation does not support encoder_ngram_to_size_str (n-gram ids)")
         if patcher.needs_entropies and entropy_model is None:
             raise ConfigError("entropy patching needs the entropy model (entropy_ckpt=DIR)")
-        self.model, self.args, self.patcher, self.entropy_model = model, args, patcher, entropy_model
+        self.model, self.args, self.patcher, self.entropy_model = (
+            model,
+            args,
+            patcher,
+            entropy_model,
+        )
         enc, dec, glob = model.local_encoder, model.local_decoder, model.global_transformer
         self.enc, self.dec, self.glob = enc, dec, glob
         self.enc_stack = _local_stack(enc, args, batch, capacity)
         self.dec_stack = _local_stack(dec, args, batch, capacity)
         self.glob_stack = CachedStack(
-            glob.layers, glob.rope_embeddings.freqs_cis, batch, min(capacity, args.max_seqlen),
-            glob.args.attn_bias_type, None, like=next(glob.parameters()),
+            glob.layers,
+            glob.rope_embeddings.freqs_cis,
+            batch,
+            min(capacity, args.max_seqlen),
+            glob.args.attn_bias_type,
+            None,
+            like=next(glob.parameters()),
         )
         like = enc.tok_embeddings.weight
         device = like.device
@@ -94,12 +109,17 @@ class IncrementalBLT:
     def _byte_embeds(self, window: torch.Tensor) -> torch.Tensor:
         args = self.args
         return compute_hash_embeddings(
-            window, self.enc.tok_embeddings, self.model.encoder_hash_tok_embedding,
-            args.encoder_hash_byte_group_size, args.encoder_hash_byte_group_nb_functions,
+            window,
+            self.enc.tok_embeddings,
+            self.model.encoder_hash_tok_embedding,
+            args.encoder_hash_byte_group_size,
+            args.encoder_hash_byte_group_nb_functions,
             args.encoder_hash_byte_group_vocab,
         )
 
-    def _positions(self, local: nn.Module, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _positions(
+        self, local: nn.Module, h: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
         if local.pos_embeddings is None:
             return h
         return h + local.pos_embeddings.weight[positions].view(h.shape)
@@ -248,7 +268,11 @@ class IncrementalBLT:
         if not self.dec.cross_attn_decoder:
             h = h + self.patch_out[batch_rows, dpid][:, None]
         h = self._positions(self.dec, h, pos)
-        hook = self._cross_hook(*self._step_cross_inputs(dpid)) if self.dec.cross_attn_decoder else None
+        hook = (
+            self._cross_hook(*self._step_cross_inputs(dpid))
+            if self.dec.cross_attn_decoder
+            else None
+        )
         out = self.dec_stack.step(h, eos, advance, hook)[-1]
         for b in rows:
             self.length[b] += 1
@@ -258,7 +282,9 @@ class IncrementalBLT:
         """Decide (and record) whether the position after the new byte of ``row`` starts a patch."""
         position = self.length[row] + 1
         start = self.patcher.starts_here(
-            self.tokens[row, :position], self.entropies[row, :position], position,
+            self.tokens[row, :position],
+            self.entropies[row, :position],
+            position,
             self.starts[row][-1],
         )
         if start:

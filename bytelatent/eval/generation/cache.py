@@ -97,8 +97,17 @@ class CachedStack:
         for i, (layer, keys, values) in enumerate(zip(self.layers, self.keys, self.values)):
             if before_layer is not None:
                 h = before_layer(i, h)
-            h = self._block(layer, h, freqs, False, keys[row : row + 1], values[row : row + 1],
-                            positions[None], mask, start + steps)
+            h = self._block(
+                layer,
+                h,
+                freqs,
+                False,
+                keys[row : row + 1],
+                values[row : row + 1],
+                positions[None],
+                mask,
+                start + steps,
+            )
             outputs.append(h)
         self.length[row] = start + steps
         return outputs
@@ -181,4 +190,3 @@ class CachedStack:
         )
         h = x + attn.wo(out.transpose(1, 2).reshape(bsz, steps, attn.n_heads * attn.head_dim))
         return h + layer.feed_forward(layer.ffn_norm(h))
-

@@ -146,7 +146,9 @@ class Generator:
                 break
             last = [seq[-1] if seq else 0 for seq in new]
             logits = engine.advance(last, active)
-        return [self._result(engine, b, rows[b], new[b], reasons[b], stops) for b in range(len(rows))]
+        return [
+            self._result(engine, b, rows[b], new[b], reasons[b], stops) for b in range(len(rows))
+        ]
 
     def _finish(
         self, row: list[int], new: list[int], token: int, args: GenerationArgs, stops: list[bytes]
@@ -202,9 +204,7 @@ def _entropy_dir(ckpt: str, patcher_args: PatcherArgs, entropy_ckpt: str | None)
     sibling = os.path.join(os.path.dirname(os.path.abspath(ckpt.rstrip("/"))), "entropy_model")
     if os.path.exists(os.path.join(sibling, "params.json")):
         return sibling  # the released layout: blt_1b/ next to entropy_model/
-    raise ConfigError(
-        f"{ckpt}: entropy patching needs the entropy model; pass entropy_ckpt=DIR"
-    )
+    raise ConfigError(f"{ckpt}: entropy patching needs the entropy model; pass entropy_ckpt=DIR")
 
 
 def load_generator(

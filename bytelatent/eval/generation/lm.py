@@ -36,7 +36,9 @@ class IncrementalLM:
             like=model.tok_embeddings.weight,
         )
         self.eos_id = args.eos_id
-        self.position = torch.zeros(batch, dtype=torch.long, device=model.tok_embeddings.weight.device)
+        self.position = torch.zeros(
+            batch, dtype=torch.long, device=model.tok_embeddings.weight.device
+        )
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.model.output(self.model.norm(h)).float()
