@@ -86,3 +86,19 @@ def test_blt_sampling_cached_equals_recompute() -> None:
     _assert_same(cached, again)  # the seed fixes the draws
     other = _generate(gen, PROMPTS[:2], True, **{**kw, "seed": 8})
     assert [r.tokens for r in other] != [r.tokens for r in cached]
+
+
+def test_last_position_hash_embeddings_match_the_model() -> None:
+    from bytelatent.eval.generation.blt import IncrementalBLT
+    from bytelatent.eval.generation.patching import OnlinePatcher
+
+    model = tiny_blt("released_flags")
+    inc = IncrementalBLT(model, OnlinePatcher(PatcherArgs(patching_mode="byte")), None, 1, 8)
+    tokens = torch.randint(0, 260, (3, 40))
+    tokens[:, :2] = torch.tensor([1, 0])  # BOS, then a BOE id as a real token
+    full = inc._byte_embeds(tokens)
+    window = inc.hash_window
+    for t in range(tokens.shape[1]):
+        ids = torch.arange(t - window + 1, t + 1)
+        recent = torch.where(ids >= 0, tokens[:, ids.clamp(min=0)], 0)
+        assert torch.equal(inc._last_byte_embeds(recent)[:, 0], full[:, t])

@@ -29,13 +29,26 @@ from bytelatent.eval.generation.lm import IncrementalLM
 from bytelatent.eval.generation.patching import OnlinePatcher
 from bytelatent.model.attention import AttnMask
 from bytelatent.model.blt import ByteLatentTransformer
-from bytelatent.model.hashing import compute_hash_embeddings
+from bytelatent.model.hashing import HASH_PRIMES, compute_hash_embeddings, hash_table_specs
 from bytelatent.model.patch_utils import (
     PatchCrossMask,
     build_cross_mask,
     decoder_patch_ids_from_lengths,
     pool_patches,
 )
+
+
+def _last_position_hash_powers(args, window: int) -> torch.Tensor:
+    """[n_tables, window] int64: prime**j of each table's n-gram, aligned to the window's end."""
+    specs = hash_table_specs(
+        args.encoder_hash_byte_group_size or [], args.encoder_hash_byte_group_nb_functions
+    )
+    powers = torch.zeros(len(specs), window, dtype=torch.long)
+    for index, (func_nb, size) in enumerate(specs):
+        for j in range(size):  # w_0 (exponent 0) is the oldest byte of the n-gram
+            value = pow(HASH_PRIMES[func_nb], j, 1 << 64)
+            powers[index, window - size + j] = value - (1 << 64) if value >= 1 << 63 else value
+    return powers
 
 
 def _local_stack(local: nn.Module, args, batch: int, capacity: int) -> CachedStack:
@@ -103,6 +116,7 @@ class IncrementalBLT:
         self.starts: list[list[int]] = [[] for _ in range(batch)]
         self.closed = [0] * batch  # number of complete patches per row
         self.hash_window = max(args.encoder_hash_byte_group_size or [1])
+        self.hash_powers = _last_position_hash_powers(args, self.hash_window).to(device)
 
     # -- embeddings -----------------------------------------------------------------------------
 
@@ -116,6 +130,23 @@ class IncrementalBLT:
             args.encoder_hash_byte_group_nb_functions,
             args.encoder_hash_byte_group_vocab,
         )
+
+    def _last_byte_embeds(self, window: torch.Tensor) -> torch.Tensor:
+        """``_byte_embeds(window)[:, -1:]`` for windows [B, hash_window], in a few ops.
+
+        Hash ids of the n-grams ending at the last position, for every table at once:
+        ``sum_j w_j * prime**j`` (int64 wrap-around, as ``hashing.byte_group_hash``) mod vocab;
+        tests check it against the model's ``compute_hash_embeddings``.
+        """
+        embeds = self.enc.tok_embeddings(window[:, -1:])
+        tables = self.model.encoder_hash_tok_embedding
+        if tables is None:
+            return embeds
+        hashes = (window[:, None, :] * self.hash_powers[None]).sum(-1)
+        ids = torch.remainder(hashes, self.args.encoder_hash_byte_group_vocab)
+        for index, table in enumerate(tables):
+            embeds = embeds + table(ids[:, index : index + 1])
+        return embeds
 
     def _positions(
         self, local: nn.Module, h: torch.Tensor, positions: torch.Tensor
@@ -257,7 +288,7 @@ class IncrementalBLT:
         window = self.hash_window
         ids = pos[:, None] - window + 1 + torch.arange(window, device=self.device)
         recent = torch.where(ids >= 0, self.tokens.gather(1, ids.clamp(min=0)), 0)
-        h = self._positions(self.enc, self._byte_embeds(recent)[:, -1:], pos)
+        h = self._positions(self.enc, self._last_byte_embeds(recent), pos)
         outs = self.enc_stack.step(h, eos, advance)
         for i, states in self.enc_states.items():
             states[batch_rows, pos] = outs[i][:, 0]
