@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,7 +17,6 @@ from tests.generation.conftest import tiny_blt, tiny_lm
 pytest.importorskip("lm_eval")
 from bytelatent.eval.harness import BytelatentLM, generation_args_from_lm_eval, main  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
 REQUESTS = [("The capital of France is", " Paris"), ("", "x"), ("1 + 1 =", " 2, é")]
 
 
@@ -93,7 +89,7 @@ def _write_task(folder: Path) -> None:
     (folder / "toy.yaml").write_text(
         "task: bytelatent_toy_mc\n"
         "dataset_path: json\n"
-        f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
+        f"dataset_kwargs:\n  cache_dir: {folder / 'hf_cache'}\n  data_files:\n    test: {data}\n"
         "test_split: test\n"
         "output_type: multiple_choice\n"
         "doc_to_text: '{{question}}'\n"
@@ -104,32 +100,28 @@ def _write_task(folder: Path) -> None:
 
 
 @pytest.mark.slow
-def test_real_lm_eval_run_through_cli(tiny_blt_run, tmp_path) -> None:
+def test_real_lm_eval_run_through_cli(tiny_blt_run, tmp_path, monkeypatch, capsys) -> None:
+    """The CLI entry in-process (a subprocess would pay lm_eval's imports again)."""
+    for key in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        monkeypatch.setenv(key, "1")
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
     _write_task(tmp_path)
     out = tmp_path / "results.json"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "OMP_NUM_THREADS": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "HF_HUB_OFFLINE": "1",
-        "HF_HOME": str(tmp_path / "hf"),
-    }
-    cmd = [
-        sys.executable,
-        "-m",
-        "bytelatent.eval.harness",
-        f"ckpt={tiny_blt_run / 'checkpoints' / '0000000020'}",
+    ckpt = tiny_blt_run / "checkpoints" / "0000000020"
+    argv = [
+        f"ckpt={ckpt}",
         "tasks=[bytelatent_toy_mc]",
         f"include_path={tmp_path}",
         f"output={out}",
         "include_defaults=false",
     ]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert main(argv) == 0
     results = json.loads(out.read_text())["results"]["bytelatent_toy_mc"]
     assert 0.0 <= results["acc,none"] <= 1.0
-    assert "bytelatent_toy_mc" in proc.stdout
+    assert results["acc,none"] * 3 == pytest.approx(round(results["acc,none"] * 3))  # 3 docs
+    assert capsys.readouterr().out.startswith("bytelatent_toy_mc: {")
 
 
 def test_unknown_task_one_line(tmp_path, capsys) -> None:
