@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bytelatent.model.layers import TransformerBlock, apply_rotary_emb
+from bytelatent.model.layers import TransformerBlock
 
 LayerHook = Callable[[int, torch.Tensor], torch.Tensor] | None
 
@@ -91,7 +91,7 @@ class CachedStack:
         docs = self.next_doc[row] + torch.cumsum(is_eos[0].long(), 0) - is_eos[0].long()
         self.doc[row, start : start + steps] = docs
         self.next_doc[row] = docs[-1] + is_eos[0, -1].long()
-        freqs = self._freqs(positions)  # [T, D/2, 2, 2]: one row, positions along the sequence
+        rotation = rotation_of(self._freqs(positions), per_row=False)
         mask = self._mask(positions[None], docs[None], start + steps, self.doc[row : row + 1])
         h, outputs = x, []
         for i, (layer, keys, values) in enumerate(zip(self.layers, self.keys, self.values)):
@@ -100,7 +100,7 @@ class CachedStack:
             h = self._block(
                 layer,
                 h,
-                freqs,
+                rotation,
                 False,
                 keys[row : row + 1],
                 values[row : row + 1],
@@ -127,14 +127,16 @@ class CachedStack:
         docs = self.next_doc
         rows = torch.arange(x.shape[0], device=x.device)
         self.doc[rows, positions] = docs
-        freqs = self._freqs(positions)  # [B, D/2, 2, 2]: one position per row
+        rotation = rotation_of(self._freqs(positions), per_row=True)
         key_len = int(positions.max()) + 1
         mask = self._mask(positions[:, None], docs[:, None], key_len, self.doc)
         h, outputs = x, []
         for i, (layer, keys, values) in enumerate(zip(self.layers, self.keys, self.values)):
             if before_layer is not None:
                 h = before_layer(i, h)
-            h = self._block(layer, h, freqs, True, keys, values, positions[:, None], mask, key_len)
+            h = self._block(
+                layer, h, rotation, True, keys, values, positions[:, None], mask, key_len
+            )
             outputs.append(h)
         self.next_doc = torch.where(advance, docs + is_eos.long(), docs)
         self.length = torch.where(advance, positions + 1, positions)
@@ -156,7 +158,7 @@ class CachedStack:
         self,
         layer: TransformerBlock,
         x: torch.Tensor,
-        freqs: torch.Tensor,
+        rotation: torch.Tensor,
         per_row: bool,
         keys: torch.Tensor,
         values: torch.Tensor,
@@ -164,20 +166,21 @@ class CachedStack:
         mask: torch.Tensor,
         key_len: int,
     ) -> torch.Tensor:
-        attn = layer.attention
+        """The block's forward on the new positions (same ops as TransformerBlock/Attention, called
+        on their weights directly: per-call module overhead dominates one-byte steps)."""
+        attn, ffn = layer.attention, layer.feed_forward
         bsz, steps, _ = x.shape
-        normed = layer.attention_norm(x)
-        xq = attn.wq(normed).view(bsz, steps, attn.n_heads, attn.head_dim)
-        xk = attn.wk(normed).view(bsz, steps, attn.n_kv_heads, attn.head_dim)
-        xv = attn.wv(normed).view(bsz, steps, attn.n_kv_heads, attn.head_dim)
-        if per_row:  # one position per row: lay rows along the sequence axis of the rotation
-            xq, xk = apply_rotary_emb(xq.transpose(0, 1), xk.transpose(0, 1), freqs)
-            xq, xk = xq.transpose(0, 1), xk.transpose(0, 1)
+        normed = _rms_norm(layer.attention_norm, x)
+        heads, kv_heads, head_dim = attn.n_heads, attn.n_kv_heads, attn.head_dim
+        xq = F.linear(normed, attn.wq.weight).view(bsz, steps, heads, head_dim)
+        xk = F.linear(normed, attn.wk.weight).view(bsz, steps, kv_heads, head_dim)
+        xv = F.linear(normed, attn.wv.weight).view(bsz, steps, kv_heads, head_dim)
+        xq, xk = _rotate(torch.cat([xq, xk], dim=2), rotation).split([heads, kv_heads], dim=2)
+        if per_row:
             rows = torch.arange(bsz, device=x.device)
             keys[rows, :, positions[:, 0]] = xk[:, 0]
             values[rows, :, positions[:, 0]] = xv[:, 0]
         else:
-            xq, xk = apply_rotary_emb(xq, xk, freqs)
             start = int(positions[0, 0])
             keys[:, :, start : start + steps] = xk.transpose(1, 2)
             values[:, :, start : start + steps] = xv.transpose(1, 2)
@@ -186,7 +189,29 @@ class CachedStack:
             keys[:, :, :key_len],
             values[:, :, :key_len],
             attn_mask=mask,
-            enable_gqa=attn.n_heads != attn.n_kv_heads,
+            enable_gqa=heads != kv_heads,
         )
-        h = x + attn.wo(out.transpose(1, 2).reshape(bsz, steps, attn.n_heads * attn.head_dim))
-        return h + layer.feed_forward(layer.ffn_norm(h))
+        out = out.transpose(1, 2).reshape(bsz, steps, heads * head_dim)
+        h = x + F.linear(out, attn.wo.weight)
+        normed = _rms_norm(layer.ffn_norm, h)
+        hidden = F.silu(F.linear(normed, ffn.w1.weight)) * F.linear(normed, ffn.w3.weight)
+        return h + F.linear(hidden, ffn.w2.weight)
+
+
+def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if x.dtype != norm.weight.dtype:
+        return norm(x)
+    return F.rms_norm(x, norm.normalized_shape, norm.weight, norm.eps)
+
+
+def rotation_of(freqs: torch.Tensor, per_row: bool) -> torch.Tensor:
+    """RoPE table rows [S, D/2, 2, 2] as complex cos + i sin, shaped to broadcast over
+    [B, S, H, D/2] (``per_row``: one position per batch row, [B, 1, 1, D/2])."""
+    rotation = torch.complex(freqs[..., 0, 0].float(), freqs[..., 1, 0].float())
+    return rotation[:, None, None, :] if per_row else rotation[None, :, None, :]
+
+
+def _rotate(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """``layers.apply_rotary_emb``'s eager computation (interleaved pairs times cos + i sin)."""
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)).contiguous())
+    return torch.view_as_real(pairs * rotation).flatten(-2).type_as(x)
