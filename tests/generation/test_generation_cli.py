@@ -113,3 +113,22 @@ def test_cli_prompt_too_long_one_line(capsys) -> None:
     assert main([f"ckpt={CONFORMANCE / 'blt'}", "prompt=" + "a" * 600]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("data error: prompt 0 has 600 bytes"), err
+
+
+@pytest.mark.slow
+def test_cli_consolidated_folder_and_entropy_lm(tiny_blt_run, tiny_entropy_run, tmp_path, capsys):
+    from bytelatent.checkpoint.consolidate import consolidate
+
+    step = tiny_blt_run / "checkpoints" / "0000000020"
+    consolidated = consolidate(str(step), str(tmp_path / "cons"))
+    outputs = []
+    for ckpt in (step, consolidated):
+        assert main([f"ckpt={ckpt}", "prompt=import os", "max_new_bytes=12"]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and outputs[0].endswith("\n")
+    lm_step = tiny_entropy_run / "checkpoints" / "0000000020"
+    for cache in ("true", "false"):
+        argv = [f"ckpt={lm_step}", "prompt=def main():", "max_new_bytes=16", f"use_cache={cache}"]
+        assert main(argv) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[2] == outputs[3] and len(outputs[2]) > 1
