@@ -69,7 +69,7 @@ def _cli(*argv: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_cli_on_trained_dcp_checkpoint(tiny_blt_run, tmp_path) -> None:
+def test_cli_on_trained_dcp_checkpoint(tiny_blt_run, tmp_path, capsys) -> None:
     ckpt = tiny_blt_run / "checkpoints" / "0000000020"
     prompts = tmp_path / "in.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["def f(x):", "import os"]))
@@ -80,10 +80,12 @@ def test_cli_on_trained_dcp_checkpoint(tiny_blt_run, tmp_path) -> None:
             f"prompts_file={prompts}",
             f"output={out}",
             "max_new_bytes=20",
-            "batch_size=2",
+            "batch_size=1",
+            "progress=true",
         ]
     )
     assert code == 0
+    assert "2/2" in capsys.readouterr().err  # the tqdm bar, asked for with progress=true
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["prompt"] for r in rows] == ["def f(x):", "import os"]
     assert all(r["n_bytes"] <= 20 and r["finish_reason"] in ("eos", "length") for r in rows)
