@@ -92,7 +92,7 @@ class CachedStack:
         self.doc[row, start : start + steps] = docs
         self.next_doc[row] = docs[-1] + is_eos[0, -1].long()
         rotation = rotation_of(self._freqs(positions), per_row=False)
-        mask = self._mask(positions[None], docs[None], start + steps, self.doc[row : row + 1])
+        mask = self._mask(positions[None], docs[None], 0, start + steps, self.doc[row : row + 1])
         h, outputs = x, []
         for i, (layer, keys, values) in enumerate(zip(self.layers, self.keys, self.values)):
             if before_layer is not None:
@@ -106,7 +106,7 @@ class CachedStack:
                 values[row : row + 1],
                 positions[None],
                 mask,
-                start + steps,
+                (0, start + steps),
             )
             outputs.append(h)
         self.length[row] = start + steps
@@ -129,13 +129,23 @@ class CachedStack:
         self.doc[rows, positions] = docs
         rotation = rotation_of(self._freqs(positions), per_row=True)
         key_len = int(positions.max()) + 1
-        mask = self._mask(positions[:, None], docs[:, None], key_len, self.doc)
+        # keys before every row's window cannot be attended: leave them out (O(window) per step)
+        key_start = 0 if self.window is None else max(0, int(positions.min()) - self.window + 1)
+        mask = self._mask(positions[:, None], docs[:, None], key_start, key_len, self.doc)
         h, outputs = x, []
         for i, (layer, keys, values) in enumerate(zip(self.layers, self.keys, self.values)):
             if before_layer is not None:
                 h = before_layer(i, h)
             h = self._block(
-                layer, h, rotation, True, keys, values, positions[:, None], mask, key_len
+                layer,
+                h,
+                rotation,
+                True,
+                keys,
+                values,
+                positions[:, None],
+                mask,
+                (key_start, key_len),
             )
             outputs.append(h)
         self.next_doc = torch.where(advance, docs + is_eos.long(), docs)
@@ -143,15 +153,23 @@ class CachedStack:
         return outputs
 
     def _mask(
-        self, q_pos: torch.Tensor, q_doc: torch.Tensor, key_len: int, doc: torch.Tensor
-    ) -> torch.Tensor:
-        """Bool [B,1,T,key_len]: causal, same document (EOS-closed), inside the window."""
-        k_pos = torch.arange(key_len, device=q_pos.device)
+        self,
+        q_pos: torch.Tensor,
+        q_doc: torch.Tensor,
+        key_start: int,
+        key_len: int,
+        doc: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """Bool [B,1,T,keys] over keys key_start..key_len-1: causal, same document (EOS-closed),
+        inside the window; None when every key is allowed (sdpa's unmasked kernel)."""
+        k_pos = torch.arange(key_start, key_len, device=q_pos.device)
         allowed = k_pos[None, None, :] <= q_pos[:, :, None]
         if self.window is not None:
             allowed = allowed & (k_pos[None, None, :] > q_pos[:, :, None] - self.window)
         if self.kind in ("block_causal", "local_block_causal"):
-            allowed = allowed & (doc[:, None, :key_len] == q_doc[:, :, None])
+            allowed = allowed & (doc[:, None, key_start:key_len] == q_doc[:, :, None])
+        if q_pos.shape[1] == 1 and bool(allowed.all()):
+            return None
         return allowed[:, None]
 
     def _block(
@@ -163,8 +181,8 @@ class CachedStack:
         keys: torch.Tensor,
         values: torch.Tensor,
         positions: torch.Tensor,
-        mask: torch.Tensor,
-        key_len: int,
+        mask: torch.Tensor | None,
+        key_range: tuple[int, int],
     ) -> torch.Tensor:
         """The block's forward on the new positions (same ops as TransformerBlock/Attention, called
         on their weights directly: per-call module overhead dominates one-byte steps)."""
@@ -184,10 +202,11 @@ class CachedStack:
             start = int(positions[0, 0])
             keys[:, :, start : start + steps] = xk.transpose(1, 2)
             values[:, :, start : start + steps] = xv.transpose(1, 2)
+        key_start, key_len = key_range
         out = F.scaled_dot_product_attention(
             xq.transpose(1, 2),
-            keys[:, :, :key_len],
-            values[:, :, :key_len],
+            keys[:, :, key_start:key_len],
+            values[:, :, key_start:key_len],
             attn_mask=mask,
             enable_gqa=heads != kv_heads,
         )
