@@ -20,6 +20,7 @@ when a patch closes, one global step: work proportional to one byte, not to the 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from bytelatent.data.entropy import entropy as entropy_of
@@ -61,6 +62,7 @@ def _local_stack(local: nn.Module, args, batch: int, capacity: int) -> CachedSta
         args.local_attn_kind(),
         args.local_attention_window_len,
         like=next(local.parameters()),
+        fuse=True,
     )
 
 
@@ -145,7 +147,7 @@ class IncrementalBLT:
         hashes = (window[:, None, :] * self.hash_powers[None]).sum(-1)
         ids = torch.remainder(hashes, self.args.encoder_hash_byte_group_vocab)
         for index, table in enumerate(tables):
-            embeds = embeds + table(ids[:, index : index + 1])
+            embeds = embeds + F.embedding(ids[:, index : index + 1], table.weight)
         return embeds
 
     def _positions(

@@ -39,8 +39,12 @@ class CachedStack:
         kind: str | None,
         window: int | None,
         like: torch.Tensor,
+        fuse: bool = False,
     ) -> None:
         self.layers = list(layers)
+        # ``fuse``: one matmul for wq/wk/wv and one for w1/w3 per step (a copy of those weights:
+        # worth it for the small stacks that run once per byte, not for the global model)
+        self.fused = [_fused_weights(layer) for layer in self.layers] if fuse else None
         first = self.layers[0].attention
         self.head_dim, self.n_heads, self.n_kv_heads = (
             first.head_dim,
@@ -190,9 +194,16 @@ class CachedStack:
         bsz, steps, _ = x.shape
         normed = _rms_norm(layer.attention_norm, x)
         heads, kv_heads, head_dim = attn.n_heads, attn.n_kv_heads, attn.head_dim
-        xq = F.linear(normed, attn.wq.weight).view(bsz, steps, heads, head_dim)
-        xk = F.linear(normed, attn.wk.weight).view(bsz, steps, kv_heads, head_dim)
-        xv = F.linear(normed, attn.wv.weight).view(bsz, steps, kv_heads, head_dim)
+        fused = None if self.fused is None else self.fused[self.layers.index(layer)]
+        if fused is not None:
+            qkv = F.linear(normed, fused[0]).split(
+                [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1
+            )
+            xq, xk, xv = (t.reshape(bsz, steps, -1, head_dim) for t in qkv)
+        else:
+            xq = F.linear(normed, attn.wq.weight).view(bsz, steps, heads, head_dim)
+            xk = F.linear(normed, attn.wk.weight).view(bsz, steps, kv_heads, head_dim)
+            xv = F.linear(normed, attn.wv.weight).view(bsz, steps, kv_heads, head_dim)
         xq, xk = _rotate(torch.cat([xq, xk], dim=2), rotation).split([heads, kv_heads], dim=2)
         if per_row:
             rows = torch.arange(bsz, device=x.device)
@@ -213,8 +224,18 @@ class CachedStack:
         out = out.transpose(1, 2).reshape(bsz, steps, heads * head_dim)
         h = x + F.linear(out, attn.wo.weight)
         normed = _rms_norm(layer.ffn_norm, h)
-        hidden = F.silu(F.linear(normed, ffn.w1.weight)) * F.linear(normed, ffn.w3.weight)
+        if fused is not None:
+            gate, up = F.linear(normed, fused[1]).chunk(2, dim=-1)
+            hidden = F.silu(gate) * up
+        else:
+            hidden = F.silu(F.linear(normed, ffn.w1.weight)) * F.linear(normed, ffn.w3.weight)
         return h + F.linear(hidden, ffn.w2.weight)
+
+
+def _fused_weights(layer: TransformerBlock) -> tuple[torch.Tensor, torch.Tensor]:
+    attn, ffn = layer.attention, layer.feed_forward
+    qkv = torch.cat([attn.wq.weight, attn.wk.weight, attn.wv.weight]).detach()
+    return qkv, torch.cat([ffn.w1.weight, ffn.w3.weight]).detach()
 
 
 def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:

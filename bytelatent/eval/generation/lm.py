@@ -34,6 +34,7 @@ class IncrementalLM:
             args.attn_bias_type,
             args.sliding_window,
             like=model.tok_embeddings.weight,
+            fuse=True,
         )
         self.eos_id = args.eos_id
         self.position = torch.zeros(
