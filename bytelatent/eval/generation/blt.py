@@ -112,6 +112,15 @@ class IncrementalBLT:
         kept = set(self.cross_layers) | {n_enc - 1}
         self.enc_states = {i: like.new_zeros(batch, capacity + 1, d) for i in kept}
         self.patch_out = like.new_zeros(batch, capacity + 1, dec.slots * dec.dim)
+        # decoder cross-attention keys/values of every closed patch, per cross layer: a patch's
+        # slots are read by all of its bytes (window None: the structured slot attention)
+        self.slot_kv = None
+        if dec.cross_attn_decoder and args.cross_attn_window_decoder is None:
+            first = dec.cross_attn_layers[0]
+            shape = (batch, capacity + 1, dec.slots, first.n_heads, first.head_dim)
+            self.slot_kv = [
+                (like.new_zeros(shape), like.new_zeros(shape)) for _ in dec.cross_attn_layers
+            ]
         self.tokens = torch.zeros(batch, capacity + 1, dtype=torch.long, device=device)
         self.entropies = torch.zeros(batch, capacity + 1, dtype=torch.float32)
         self.length = [0] * batch
@@ -204,6 +213,40 @@ class IncrementalBLT:
         proj = self.dec.patch_embedding_projection
         return proj(g) if proj is not None else g
 
+    def _store_slot_kv(self, row: int, first: int, states: torch.Tensor) -> None:
+        """Keys/values of patches first.. (decoder patch states [P, slots*d]) for each layer."""
+        if self.slot_kv is None:
+            return
+        dec = self.dec
+        slots = states.view(-1, dec.slots, dec.dim)
+        for cross, (keys, values) in zip(dec.cross_attn_layers, self.slot_kv):
+            normed = cross.cross_attn_norm_kv(slots)
+            count = slots.shape[0]
+            keys[row, first : first + count] = cross.wk(normed).view(count, *keys.shape[2:])
+            values[row, first : first + count] = cross.wv(normed).view(count, *values.shape[2:])
+
+    def _slot_hook(self, dpid: torch.Tensor):
+        """Decoder cross-attention of one byte per row from the cached slot keys/values: the
+        ops of ``CrossAttention`` + ``cross_attention._slot_attention``, minus the per-byte
+        key/value projections."""
+        dec, bsz = self.dec, dpid.shape[0]
+        rows = torch.arange(bsz, device=self.device)
+
+        def hook(i: int, h: torch.Tensor) -> torch.Tensor:
+            if not (i == 0 or dec.cross_attn_all_layers):
+                return h
+            index = i if dec.cross_attn_all_layers else 0
+            cross, (keys, values) = dec.cross_attn_layers[index], self.slot_kv[index]
+            heads, head_dim = cross.n_heads, cross.head_dim
+            q = cross.wq(cross.cross_attn_norm_q(h)).view(bsz, 1, heads, head_dim)
+            scores = (q * keys[rows, dpid]).sum(-1).float() * head_dim**-0.5  # [B, slots, H]
+            probs = torch.softmax(scores, dim=1).to(values.dtype)
+            out = (probs.unsqueeze(-1) * values[rows, dpid]).sum(1)
+            attended = h + cross.wo(out.reshape(bsz, 1, heads * head_dim))
+            return h + attended  # double residual, as the model
+
+        return hook
+
     # -- decoder cross-attention hooks ----------------------------------------------------------
 
     def _cross_hook(self, kv: torch.Tensor, mask: PatchCrossMask):
@@ -259,6 +302,7 @@ class IncrementalBLT:
         g = self.glob_stack.prefill(row, reps[None], patch_eos[None])[-1][0]
         count = len(patches)
         self.patch_out[row, :count] = self._decoder_patch_state(g)
+        self._store_slot_kv(row, 0, self.patch_out[row, :count])
         self.closed[row] = count
         lengths = torch.tensor(starts + [n + 1], device=self.device).diff()[None]
         dpid = decoder_patch_ids_from_lengths(lengths, n)
@@ -301,11 +345,11 @@ class IncrementalBLT:
         if not self.dec.cross_attn_decoder:
             h = h + self.patch_out[batch_rows, dpid][:, None]
         h = self._positions(self.dec, h, pos)
-        hook = (
-            self._cross_hook(*self._step_cross_inputs(dpid))
-            if self.dec.cross_attn_decoder
-            else None
-        )
+        hook = None
+        if self.slot_kv is not None:
+            hook = self._slot_hook(dpid)
+        elif self.dec.cross_attn_decoder:
+            hook = self._cross_hook(*self._step_cross_inputs(dpid))
         out = self.dec_stack.step(h, eos, advance, hook)[-1]
         for b in rows:
             self.length[b] += 1
@@ -339,6 +383,7 @@ class IncrementalBLT:
         state = self._decoder_patch_state(g)
         for b in closing:
             self.patch_out[b, self.closed[b]] = state[b]
+            self._store_slot_kv(b, self.closed[b], state[b : b + 1])
             self.closed[b] += 1
 
     def patch_lengths(self, row: int, n_tokens: int) -> list[int]:
