@@ -58,26 +58,32 @@ class CachedStack:
         shape = (batch, self.n_kv_heads, capacity + 1, self.head_dim)  # +1: scratch for frozen rows
         self.keys = [like.new_zeros(shape) for _ in self.layers]
         self.values = [like.new_zeros(shape) for _ in self.layers]
-        device = like.device
-        self.length = torch.zeros(batch, dtype=torch.long, device=device)
-        self.doc = torch.zeros(batch, capacity + 1, dtype=torch.long, device=device)
-        self.next_doc = torch.zeros(batch, dtype=torch.long, device=device)
-
-    def reset_rows(self, rows: torch.Tensor) -> None:
-        """Empty the cache of the rows in the bool mask ``rows`` (a new context)."""
-        self.length = torch.where(rows, 0, self.length)
-        self.next_doc = torch.where(rows, 0, self.next_doc)
-
-    def _freqs(self, positions: torch.Tensor) -> torch.Tensor:
-        if self.rope is None:
-            eye = torch.eye(2, dtype=torch.float32, device=positions.device)
-            return eye.expand(*positions.shape, self.head_dim // 2, 2, 2)
-        if int(positions.max()) >= self.rope.shape[0]:
-            raise ValueError(
-                f"position {int(positions.max())} exceeds the RoPE table "
-                f"(max_seqlen={self.rope.shape[0]})"
+        self.device = like.device
+        # bookkeeping on the host (one-byte steps are bound by per-op overhead, not FLOPs)
+        self.length = [0] * batch
+        self.next_doc = [0] * batch
+        self.doc = torch.zeros(batch, capacity + 1, dtype=torch.long, device=self.device)
+        self.rows = torch.arange(batch, device=self.device)
+        # RoPE rows as complex cos + i sin (angle 0 without RoPE: multiplying by 1 changes nothing)
+        if rope is None:
+            self.rotation_table = torch.ones(
+                capacity + 1, self.head_dim // 2, dtype=torch.complex64, device=self.device
             )
-        return self.rope[positions]
+        else:
+            self.rotation_table = torch.complex(rope[..., 0, 0].float(), rope[..., 1, 0].float())
+
+    def reset_rows(self, rows: list[int]) -> None:
+        """Empty the cache of ``rows`` (a new context)."""
+        for row in rows:
+            self.length[row] = 0
+            self.next_doc[row] = 0
+
+    def _rotation(self, first: int, last: int, positions: torch.Tensor) -> torch.Tensor:
+        if last >= self.rotation_table.shape[0]:
+            raise ValueError(
+                f"position {last} exceeds the RoPE table (max_seqlen={self.rotation_table.shape[0]})"
+            )
+        return self.rotation_table[positions]
 
     @torch.no_grad()
     def prefill(
@@ -87,15 +93,16 @@ class CachedStack:
 
         ``before_layer(i, h) -> h`` runs before layer i (the BLT decoder's cross-attention).
         """
-        start = int(self.length[row])
+        start = self.length[row]
         steps = x.shape[1]
         if start + steps > self.capacity:
             raise ValueError(f"cache of {self.capacity} positions is full")
         positions = torch.arange(start, start + steps, device=x.device)
-        docs = self.next_doc[row] + torch.cumsum(is_eos[0].long(), 0) - is_eos[0].long()
+        eos = is_eos[0].long()
+        docs = self.next_doc[row] + torch.cumsum(eos, 0) - eos
         self.doc[row, start : start + steps] = docs
-        self.next_doc[row] = docs[-1] + is_eos[0, -1].long()
-        rotation = rotation_of(self._freqs(positions), per_row=False)
+        self.next_doc[row] = int(docs[-1] + eos[-1])
+        rotation = self._rotation(start, start + steps - 1, positions)[None, :, None, :]
         mask = self._mask(positions[None], docs[None], 0, start + steps, self.doc[row : row + 1])
         h, outputs = x, []
         for i, (layer, keys, values) in enumerate(zip(self.layers, self.keys, self.values)):
@@ -125,17 +132,23 @@ class CachedStack:
         before_layer: LayerHook = None,
     ) -> list[torch.Tensor]:
         """One new position per row: x [B,1,dim], is_eos/advance [B] bool -> layer outputs."""
-        positions = self.length.clone()
-        if bool(((positions >= self.capacity) & advance).any()):
+        advancing = advance.tolist()
+        if any(n >= self.capacity and on for n, on in zip(self.length, advancing)):
             raise ValueError(f"cache of {self.capacity} positions is full")
-        docs = self.next_doc
-        rows = torch.arange(x.shape[0], device=x.device)
-        self.doc[rows, positions] = docs
-        rotation = rotation_of(self._freqs(positions), per_row=True)
-        key_len = int(positions.max()) + 1
+        positions = torch.tensor(self.length, device=self.device)
+        docs = None
+        if self.kind in ("block_causal", "local_block_causal"):
+            docs = torch.tensor(self.next_doc, device=self.device)
+            self.doc[self.rows, positions] = docs
+        first, last = min(self.length), max(self.length)
+        rotation = self._rotation(first, last, positions)[:, None, None, :]
+        key_len = last + 1
         # keys before every row's window cannot be attended: leave them out (O(window) per step)
-        key_start = 0 if self.window is None else max(0, int(positions.min()) - self.window + 1)
-        mask = self._mask(positions[:, None], docs[:, None], key_start, key_len, self.doc)
+        key_start = 0 if self.window is None else max(0, first - self.window + 1)
+        mask = None  # one row, one document: every key in the slice is allowed
+        if len(self.length) > 1 or self.next_doc[0] > 0:
+            q_docs = None if docs is None else docs[:, None]
+            mask = self._mask(positions[:, None], q_docs, key_start, key_len, self.doc)
         h, outputs = x, []
         for i, (layer, keys, values) in enumerate(zip(self.layers, self.keys, self.values)):
             if before_layer is not None:
@@ -152,14 +165,17 @@ class CachedStack:
                 (key_start, key_len),
             )
             outputs.append(h)
-        self.next_doc = torch.where(advance, docs + is_eos.long(), docs)
-        self.length = torch.where(advance, positions + 1, positions)
+        eos = is_eos.tolist() if docs is not None else [False] * len(advancing)
+        for b, on in enumerate(advancing):
+            if on:
+                self.length[b] += 1
+                self.next_doc[b] += int(eos[b])
         return outputs
 
     def _mask(
         self,
         q_pos: torch.Tensor,
-        q_doc: torch.Tensor,
+        q_doc: torch.Tensor | None,
         key_start: int,
         key_len: int,
         doc: torch.Tensor,
@@ -170,7 +186,7 @@ class CachedStack:
         allowed = k_pos[None, None, :] <= q_pos[:, :, None]
         if self.window is not None:
             allowed = allowed & (k_pos[None, None, :] > q_pos[:, :, None] - self.window)
-        if self.kind in ("block_causal", "local_block_causal"):
+        if q_doc is not None:
             allowed = allowed & (doc[:, None, key_start:key_len] == q_doc[:, :, None])
         if q_pos.shape[1] == 1 and bool(allowed.all()):
             return None
@@ -242,13 +258,6 @@ def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if x.dtype != norm.weight.dtype:
         return norm(x)
     return F.rms_norm(x, norm.normalized_shape, norm.weight, norm.eps)
-
-
-def rotation_of(freqs: torch.Tensor, per_row: bool) -> torch.Tensor:
-    """RoPE table rows [S, D/2, 2, 2] as complex cos + i sin, shaped to broadcast over
-    [B, S, H, D/2] (``per_row``: one position per batch row, [B, 1, 1, D/2])."""
-    rotation = torch.complex(freqs[..., 0, 0].float(), freqs[..., 1, 0].float())
-    return rotation[:, None, None, :] if per_row else rotation[None, :, None, :]
 
 
 def _rotate(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:

@@ -37,9 +37,7 @@ class IncrementalLM:
             fuse=True,
         )
         self.eos_id = args.eos_id
-        self.position = torch.zeros(
-            batch, dtype=torch.long, device=model.tok_embeddings.weight.device
-        )
+        self.position = [0] * batch  # tokens fed per row (absolute, across restarts)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.model.output(self.model.norm(h)).float()
@@ -48,7 +46,7 @@ class IncrementalLM:
     def prefill(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
         """Feed the 1-D ``tokens`` to row ``row``; returns logits [T, V] for each of them."""
         outputs = []
-        start = int(self.position[row])
+        start = self.position[row]
         offset = 0
         while offset < tokens.numel():
             position = start + offset
@@ -56,7 +54,7 @@ class IncrementalLM:
             if self.restart_every is not None:
                 window = self.restart_every
                 if position % window == 0 and position > 0:
-                    self.stack.reset_rows(self._row_mask(row))
+                    self.stack.reset_rows([row])
                 end = min(end, offset + window - position % window)
             chunk = tokens[offset:end][None]
             h = self.stack.prefill(row, self.model.tok_embeddings(chunk), chunk == self.eos_id)[-1]
@@ -68,16 +66,17 @@ class IncrementalLM:
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, advance: torch.Tensor) -> torch.Tensor:
         """tokens [B] (one per row), advance [B] bool (frozen rows keep their state) -> [B, V]."""
+        advancing = advance.tolist()
         if self.restart_every is not None:
-            restart = advance & (self.position % self.restart_every == 0) & (self.position > 0)
-            if bool(restart.any()):
-                self.stack.reset_rows(restart)
+            window = self.restart_every
+            self.stack.reset_rows(
+                [
+                    b
+                    for b, on in enumerate(advancing)
+                    if on and self.position[b] % window == 0 and self.position[b] > 0
+                ]
+            )
         embeds = self.model.tok_embeddings(tokens[:, None])
         h = self.stack.step(embeds, tokens == self.eos_id, advance)[-1]
-        self.position = torch.where(advance, self.position + 1, self.position)
+        self.position = [n + int(on) for n, on in zip(self.position, advancing)]
         return self._logits(h)[:, 0]
-
-    def _row_mask(self, row: int) -> torch.Tensor:
-        mask = torch.zeros_like(self.position, dtype=torch.bool)
-        mask[row] = True
-        return mask
