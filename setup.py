@@ -23,13 +23,14 @@ EXTRAS = {
         "tiktoken>=0.7",
         "tqdm>=4.60",
         "matplotlib>=3.8",
+        "lm_eval==0.4.*",  # the harness adapter's tests run a real lm_eval evaluation
     ],
     # Hugging Face interop (export-hf / import-hf, safetensors): transformers 4.57 has
     # BltForCausalLM and is the release the adapter is tested against (tests/interop).
     "hf": ["transformers==4.57.*", "safetensors>=0.4", "tokenizers>=0.21"],
     "dev": ["ruff>=0.6"],
     "gpu": ["xformers"],
-    "eval": ["lm_eval>=0.4"],
+    "eval": ["lm_eval==0.4.*", "tqdm>=4.60"],
     "s3": ["s3fs[boto3]>=2024.1"],
     "wandb": ["wandb>=0.18"],
     "plot": ["matplotlib>=3.8"],  # python -m apps.plot

@@ -120,9 +120,12 @@ def test_a_registered_task_runs_beside_bpb_with_its_options(train_args, model):
                   device=torch.device("cpu"))  # fmt: skip
 
 
-def test_a_task_whose_module_is_missing_is_a_config_error(train_args):
-    with pytest.raises(ConfigError, match="task 'harness' is not available"):
-        Validator(EvalArgs(tasks=["harness"]), train_args.data, distributed=DistributedArgs(),
+def test_a_task_whose_module_is_missing_is_a_config_error(train_args, monkeypatch):
+    from bytelatent.eval import tasks
+
+    monkeypatch.setitem(tasks.PROVIDERS, "nowhere", "bytelatent.eval.not_a_module")
+    with pytest.raises(ConfigError, match="task 'nowhere' is not available"):
+        Validator(EvalArgs(tasks=["nowhere"]), train_args.data, distributed=DistributedArgs(),
                   blt=True, device=torch.device("cpu"))  # fmt: skip
 
 

@@ -1,0 +1,82 @@
+"""An ``LMTransformer`` (the entropy model, or a byte LM) run incrementally with a KV cache."""
+
+from __future__ import annotations
+
+import torch
+
+from bytelatent.eval.generation.cache import CachedStack
+from bytelatent.model.transformer import LMTransformer
+
+
+class IncrementalLM:
+    """Prefill rows one at a time, then step every row by one token.
+
+    ``restart_every`` (the entropy patcher's window, see ``data.entropy``) empties a row's cache
+    at every multiple of that many tokens, exactly as ``calculate_entropies`` runs consecutive
+    windows independently. Without it a row may hold up to the model's ``max_seqlen`` tokens.
+    """
+
+    def __init__(
+        self, model: LMTransformer, batch: int, capacity: int, restart_every: int | None = None
+    ) -> None:
+        args = model.args
+        self.model = model
+        self.restart_every = restart_every
+        if restart_every is not None:
+            capacity = min(capacity, restart_every)
+        if capacity > args.max_seqlen:
+            raise ValueError(f"{capacity} tokens exceed the model's max_seqlen={args.max_seqlen}")
+        self.stack = CachedStack(
+            model.layers,
+            model.rope_embeddings.freqs_cis,
+            batch,
+            capacity,
+            args.attn_bias_type,
+            args.sliding_window,
+            like=model.tok_embeddings.weight,
+            fuse=True,
+        )
+        self.eos_id = args.eos_id
+        self.position = [0] * batch  # tokens fed per row (absolute, across restarts)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.model.output(self.model.norm(h)).float()
+
+    @torch.no_grad()
+    def prefill(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed the 1-D ``tokens`` to row ``row``; returns logits [T, V] for each of them."""
+        outputs = []
+        start = self.position[row]
+        offset = 0
+        while offset < tokens.numel():
+            position = start + offset
+            end = tokens.numel()
+            if self.restart_every is not None:
+                window = self.restart_every
+                if position % window == 0 and position > 0:
+                    self.stack.reset_rows([row])
+                end = min(end, offset + window - position % window)
+            chunk = tokens[offset:end][None]
+            h = self.stack.prefill(row, self.model.tok_embeddings(chunk), chunk == self.eos_id)[-1]
+            outputs.append(self._logits(h)[0])
+            offset = end
+        self.position[row] = start + tokens.numel()
+        return torch.cat(outputs)
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor, advance: torch.Tensor) -> torch.Tensor:
+        """tokens [B] (one per row), advance [B] bool (frozen rows keep their state) -> [B, V]."""
+        advancing = advance.tolist()
+        if self.restart_every is not None:
+            window = self.restart_every
+            self.stack.reset_rows(
+                [
+                    b
+                    for b, on in enumerate(advancing)
+                    if on and self.position[b] % window == 0 and self.position[b] > 0
+                ]
+            )
+        embeds = self.model.tok_embeddings(tokens[:, None])
+        h = self.stack.step(embeds, tokens == self.eos_id, advance)[-1]
+        self.position = [n + int(on) for n, on in zip(self.position, advancing)]
+        return self._logits(h)[:, 0]

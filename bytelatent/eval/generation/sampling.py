@@ -1,0 +1,54 @@
+"""Generation settings and next-byte sampling (greedy, temperature, top-k, top-p)."""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class GenerationArgs(BaseModel):
+    """How to continue prompts. ``temperature=0`` is greedy; ``seed`` seeds every row alike, so a
+    prompt's continuation does not depend on the other prompts of its batch."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_bytes: int = Field(200, ge=0)
+    temperature: float = Field(0.0, ge=0.0)
+    top_k: int | None = Field(None, ge=1)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int = 0
+    # stop after any of these strings (the string itself is cut from the continuation)
+    stop: list[str] = Field(default_factory=list)
+    stop_at_eos: bool = True
+    use_cache: bool = True
+    batch_size: int = Field(8, ge=1)
+
+    @model_validator(mode="after")
+    def _check_stop(self) -> GenerationArgs:
+        if any(s == "" for s in self.stop):
+            raise ValueError("stop strings must not be empty")
+        return self
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    """Logits [V] with everything outside the top-k / nucleus top-p set at -inf."""
+    logits = logits.clone()
+    if top_k is not None and top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
+        logits[logits < kth] = float("-inf")
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token when the tokens before it already reach top_p (the first always stays)
+        drop = torch.cumsum(probs, dim=-1) - probs >= top_p
+        logits[order[drop]] = float("-inf")
+    return logits
+
+
+def sample_next(logits: torch.Tensor, args: GenerationArgs, generator: torch.Generator) -> int:
+    """One token id from logits [V] (float32)."""
+    if args.temperature == 0.0:
+        return int(torch.argmax(logits))
+    scaled = filter_logits(logits.float().cpu() / args.temperature, args.top_k, args.top_p)
+    probs = torch.softmax(scaled, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))

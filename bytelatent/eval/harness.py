@@ -1,0 +1,326 @@
+"""lm-evaluation-harness adapter for our checkpoints (entropy model / byte LM, and BLT).
+
+    python -m bytelatent.eval.harness ckpt=DIR tasks=[name,...] include_path=DIR output=results.json
+        [limit=N] [num_fewshot=K] [entropy_ckpt=DIR] [device=cpu] [patcher.threshold=...]
+
+Requests are scored on bytes: a context is ``[BOS] + bytes``; ``loglikelihood`` sums the
+log-probabilities of the continuation's bytes, computed in float32 from the model's logits. A BLT
+sees the whole context + continuation patched as in training (the patcher on the full token
+sequence, the input is all tokens but the last). Sequences longer than the model keep their end.
+``loglikelihood_rolling`` uses lm-eval's disjoint rolling windows; ``generate_until`` runs the
+cached generator. ``run_harness`` is the entry point for other code (e.g. the eval system).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import sys
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from bytelatent.data.patcher import Patcher, PatcherArgs
+from bytelatent.errors import ConfigError, UserError
+from bytelatent.eval.generation import GenerationArgs, Generator, encode_prompt
+from bytelatent.tokenizers.constants import BOS_ID, OFFSET
+
+try:
+    from lm_eval.api.model import LM
+except ImportError:  # the adapter needs the `eval` extra; the rest of the package does not
+    LM = object  # type: ignore[misc,assignment]
+
+logger = logging.getLogger("bytelatent")
+
+
+def _byte_tokens(text: str) -> list[int]:
+    return [b + OFFSET for b in text.encode("utf-8")]
+
+
+class BytelatentLM(LM):
+    """An ``lm_eval`` model over a loaded LMTransformer or ByteLatentTransformer."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        patcher_args: PatcherArgs | None = None,
+        entropy_model: nn.Module | None = None,
+        show_progress: bool = False,
+    ) -> None:
+        if LM is object:
+            raise ConfigError("the lm-eval adapter needs lm_eval: pip install 'bytelatent[eval]'")
+        super().__init__()
+        self.generator = Generator(model, patcher_args, entropy_model)
+        self.model = self.generator.model
+        self.patcher = None
+        if self.generator.is_blt:
+            args = patcher_args.model_copy(update={"realtime_patching": False})
+            self.patcher = Patcher(args, entropy_model=entropy_model)
+        self.device_ = next(model.parameters()).device
+        self.show_progress = show_progress
+
+    @property
+    def max_tokens(self) -> int:
+        return self.generator.max_tokens
+
+    @torch.no_grad()
+    def token_logprobs(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """log p(tokens[i+1] | tokens[:i+1]) [len - 1] float32, and whether each is the argmax."""
+        full = torch.tensor([tokens], dtype=torch.long, device=self.device_)
+        inputs = full[:, :-1]
+        if self.patcher is None:
+            logits = self.model(inputs)
+        else:
+            lengths, _ = self.patcher.patch(full, include_next_token=False)  # as in training
+            logits = self.model(inputs, lengths)
+        log_probs = F.log_softmax(logits[0].float(), dim=-1)
+        return log_probs.gather(1, full[0, 1:, None])[:, 0], log_probs.argmax(-1) == full[0, 1:]
+
+    def score(self, context: list[int], continuation: list[int]) -> tuple[float, bool]:
+        """(sum of log-probs of ``continuation`` after ``context``, whether it is the greedy one)."""
+        if not continuation:
+            return 0.0, True
+        tokens = (context + continuation)[-(self.max_tokens + 1) :]  # keep the end
+        log_probs, greedy = self.token_logprobs(tokens)
+        n = len(continuation)
+        return float(log_probs[-n:].double().sum()), bool(greedy[-n:].all())
+
+    def _progress(self, items, what: str):
+        if not self.show_progress:
+            return items
+        from tqdm import tqdm
+
+        return tqdm(items, desc=what, file=sys.stderr)
+
+    def loglikelihood(self, requests) -> list[tuple[float, bool]]:
+        out = []
+        for request in self._progress(requests, "loglikelihood"):
+            context, continuation = request.args
+            out.append(self.score(encode_prompt(context), _byte_tokens(continuation)))
+        return out
+
+    def loglikelihood_rolling(self, requests) -> list[float]:
+        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+        out = []
+        for request in self._progress(requests, "loglikelihood_rolling"):
+            (text,) = request.args
+            windows = get_rolling_token_windows(
+                token_list=_byte_tokens(text),
+                prefix_token=BOS_ID,
+                max_seq_len=self.max_tokens,
+                context_len=1,
+            )
+            total = 0.0
+            for window in windows:
+                context, predicted = make_disjoint_window(window)
+                total += self.score(context, predicted)[0]
+            out.append(total)
+        return out
+
+    def generate_until(self, requests) -> list[str]:
+        out = []
+        for request in self._progress(requests, "generate_until"):
+            context, gen_kwargs = request.args
+            args = generation_args_from_lm_eval(gen_kwargs)
+            result = self.generator.generate([context], args, truncate=True, allow_empty=True)[0]
+            out.append(result.text)
+        return out
+
+
+def generation_args_from_lm_eval(gen_kwargs: dict[str, Any]) -> GenerationArgs:
+    """lm-eval's generation kwargs (until, max_gen_toks, temperature, do_sample, ...)."""
+    kwargs = dict(gen_kwargs or {})
+    until = kwargs.pop("until", None) or []
+    until = [until] if isinstance(until, str) else list(until)
+    temperature = float(kwargs.pop("temperature", 0.0) or 0.0)
+    if not kwargs.pop("do_sample", temperature > 0):
+        temperature = 0.0
+    top_k = kwargs.pop("top_k", None)
+    top_p = kwargs.pop("top_p", None)
+    return GenerationArgs(
+        max_new_bytes=int(kwargs.pop("max_gen_toks", 256)),
+        temperature=temperature,
+        top_k=int(top_k) if top_k else None,
+        top_p=float(top_p) if top_p is not None and float(top_p) < 1.0 else None,
+        seed=int(kwargs.pop("seed", 0)),
+        stop=[s for s in until if s],
+    )
+
+
+def check_tasks(tasks: list[str], task_manager) -> None:
+    known = set(task_manager.all_tasks)
+    for name in tasks:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else " (check include_path)"
+            raise ConfigError(f"tasks: unknown task {name!r}{hint}")
+
+
+def run_harness(
+    model: nn.Module,
+    tasks: list[str],
+    include_path: str | list[str] | None = None,
+    limit: int | float | None = None,
+    *,
+    patcher_args: PatcherArgs | None = None,
+    entropy_model: nn.Module | None = None,
+    num_fewshot: int | None = None,
+    bootstrap_iters: int = 0,
+    include_defaults: bool = True,
+    show_progress: bool = False,
+    **evaluate_kwargs: Any,
+) -> dict[str, Any]:
+    """Run lm-eval ``tasks`` on a loaded model; returns lm-eval's results dict (JSON-able)."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    if not tasks:
+        raise ConfigError("tasks: give at least one task name")
+    manager = TaskManager(include_path=include_path, include_defaults=include_defaults)
+    check_tasks(tasks, manager)
+    lm = BytelatentLM(model, patcher_args, entropy_model, show_progress)
+    results = simple_evaluate(
+        model=lm,
+        tasks=list(tasks),
+        task_manager=manager,
+        limit=limit,
+        num_fewshot=num_fewshot,
+        bootstrap_iters=bootstrap_iters,
+        log_samples=False,
+        **evaluate_kwargs,
+    )
+    return json.loads(json.dumps(results, default=str))
+
+
+class HarnessArgs(BaseModel):
+    """CLI arguments of ``python -m bytelatent.eval.harness``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ckpt: str
+    tasks: list[str] = Field(min_length=1)
+    include_path: str | None = None
+    output: str | None = None
+    limit: int | float | None = None
+    num_fewshot: int | None = None
+    bootstrap_iters: int = 0
+    include_defaults: bool = True
+    entropy_ckpt: str | None = None
+    patcher: dict[str, Any] = {}
+    device: str = "cpu"
+    progress: bool | None = None
+
+
+def run(args: HarnessArgs) -> dict[str, Any]:
+    from lm_eval.tasks import TaskManager
+
+    from bytelatent.eval.generation import load_generator
+
+    # unknown task names fail before the checkpoint is loaded
+    manager = TaskManager(include_path=args.include_path, include_defaults=args.include_defaults)
+    check_tasks(args.tasks, manager)
+    gen = load_generator(args.ckpt, args.device, args.entropy_ckpt, args.patcher or None)
+    results = run_harness(
+        gen.model,
+        args.tasks,
+        args.include_path,
+        args.limit,
+        patcher_args=gen.patcher_args,
+        entropy_model=gen.entropy_model,
+        num_fewshot=args.num_fewshot,
+        bootstrap_iters=args.bootstrap_iters,
+        include_defaults=args.include_defaults,
+        show_progress=sys.stderr.isatty() if args.progress is None else args.progress,
+    )
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as handle:
+            json.dump(results, handle, indent=2)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bytelatent.config import parse_args
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parse_args(HarnessArgs, argv)
+        results = run(args)
+    except UserError as exc:
+        print(exc.one_line(), file=sys.stderr)
+        return 2
+    for task, metrics in results.get("results", {}).items():
+        shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        print(f"{task}: {json.dumps(shown)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+# ---------------------------------------------------------------- as an eval task (eval.tasks)
+class HarnessTaskArgs(BaseModel):
+    """`eval.task_args.harness`: the lm-eval tasks an evaluation runs on the checkpoint."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: list[str] = Field(min_length=1)
+    include_path: str | None = None
+    include_defaults: bool = True
+    limit: int | float | None = None
+    num_fewshot: int | None = None
+
+
+def _numeric_results(results: dict[str, Any]) -> dict[str, float]:
+    """lm-eval's {task: {"acc,none": x, ...}} as flat `harness/<task>/<metric>` numbers."""
+    flat = {}
+    for task, metrics in results.get("results", {}).items():
+        for name, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                flat[f"harness/{task}/{name.replace(',none', '')}"] = float(value)
+    return flat
+
+
+def harness_eval_task(ctx) -> dict[str, float]:
+    """The `harness` eval task: every rank runs the same requests (an FSDP model needs all ranks
+    in every forward); the BLT is patched with the run's `data.patcher_args`."""
+    from bytelatent.checkpoint.pretrained import load_any_checkpoint
+    from bytelatent.data.patcher import PatchingMode
+    from bytelatent.model.blt import ByteLatentTransformer
+
+    if LM is object:
+        raise ConfigError("eval.tasks: 'harness' needs lm_eval: pip install 'bytelatent[eval]'")
+    args: HarnessTaskArgs = ctx.task_args
+    patcher_args, entropy_model = None, None
+    if isinstance(ctx.model, ByteLatentTransformer):
+        patcher_args = ctx.data_args.patcher_args.model_copy(
+            update={"patching_device": "auto", "device": "auto", "realtime_patching": False}
+        )
+        if patcher_args.patching_mode in (PatchingMode.entropy, PatchingMode.bpe_patcher):
+            where = patcher_args.entropy_model_checkpoint_dir
+            if not where:
+                raise ConfigError(
+                    "eval.tasks: 'harness' on an entropy-patched BLT needs "
+                    "data.patcher_args.entropy_model_checkpoint_dir"
+                )
+            entropy_model = load_any_checkpoint(where, ctx.device, kind="entropy")[0]
+    results = run_harness(
+        ctx.model, args.tasks, args.include_path, args.limit,
+        patcher_args=patcher_args, entropy_model=entropy_model, num_fewshot=args.num_fewshot,
+        include_defaults=args.include_defaults, show_progress=ctx.progress and ctx.dp_rank == 0,
+    )  # fmt: skip
+    return _numeric_results(results)
+
+
+def _register() -> None:
+    from bytelatent.eval.tasks import register_task
+
+    register_task("harness", harness_eval_task, args_model=HarnessTaskArgs, in_loop=False)
+
+
+_register()

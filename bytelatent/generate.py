@@ -1,0 +1,139 @@
+"""Continue prompts with a checkpoint (entropy model or BLT).
+
+    python -m bytelatent.generate ckpt=DIR prompt="Hello" max_new_bytes=200 temperature=0
+    python -m bytelatent.generate ckpt=DIR prompts_file=in.jsonl output=out.jsonl [use_cache=false]
+
+``ckpt`` is a DCP step folder, a consolidated folder or a released-layout folder. A prompts file
+holds one JSON object per line with a ``prompt`` (or ``text``) string; the output file gets one
+object per prompt: ``prompt``, ``continuation``, ``finish_reason``, ``n_bytes``. Other keys:
+``entropy_ckpt`` (entropy model for entropy-patched BLTs; defaults to the checkpoint's
+``entropy_model_checkpoint_dir`` or a sibling ``entropy_model/``), ``patcher.*`` overrides,
+``device``, ``progress`` (tqdm; default: only on a terminal) and every ``GenerationArgs`` field
+(``top_k``, ``top_p``, ``seed``, ``stop=[...]``, ``batch_size``, ``use_cache``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ConfigDict
+
+from bytelatent.errors import ConfigError, DataError, UserError
+from bytelatent.eval.generation.sampling import GenerationArgs
+
+
+class GenerateArgs(GenerationArgs):
+    """CLI arguments of ``python -m bytelatent.generate``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ckpt: str
+    prompt: str | None = None
+    prompts_file: str | None = None
+    output: str | None = None
+    entropy_ckpt: str | None = None
+    patcher: dict[str, Any] = {}
+    device: str = "cpu"
+    progress: bool | None = None
+
+    def check_source(self) -> None:
+        if (self.prompt is None) == (self.prompts_file is None):
+            raise ConfigError("give exactly one of prompt=... or prompts_file=in.jsonl")
+
+    def generation_args(self) -> GenerationArgs:
+        return GenerationArgs(**{k: getattr(self, k) for k in GenerationArgs.model_fields})
+
+
+def read_prompts(path: str) -> list[str]:
+    if not Path(path).exists():
+        raise DataError(f"{path}: prompts file does not exist")
+    prompts = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{number}: invalid JSON ({exc.msg})") from None
+            text = row.get("prompt", row.get("text")) if isinstance(row, dict) else row
+            if not isinstance(text, str):
+                raise DataError(f"{path}:{number}: expected an object with a 'prompt' string")
+            prompts.append(text)
+    return prompts
+
+
+def _progress(total: int, wanted: bool | None):
+    if wanted is None:
+        wanted = sys.stderr.isatty()
+    if not wanted:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="prompt", file=sys.stderr)
+
+
+def run(args: GenerateArgs) -> int:
+    from bytelatent.eval.generation import load_generator
+
+    args.check_source()
+    prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts_file)
+    if not prompts:
+        raise DataError(f"{args.prompts_file}: no prompts")
+    for index, prompt in enumerate(prompts):  # before the (slow) checkpoint load
+        if prompt == "":
+            raise DataError(f"prompt {index} is empty; give at least one byte")
+    generator = load_generator(args.ckpt, args.device, args.entropy_ckpt, args.patcher or None)
+    generator.encode(prompts)  # every prompt checked before any generation starts
+    gen_args = args.generation_args()
+    bar = _progress(len(prompts), args.progress if args.prompts_file else False)
+    out = open(args.output, "w", encoding="utf-8") if args.output else None
+    try:
+        for first in range(0, len(prompts), gen_args.batch_size):
+            batch = prompts[first : first + gen_args.batch_size]
+            for prompt, result in zip(batch, generator.generate(batch, gen_args)):
+                record = {
+                    "prompt": prompt,
+                    "continuation": result.text,
+                    "finish_reason": result.finish_reason,
+                    "n_bytes": len(result.data),
+                }
+                if out is not None:
+                    out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                else:  # UTF-8 whatever the terminal's locale; invalid bytes already replaced
+                    sys.stdout.buffer.write(result.text.encode("utf-8") + b"\n")
+                    sys.stdout.flush()
+            if bar is not None:
+                bar.update(len(batch))
+    finally:
+        if out is not None:
+            out.close()
+        if bar is not None:
+            bar.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bytelatent.config import parse_args
+
+    argv = sys.argv[1:] if argv is None else argv
+    # a prompt is text, not YAML: "def f(x):" must not become a mapping
+    prompts = [a.removeprefix("prompt=") for a in argv if a.startswith("prompt=")]
+    rest = [a for a in argv if not a.startswith("prompt=")]
+    try:
+        if len(prompts) > 1:
+            raise DataError("give prompt=... once (use prompts_file=in.jsonl for several)")
+        args = parse_args(GenerateArgs, rest)
+        if prompts:
+            args = GenerateArgs.model_validate({**args.model_dump(), "prompt": prompts[0]})
+        return run(args)
+    except UserError as exc:
+        print(exc.one_line(), file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

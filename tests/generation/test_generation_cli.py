@@ -1,0 +1,136 @@
+"""Generation on real checkpoints: released-layout fixtures, the trained tiny BLT (DCP), the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bytelatent.data.patcher import Patcher
+from bytelatent.errors import DataError
+from bytelatent.eval.generation import GenerationArgs, load_generator
+from bytelatent.generate import main
+
+REPO = Path(__file__).resolve().parents[2]
+# /work/main -> /work/shared; a worktree /work/wt/NAME -> /work/shared as well
+CONFORMANCE = next(
+    (
+        p / "shared" / "conformance"
+        for p in (REPO.parent, REPO.parent.parent)
+        if (p / "shared" / "conformance").exists()
+    ),
+    REPO.parent / "shared" / "conformance",
+)
+needs_fixtures = pytest.mark.skipif(
+    not (CONFORMANCE / "blt" / "params.json").exists(), reason="conformance fixtures missing"
+)
+
+
+@needs_fixtures
+def test_released_layout_cached_equals_recompute() -> None:
+    gen = load_generator(str(CONFORMANCE / "blt"))  # finds the sibling entropy_model/
+    assert gen.patcher_args.patching_mode.value == "entropy"
+    cases = torch.load(CONFORMANCE / "cases.pt", weights_only=True)
+    assert gen.patcher_args.threshold == pytest.approx(cases[0]["threshold"])
+    prompts = [case["text"][:24] for case in cases]
+    args = dict(max_new_bytes=24, stop_at_eos=False)
+    cached = gen.generate(prompts, GenerationArgs(**args))
+    oracle = gen.generate(prompts, GenerationArgs(**args, use_cache=False))
+    patcher = Patcher(gen.patcher_args, entropy_model=gen.entropy_model)
+    for a, b in zip(cached, oracle):
+        assert a.tokens == b.tokens and a.patch_lengths == b.patch_lengths
+        lengths, _ = patcher.patch(torch.tensor([a.prompt_tokens + a.tokens]))
+        assert a.patch_lengths == lengths[0].tolist()
+
+
+@needs_fixtures
+def test_bad_prompts_are_data_errors() -> None:
+    gen = load_generator(str(CONFORMANCE / "blt"))
+    with pytest.raises(DataError, match="empty"):
+        gen.generate([""])
+    with pytest.raises(DataError, match="at most"):
+        gen.generate(["x" * gen.max_tokens])
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "bytelatent.generate", *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_cli_on_trained_dcp_checkpoint(tiny_blt_run, tmp_path, capsys) -> None:
+    ckpt = tiny_blt_run / "checkpoints" / "0000000020"
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["def f(x):", "import os"]))
+    out = tmp_path / "out.jsonl"
+    code = main(
+        [
+            f"ckpt={ckpt}",
+            f"prompts_file={prompts}",
+            f"output={out}",
+            "max_new_bytes=20",
+            "batch_size=1",
+            "progress=true",
+        ]
+    )
+    assert code == 0
+    assert "2/2" in capsys.readouterr().err  # the tqdm bar, asked for with progress=true
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["prompt"] for r in rows] == ["def f(x):", "import os"]
+    assert all(r["n_bytes"] <= 20 and r["finish_reason"] in ("eos", "length") for r in rows)
+    # the same continuation through the subprocess CLI (stdout, UTF-8) without caches
+    proc = _cli(f"ckpt={ckpt}", "prompt=def f(x):", "max_new_bytes=20", "use_cache=false")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode("utf-8") == rows[0]["continuation"] + "\n"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["ckpt=/does/not/exist", "prompt=hi"], "checkpoint error: /does/not/exist"),
+        (["ckpt=/does/not/exist", "prompt="], "data error: prompt 0 is empty"),
+        (["ckpt=x"], "config error: give exactly one of prompt"),
+        (["ckpt=x", "prompt=a", "temprature=1"], "config error: temprature"),
+    ],
+)
+def test_cli_bad_input_one_line(argv, message, capsys) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(message), err
+
+
+@needs_fixtures
+def test_cli_prompt_too_long_one_line(capsys) -> None:
+    assert main([f"ckpt={CONFORMANCE / 'blt'}", "prompt=" + "a" * 600]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("data error: prompt 0 has 600 bytes"), err
+
+
+@pytest.mark.slow
+def test_cli_consolidated_folder_and_entropy_lm(tiny_blt_run, tiny_entropy_run, tmp_path, capsys):
+    from bytelatent.checkpoint.consolidate import consolidate
+
+    step = tiny_blt_run / "checkpoints" / "0000000020"
+    consolidated = consolidate(str(step), str(tmp_path / "cons"))
+    outputs = []
+    for ckpt in (step, consolidated):
+        assert main([f"ckpt={ckpt}", "prompt=import os", "max_new_bytes=12"]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and outputs[0].endswith("\n")
+    lm_step = tiny_entropy_run / "checkpoints" / "0000000020"
+    for cache in ("true", "false"):
+        argv = [f"ckpt={lm_step}", "prompt=def main():", "max_new_bytes=16", f"use_cache={cache}"]
+        assert main(argv) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[2] == outputs[3] and len(outputs[2]) > 1

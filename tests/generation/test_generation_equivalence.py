@@ -1,0 +1,104 @@
+"""Cached generation equals the recompute-everything oracle, byte for byte and patch for patch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bytelatent.data.patcher import Patcher, PatcherArgs
+from bytelatent.eval.generation import GenerationArgs, Generator
+from tests.generation.conftest import tiny_blt, tiny_lm
+
+PROMPTS = ["Hello, world", "def f(x):\n    return", "é", "The quick brown fox jumps over"]
+
+
+def _generate(gen: Generator, prompts, use_cache: bool, **kw):
+    args = GenerationArgs(
+        max_new_bytes=kw.pop("max_new_bytes", 30), use_cache=use_cache, stop_at_eos=False, **kw
+    )
+    return gen.generate(prompts, args)
+
+
+def _assert_same(cached, oracle) -> None:
+    for a, b in zip(cached, oracle, strict=True):
+        assert a.tokens == b.tokens
+        assert a.finish_reason == b.finish_reason
+        assert a.patch_lengths == b.patch_lengths
+
+
+def test_lm_cached_equals_recompute_and_batching() -> None:
+    # max_seqlen 40 < prompt + 40: rows also stop at the model's maximum
+    gen = Generator(tiny_lm(max_seqlen=48, window=8))
+    cached = _generate(gen, PROMPTS, True)
+    _assert_same(cached, _generate(gen, PROMPTS, False))
+    assert {r.finish_reason for r in cached} == {"length"}
+    assert max(len(r.prompt_tokens) + len(r.tokens) for r in cached) == 48
+    one_by_one = [_generate(gen, [p], True)[0] for p in PROMPTS]
+    _assert_same(cached, one_by_one)
+    assert len({tuple(r.tokens) for r in cached}) == len(PROMPTS)  # not a constant output
+
+
+ENTROPY_PATCHERS = {
+    "threshold": dict(threshold=0.3),
+    "monotonicity": dict(threshold=0.2, monotonicity=True),
+    "threshold_add": dict(threshold=0.1, threshold_add=0.05),
+    "max_patch_length": dict(threshold=2.5, max_patch_length=3),
+}
+
+
+@pytest.mark.parametrize("rule", list(ENTROPY_PATCHERS))
+def test_blt_entropy_patching(rule: str) -> None:
+    # entropy model window 32 < sequence: its context restarts as calculate_entropies does
+    entropy_model = tiny_lm(max_seqlen=32, window=None, seed=3)
+    patcher_args = PatcherArgs(patching_mode="entropy", **ENTROPY_PATCHERS[rule])
+    gen = Generator(tiny_blt("released_flags"), patcher_args, entropy_model)
+    prompts = PROMPTS[:2] if rule != "threshold" else PROMPTS
+    cached = _generate(gen, prompts, True)
+    _assert_same(cached, _generate(gen, prompts, False))
+    # the starts chosen online are the patcher's on the final sequence (its own entropies)
+    patcher = Patcher(patcher_args, entropy_model=entropy_model)
+    for result in cached:
+        final = torch.tensor([result.prompt_tokens + result.tokens])
+        lengths, _ = patcher.patch(final, include_next_token=False)
+        assert result.patch_lengths == [int(x) for x in lengths[0]]
+        assert len(result.patch_lengths) > 3  # several patches were closed while generating
+    if rule == "threshold":
+        _assert_same(cached, [_generate(gen, [p], True)[0] for p in prompts])
+
+
+@pytest.mark.parametrize(
+    "variant", ["released_flags", "all_layers_windows_norope", "pooling_avg_max", "concat"]
+)
+def test_blt_space_patching(variant: str) -> None:
+    gen = Generator(tiny_blt(variant), PatcherArgs(patching_mode="space", max_patch_length=5))
+    prompts = PROMPTS[:3]
+    cached = _generate(gen, prompts, True, max_new_bytes=30)
+    _assert_same(cached, _generate(gen, prompts, False, max_new_bytes=30))
+    _assert_same(cached, [_generate(gen, [p], True, max_new_bytes=30)[0] for p in prompts])
+
+
+def test_blt_sampling_cached_equals_recompute() -> None:
+    gen = Generator(tiny_blt("released_flags"), PatcherArgs(patching_mode="byte"))
+    kw = dict(temperature=0.8, top_k=20, top_p=0.9, seed=7, max_new_bytes=25)
+    cached = _generate(gen, PROMPTS[:2], True, **kw)
+    _assert_same(cached, _generate(gen, PROMPTS[:2], False, **kw))
+    again = _generate(gen, PROMPTS[:2], True, **kw)
+    _assert_same(cached, again)  # the seed fixes the draws
+    other = _generate(gen, PROMPTS[:2], True, **{**kw, "seed": 8})
+    assert [r.tokens for r in other] != [r.tokens for r in cached]
+
+
+def test_last_position_hash_embeddings_match_the_model() -> None:
+    from bytelatent.eval.generation.blt import IncrementalBLT
+    from bytelatent.eval.generation.patching import OnlinePatcher
+
+    model = tiny_blt("released_flags")
+    inc = IncrementalBLT(model, OnlinePatcher(PatcherArgs(patching_mode="byte")), None, 1, 8)
+    tokens = torch.randint(0, 260, (3, 40))
+    tokens[:, :2] = torch.tensor([1, 0])  # BOS, then a BOE id as a real token
+    full = inc._byte_embeds(tokens)
+    window = inc.hash_window
+    for t in range(tokens.shape[1]):
+        ids = torch.arange(t - window + 1, t + 1)
+        recent = torch.where(ids >= 0, tokens[:, ids.clamp(min=0)], 0)
+        assert torch.equal(inc._last_byte_embeds(recent)[:, 0], full[:, t])
