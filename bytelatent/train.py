@@ -23,6 +23,7 @@ SECTIONS = {
     "checkpoint": "where and how often to save, retention, resume and warm start",
     "logging": "log frequency, console line, peak FLOP/s for MFU",
     "actions": "run after log steps and evaluations, e.g. [{kind: early_stop, ...}]",
+    "eval": "validation bpb in the loop / before training, eval tasks, async eval jobs (local/SLURM)",
     "profiling": "torch.profiler trace window (start step, active steps, CUDA memory snapshot)",
     "run_lock": "one run per dump_dir: the lock's heartbeat and when a dead holder's lock is stale",
     "env": "environment variables exported before the process group starts",
