@@ -106,6 +106,20 @@ def compute_hash_embeddings(
         raise ValueError(
             f"{len(hash_embeddings)} hash tables for {len(specs)} (function, size) pairs"
         )
+    if HASH_GRAD_BUFFER and torch.compiler.is_compiling() and tokens.device.type == "cpu":
+        # the buffer path writes .grad from backward, which compiled autograd cannot trace: run the
+        # lookups eagerly (one graph break) rather than lose it
+        return _hash_lookups_eager(embeds, tokens, hash_embeddings, specs, vocab)
+    return _hash_lookups(embeds, tokens, hash_embeddings, specs, vocab)
+
+
+def _hash_lookups(
+    embeds: torch.Tensor,
+    tokens: torch.Tensor,
+    hash_embeddings: nn.ModuleList,
+    specs: list[tuple[int, int]],
+    vocab: int,
+) -> torch.Tensor:
     with torch.no_grad():
         ids = [byte_group_hash(tokens, size, func_nb, vocab) for func_nb, size in specs]
     weights = [table.weight for table in hash_embeddings]
@@ -114,6 +128,9 @@ def compute_hash_embeddings(
     for table, table_ids in zip(hash_embeddings, ids):
         embeds = embeds + table(table_ids)
     return embeds
+
+
+_hash_lookups_eager = torch.compiler.disable(_hash_lookups)
 
 
 class _GradBuffer:
