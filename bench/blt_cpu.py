@@ -144,6 +144,7 @@ def train_config(data_root: str, dump_dir: str, dtype: str, steps: int) -> dict:
         "dump_dir": dump_dir,
         "steps": steps,
         "seed": 0,
+        "num_threads": torch.get_num_threads(),
         "model": model,
         "optim": {"lr": 1e-4, "warmup": 2, "scheduler": "cosine", "clip": 1.0},
         "data": {
@@ -280,8 +281,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads per row (default: torch's). With 1 thread the cpu s column is the "
+        "work of a step, much less sensitive to other processes than wall time",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     opts = parser.parse_args()
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
     if opts.worker:
         impl, dtype = opts.worker.split(":")
         print(json.dumps(run_worker(impl, dtype, opts.steps, opts.warmup)))
@@ -299,6 +308,7 @@ def main() -> None:
         peak = {"fp32": matmul_flops(torch.float32), "bf16": matmul_flops(torch.bfloat16)}
         cmd = [sys.executable, __file__, "--worker", row]
         cmd += ["--steps", str(opts.steps), "--warmup", str(opts.warmup)]
+        cmd += ["--threads", str(opts.threads)] if opts.threads else []
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             print(f"{row}: failed\n{proc.stderr[-3000:]}", file=sys.stderr)
