@@ -1,6 +1,6 @@
 """torch.profiler table of training steps of the bench/blt_cpu.py model (where the time goes).
 
-    python bench/profile_blt_cpu.py --dtype bf16 --steps 2 --rows 25
+python bench/profile_blt_cpu.py --dtype bf16 --steps 2 --rows 25
 """
 
 from __future__ import annotations

@@ -186,9 +186,11 @@ def chunk_plan(
         q_end = min(seqlen, q_start + chunk)
         starts = [row[j] for row in first]
         # rows that share the first key run as one call (e.g. single documents with a window)
-        groups = [(0, bsz, starts[0])] if len(set(starts)) == 1 else [
-            (b, b + 1, starts[b]) for b in range(bsz)
-        ]
+        groups = (
+            [(0, bsz, starts[0])]
+            if len(set(starts)) == 1
+            else [(b, b + 1, starts[b]) for b in range(bsz)]
+        )
         for row_start, row_end, k_start in groups:
             pieces.append((row_start, row_end, q_start, q_end, k_start))
             rows = dense[row_start:row_end] if dense.shape[0] > 1 else dense
