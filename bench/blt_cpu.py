@@ -273,6 +273,32 @@ def matmul_flops(dtype: torch.dtype, size: int = 2048, repeats: int = 7) -> floa
     return 2 * size**3 / statistics.median(times)
 
 
+RATIOS = (
+    ("ours:bf16", "hf:bf16"),
+    ("ours-compile:bf16", "hf:bf16"),
+    ("ours:fp32", "hf:fp32"),
+    ("train:bf16", "ours:bf16"),
+    ("train:fp32", "ours:fp32"),
+)
+
+
+def print_ratios(results: list[dict]) -> None:
+    """Speed ratios of row pairs: median bytes/s over rounds, and median process CPU s/step."""
+    by_row: dict[str, list[dict]] = {}
+    for r in results:
+        by_row.setdefault(f"{r['impl']}:{r['dtype']}", []).append(r)
+    for fast, slow in RATIOS:
+        if fast not in by_row or slow not in by_row:
+            continue
+        wall = statistics.median(r["bytes_per_s"] for r in by_row[fast]) / statistics.median(
+            r["bytes_per_s"] for r in by_row[slow]
+        )
+        cpu = statistics.median(r["cpu_s_median"] for r in by_row[slow]) / statistics.median(
+            r["cpu_s_median"] for r in by_row[fast]
+        )
+        print(f"{fast} / {slow}: {wall:.2f}x bytes/s (wall), {cpu:.2f}x (process CPU s per step)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -281,6 +307,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="run the row list this many times, interleaved"
+    )
     parser.add_argument(
         "--threads",
         type=int,
@@ -303,7 +332,7 @@ def main() -> None:
         blt_args(), mean_patch_size=SEQ_LEN / (SEQ_LEN // PATCH + 1), seq_len=SEQ_LEN
     )
     results = []
-    for row in opts.rows:
+    for row in [row for _ in range(opts.rounds) for row in opts.rows]:
         # measured right before each row: the machine's load changes while the rows run
         peak = {"fp32": matmul_flops(torch.float32), "bf16": matmul_flops(torch.bfloat16)}
         cmd = [sys.executable, __file__, "--worker", row]
@@ -345,6 +374,7 @@ def main() -> None:
             f"{r['matmul_flops']['bf16'] / 1e9:>9.0f}{r['fraction_of_bf16_matmul']:>7.1%}"
             f"{r['fraction_of_bf16_matmul_best']:>9.1%}{r['peak_rss_gib']:>6.2f}"
         )
+    print_ratios(results)
     print("step s: median; min s: fastest step; cpu s: process CPU seconds per step (median);")
     print("mm bf16: 2048^3 bf16 matmul GFLOP/s measured before the row; MFU = model FLOP/s / that")
     if opts.out:
