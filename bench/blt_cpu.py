@@ -14,6 +14,12 @@ identical for both implementations) is reported as a fraction of the bf16 matmul
     python bench/blt_cpu.py --rows ours:bf16 hf:bf16 --steps 5
 
 transformers is NOT a bytelatent dependency: pip install 'transformers==4.57.*' to run the hf rows.
+
+The train:bf16 / train:fp32 rows run the real training loop, `python -m bytelatent.train`, on the same
+model shape: the stdlib corpus (prepared into a temporary directory), static 4-byte patches, batch 4 x
+256 patches = 4 x 1024 bytes, the trainer's own AdamW (fused, clip 1.0, cosine schedule), metrics
+every step (bytes_per_s from metrics.jsonl: packed input bytes over step + data time), synchronous
+data loading (a prefetch process would take one of the 2 cores from the training threads).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ BATCH, SEQ_LEN, PATCH = 4, 1024, 4
 LOCAL_DIM, GLOBAL_DIM, HEADS_LOCAL, HEADS_GLOBAL = 256, 512, 4, 8
 ENC_LAYERS, DEC_LAYERS, GLOBAL_LAYERS, K = 1, 3, 6, 2
 HASH_SIZES, HASH_VOCAB = [3, 4, 5, 6, 7, 8], 50002
-ROWS = ("ours:fp32", "ours:bf16", "ours-compile:bf16", "hf:fp32", "hf:bf16")
+ROWS = ("ours:fp32", "ours:bf16", "ours-compile:bf16", "hf:fp32", "hf:bf16", "train:bf16")
 
 
 def blt_args() -> ByteLatentTransformerArgs:
@@ -130,7 +136,81 @@ def batch(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return tokens[:, :-1], tokens[:, 1:], lengths
 
 
+def train_config(data_root: str, dump_dir: str, dtype: str, steps: int) -> dict:
+    """A bytelatent.train config with the benchmark's model and batch shape."""
+    model = blt_args().model_dump(exclude_unset=True)
+    return {
+        "name": "bench_blt_cpu",
+        "dump_dir": dump_dir,
+        "steps": steps,
+        "seed": 0,
+        "num_threads": torch.get_num_threads(),
+        "model": model,
+        "optim": {"lr": 1e-4, "warmup": 2, "scheduler": "cosine", "clip": 1.0},
+        "data": {
+            "root_dir": data_root,
+            "sources": {"stdlib": 1.0},
+            "batch_size": BATCH,
+            "seq_len": SEQ_LEN // PATCH,
+            "max_encoder_seq_length": SEQ_LEN,
+            "load_async": False,
+            "patcher_args": {"patching_mode": "static", "patch_size": PATCH},
+        },
+        "distributed": {"model_dtype": dtype},
+        "checkpoint": {"dump": {"every": 10**6, "keep": 1}},
+        "logging": {"freq": 1},
+    }
+
+
+def run_train_loop(dtype: str, steps: int, warmup: int) -> dict:
+    """Run `python -m bytelatent.train` for warmup + steps steps; bytes/s from its metrics."""
+    import tempfile
+
+    import yaml
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with tempfile.TemporaryDirectory(prefix="blt_cpu_train_") as tmp:
+        data_root = os.path.join(tmp, "data")
+        prepare = [sys.executable, "-m", "bytelatent.data.prepare"]
+        prepare += ["--out", os.path.join(data_root, "stdlib")]
+        subprocess.run(prepare, check=True, capture_output=True, env=env)
+        config = os.path.join(tmp, "config.yaml")
+        dump_dir = os.path.join(tmp, "run")
+        with open(config, "w") as f:
+            yaml.safe_dump(train_config(data_root, dump_dir, dtype, warmup + steps), f)
+        start = time.perf_counter()
+        cmd = [sys.executable, "-m", "bytelatent.train", f"config={config}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        wall = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise RuntimeError(f"bytelatent.train failed:\n{proc.stderr[-3000:]}")
+        with open(os.path.join(dump_dir, "metrics.jsonl")) as f:
+            metrics = [json.loads(line) for line in f if line.strip()]
+    train = [m for m in metrics if "bytes_per_s" in m and "loss" in m][warmup:]
+    times = [m["step_time_s"] + m["data_time_s"] for m in train]
+    median = statistics.median(times)
+    return {
+        "impl": "train",
+        "dtype": dtype,
+        "params": None,
+        "step_s_median": median,
+        "step_s_all": times,
+        "warmup_s": wall - sum(times),
+        "bytes_per_s": statistics.median(m["bytes_per_s"] for m in train),
+        "step_s_min": min(times),
+        "bytes_per_s_best": max(m["bytes_per_s"] for m in train),
+        "data_s_median": statistics.median(m["data_time_s"] for m in train),
+        "cpu_s_median": float("nan"),
+        "threads": torch.get_num_threads(),
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20,
+        "losses": [m["loss"] for m in train],
+    }
+
+
 def run_worker(impl: str, dtype: str, steps: int, warmup: int) -> dict:
+    if impl == "train":
+        return run_train_loop(dtype, steps, warmup)
     torch.manual_seed(0)
     model = build_hf() if impl == "hf" else build_ours(compile_model=impl == "ours-compile")
     model.train()
@@ -193,6 +273,32 @@ def matmul_flops(dtype: torch.dtype, size: int = 2048, repeats: int = 7) -> floa
     return 2 * size**3 / statistics.median(times)
 
 
+RATIOS = (
+    ("ours:bf16", "hf:bf16"),
+    ("ours-compile:bf16", "hf:bf16"),
+    ("ours:fp32", "hf:fp32"),
+    ("train:bf16", "ours:bf16"),
+    ("train:fp32", "ours:fp32"),
+)
+
+
+def print_ratios(results: list[dict]) -> None:
+    """Speed ratios of row pairs: median bytes/s over rounds, and median process CPU s/step."""
+    by_row: dict[str, list[dict]] = {}
+    for r in results:
+        by_row.setdefault(f"{r['impl']}:{r['dtype']}", []).append(r)
+    for fast, slow in RATIOS:
+        if fast not in by_row or slow not in by_row:
+            continue
+        wall = statistics.median(r["bytes_per_s"] for r in by_row[fast]) / statistics.median(
+            r["bytes_per_s"] for r in by_row[slow]
+        )
+        cpu = statistics.median(r["cpu_s_median"] for r in by_row[slow]) / statistics.median(
+            r["cpu_s_median"] for r in by_row[fast]
+        )
+        print(f"{fast} / {slow}: {wall:.2f}x bytes/s (wall), {cpu:.2f}x (process CPU s per step)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -201,8 +307,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="run the row list this many times, interleaved"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads per row (default: torch's). With 1 thread the cpu s column is the "
+        "work of a step, much less sensitive to other processes than wall time",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     opts = parser.parse_args()
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
     if opts.worker:
         impl, dtype = opts.worker.split(":")
         print(json.dumps(run_worker(impl, dtype, opts.steps, opts.warmup)))
@@ -215,11 +332,12 @@ def main() -> None:
         blt_args(), mean_patch_size=SEQ_LEN / (SEQ_LEN // PATCH + 1), seq_len=SEQ_LEN
     )
     results = []
-    for row in opts.rows:
+    for row in [row for _ in range(opts.rounds) for row in opts.rows]:
         # measured right before each row: the machine's load changes while the rows run
         peak = {"fp32": matmul_flops(torch.float32), "bf16": matmul_flops(torch.bfloat16)}
         cmd = [sys.executable, __file__, "--worker", row]
         cmd += ["--steps", str(opts.steps), "--warmup", str(opts.warmup)]
+        cmd += ["--threads", str(opts.threads)] if opts.threads else []
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             print(f"{row}: failed\n{proc.stderr[-3000:]}", file=sys.stderr)
@@ -256,6 +374,7 @@ def main() -> None:
             f"{r['matmul_flops']['bf16'] / 1e9:>9.0f}{r['fraction_of_bf16_matmul']:>7.1%}"
             f"{r['fraction_of_bf16_matmul_best']:>9.1%}{r['peak_rss_gib']:>6.2f}"
         )
+    print_ratios(results)
     print("step s: median; min s: fastest step; cpu s: process CPU seconds per step (median);")
     print("mm bf16: 2048^3 bf16 matmul GFLOP/s measured before the row; MFU = model FLOP/s / that")
     if opts.out:

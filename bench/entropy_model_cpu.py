@@ -27,10 +27,12 @@ import torch.nn.functional as F
 # run from a checkout without installing the package
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bytelatent.model import attention
 from bytelatent.model.flops import lm_flops_per_token
 from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
 from bytelatent.tokenizers.constants import EOS_ID, OFFSET
 
+DEFAULT_CHUNK = attention.SDPA_CHUNK
 RESULTS = Path(__file__).with_name("RESULTS_entropy_model_cpu.md")
 # reference BLT (wrong plain causal mask), measured on the same kind of machine
 REFERENCE = {"fp32": 799.0, "bf16": 1726.0}
@@ -86,10 +88,10 @@ def train_throughput(
         if precision == "bf16"
         else contextlib.nullcontext()
     )
-    bytes_per_s, peaks = [], []
+    bytes_per_s, peaks, cpu_s = [], [], []
     for step in range(warmup + steps):
         x, y = packed_batch(bsz, seqlen, seed=step)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         with autocast:
             logits = model(x)
         loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
@@ -98,12 +100,15 @@ def train_throughput(
         optim.zero_grad(set_to_none=True)
         elapsed = time.perf_counter() - start
         if step >= warmup:
+            cpu_s.append(time.process_time() - cpu_start)
             bytes_per_s.append(bsz * seqlen / elapsed)
             peaks.append(matmul_gflops(dtype, repeats=3))
     return {
         "bytes_per_s": statistics.median(bytes_per_s),
         "peak": statistics.median(peaks),
         "ratios": [b / p for b, p in zip(bytes_per_s, peaks)],
+        # process CPU seconds per step: with --threads=1 the work of a step, robust to load
+        "cpu_s": statistics.median(cpu_s),
         "loss": loss.item(),
     }
 
@@ -156,7 +161,8 @@ def parse_args() -> argparse.Namespace:
         "--masks",
         default="local_block_causal",
         help="comma list: local_block_causal (correct) and/or causal (the reference's only CPU "
-        "setting: wrong for packed documents, measured here as the same-machine baseline)",
+        "setting: wrong for packed documents, measured here as the same-machine baseline); "
+        "local_block_causal:dense runs the correct mask without the block-sparse chunk plan",
     )
     parser.add_argument("--write", action="store_true", help=f"write {RESULTS.name}")
     return parser.parse_args()
@@ -181,10 +187,13 @@ def main() -> None:
     load_before = os.getloadavg()
     lines = [
         "| mask | mode | precision | bytes/s | model GFLOP/s | matmul 2048³ GFLOP/s "
-        "| fraction of matmul (median per step) | reference bytes/s | final loss |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| fraction of matmul (median per step) | reference bytes/s | final loss | cpu s/step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for mask, mode in [(m, mo) for m in masks for mo in modes]:
+    for mask_name, mode in [(m, mo) for m in masks for mo in modes]:
+        mask, _, plan = mask_name.partition(":")
+        # "<mask>:dense" runs the dense-mask kernel without the CPU chunk plan (the old path)
+        attention.SDPA_CHUNK = 10**9 if plan == "dense" else DEFAULT_CHUNK
         args = LMTransformerArgs(attn_bias_type=mask, **base_args)
         if mode not in ("eager", "compile"):
             raise SystemExit(f"--modes: unknown mode {mode!r} (eager, compile)")
@@ -203,9 +212,9 @@ def main() -> None:
             gflops = result["bytes_per_s"] * flops_per_byte / 1e9
             fraction = statistics.median(result["ratios"]) * flops_per_byte / 1e9
             lines.append(
-                f"| {mask} | {mode} | {precision} | {result['bytes_per_s']:,.0f} | {gflops:.1f} "
+                f"| {mask_name} | {mode} | {precision} | {result['bytes_per_s']:,.0f} | {gflops:.1f} "
                 f"| {result['peak']:.0f} | {fraction:.1%} | {REFERENCE[precision]:,.0f} "
-                f"| {result['loss']:.3f} |"
+                f"| {result['loss']:.3f} | {result['cpu_s']:.2f} |"
             )
             print(lines[-1], flush=True)
     load_after = os.getloadavg()

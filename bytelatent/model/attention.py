@@ -21,6 +21,17 @@ Cost on sdpa: a mask is built once per forward and shared by every layer. Plain 
 row much longer than its window is stored banded (``BandedMask``: per query block only the
 ``chunk + lookback`` keys it can see), so memory and work grow as S·window instead of S².
 
+On CPU two execution plans ride along with a dense document mask (the dense tensor stays the
+definition; the plans only skip work that the mask zeroes, so the function is the same):
+
+- ``sdpa_causal``: every row is one document (no EOS before its last position) and any window
+  covers the row, so the mask *is* plain causal and sdpa runs ``is_causal``;
+- ``chunks`` (``ChunkPlan``): queries are cut into chunks of ``SDPA_CHUNK`` positions; a chunk
+  of a row only attends to keys from the start of the earliest document (or window) its queries
+  can see up to its last query, so blocks above the diagonal and before document starts are
+  never computed. ``_ChunkedAttention`` runs the CPU flash kernel per chunk, forward and
+  backward, accumulating dK/dV in place.
+
 GQA: ``attend`` accepts k/v with fewer heads than q (n_heads must be a multiple of n_kv_heads);
 query head h uses kv head ``h // (n_heads // n_kv_heads)``, as the reference ``repeat_kv`` does.
 """
@@ -29,7 +40,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -59,6 +70,9 @@ class AttnMask:
     is_causal: bool = False
     dense: torch.Tensor | None = None
     band: BandedMask | None = None
+    # CPU execution plans of ``dense`` (see the module docstring); never change the function
+    sdpa_causal: bool = False
+    chunks: ChunkPlan | None = None
     query_has_key: torch.Tensor | None = None
     block_mask: Any = None
     xformers_bias: Any = None
@@ -118,6 +132,76 @@ class BandedMask:
     @property
     def key_len(self) -> int:
         return self.chunk + self.lookback
+
+
+# query chunk of the block-sparse CPU plan: fewer, larger chunks keep the flash kernel's blocks big
+SDPA_CHUNK = 256
+
+
+@dataclass
+class ChunkPlan:
+    """Block-sparse execution plan of a dense self-attention mask [B,1,S,S].
+
+    ``pieces`` are (row_start, row_end, q_start, q_end, k_start): queries ``q_start:q_end`` of
+    rows ``row_start:row_end`` attend to keys ``k_start:q_end`` under ``allowed[i]`` (the bool
+    mask of that block); every key outside the block is masked for those queries.
+    """
+
+    seqlen: int
+    pieces: list[tuple[int, int, int, int, int]]
+    allowed: list[torch.Tensor]
+    _additive: dict[torch.dtype, list[torch.Tensor]] = field(default_factory=dict, repr=False)
+
+    def additive(self, dtype: torch.dtype) -> list[torch.Tensor]:
+        """The blocks as additive masks (0 / -inf) of ``dtype``, built once per forward."""
+        if dtype not in self._additive:
+            self._additive[dtype] = [
+                torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, float("-inf"))
+                for m in self.allowed
+            ]
+        return self._additive[dtype]
+
+
+def first_visible_key(tokens: torch.Tensor, eos_id: int, window: int | None) -> torch.Tensor:
+    """[B,S]: the earliest key position query i may see (its document start, or the window)."""
+    bsz, seqlen = tokens.shape
+    pos = torch.arange(seqlen, device=tokens.device).expand(bsz, seqlen)
+    starts = torch.zeros_like(tokens, dtype=torch.bool)
+    starts[:, 0] = True
+    starts[:, 1:] = tokens[:, :-1] == eos_id  # the token after an EOS starts a document
+    first = torch.where(starts, pos, 0).cummax(dim=1).values
+    if window is not None:
+        first = torch.maximum(first, pos - (window - 1))
+    return first
+
+
+def chunk_plan(
+    dense: torch.Tensor, tokens: torch.Tensor, eos_id: int, window: int | None, chunk: int
+) -> ChunkPlan:
+    """The ChunkPlan of ``dense`` (the block_causal / local_block_causal mask of ``tokens``)."""
+    bsz, seqlen = tokens.shape
+    first = first_visible_key(tokens, eos_id, window)[:, ::chunk].tolist()  # one host sync
+    pieces, allowed = [], []
+    for j, q_start in enumerate(range(0, seqlen, chunk)):
+        q_end = min(seqlen, q_start + chunk)
+        starts = [row[j] for row in first]
+        # rows that share the first key run as one call (e.g. single documents with a window)
+        groups = (
+            [(0, bsz, starts[0])]
+            if len(set(starts)) == 1
+            else [(b, b + 1, starts[b]) for b in range(bsz)]
+        )
+        for row_start, row_end, k_start in groups:
+            pieces.append((row_start, row_end, q_start, q_end, k_start))
+            rows = dense[row_start:row_end] if dense.shape[0] > 1 else dense
+            allowed.append(rows[:, :, q_start:q_end, k_start:q_end])
+    return ChunkPlan(seqlen=seqlen, pieces=pieces, allowed=allowed)
+
+
+@torch.compiler.disable
+def _is_single_document(tokens: torch.Tensor, eos_id: int) -> bool:
+    # a host sync: only taken for CPU tensors (see self_attn_mask)
+    return not bool((tokens[:, :-1] == eos_id).any())
 
 
 def band_chunk(seqlen: int, window: int) -> int | None:
@@ -206,9 +290,22 @@ def self_attn_mask(
         mask = AttnMask(band=banded_self_attn_mask(tokens, eos_id, window, chunk))
     else:
         mask = AttnMask(dense=dense_self_attn_mask(kind, tokens, eos_id, window))
+        if backend == "sdpa" and tokens.device.type == "cpu":
+            _add_cpu_plan(mask, kind, tokens, eos_id, window)
     if backend == "flex_attention":
         mask.block_mask = _flex_block_mask(kind, tokens, eos_id, window)
     return mask
+
+
+def _add_cpu_plan(
+    mask: AttnMask, kind: str | None, tokens: torch.Tensor, eos_id: int, window: int | None
+) -> None:
+    """Attach the cheapest exact CPU execution plan to a dense document mask."""
+    seqlen = tokens.shape[1]
+    if (window is None or window >= seqlen) and _is_single_document(tokens, eos_id):
+        mask.sdpa_causal = True
+    elif seqlen > SDPA_CHUNK and not torch.compiler.is_compiling():
+        mask.chunks = chunk_plan(mask.dense, tokens, eos_id, window, SDPA_CHUNK)
 
 
 def resolve_backend(attn_impl: str, device: torch.device | str) -> str:
@@ -291,7 +388,73 @@ def _attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMa
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     if mask.band is not None:
         return _attend_banded(q, k, v, mask.band)
+    if mask.sdpa_causal and q.shape[2] == k.shape[2]:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if mask.chunks is not None and q.device.type == "cpu" and q.shape[2] == mask.chunks.seqlen:
+        return _attend_chunked(q, k, v, mask.chunks)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.dense)
+
+
+@torch.compiler.disable  # python loop over a data-dependent plan: runs eagerly inside compiled code
+def _attend_chunked(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: ChunkPlan
+) -> torch.Tensor:
+    if k.shape[2] != plan.seqlen:
+        raise ValueError(f"chunk plan is for {plan.seqlen} keys, got {k.shape[2]}")
+    return _ChunkedAttention.apply(q, k, v, plan)
+
+
+_flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+_flash_cpu_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+
+class _ChunkedAttention(torch.autograd.Function):
+    """Softmax attention run piece by piece over a ChunkPlan (CPU flash kernel)."""
+
+    @staticmethod
+    def forward(  # noqa: ANN001
+        ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: ChunkPlan
+    ) -> torch.Tensor:
+        masks = plan.additive(q.dtype)
+        out = q.new_empty(q.shape)
+        outs, lses = [], []
+        for (r0, r1, q0, q1, k0), mask in zip(plan.pieces, masks):
+            o, lse = _flash_cpu(
+                q[r0:r1, :, q0:q1], k[r0:r1, :, k0:q1], v[r0:r1, :, k0:q1], attn_mask=mask
+            )
+            out[r0:r1, :, q0:q1] = o
+            outs.append(o)
+            lses.append(lse)
+        ctx.save_for_backward(q, k, v, *outs, *lses)
+        ctx.plan = plan
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # noqa: ANN001
+        plan = ctx.plan
+        q, k, v, *rest = ctx.saved_tensors
+        n = len(plan.pieces)
+        outs, lses = rest[:n], rest[n:]
+        masks = plan.additive(q.dtype)
+        dq = torch.empty_like(q)
+        dk = torch.zeros_like(k)
+        dv = torch.zeros_like(v)
+        for i, (r0, r1, q0, q1, k0) in enumerate(plan.pieces):
+            gq, gk, gv = _flash_cpu_backward(
+                grad_out[r0:r1, :, q0:q1],
+                q[r0:r1, :, q0:q1],
+                k[r0:r1, :, k0:q1],
+                v[r0:r1, :, k0:q1],
+                outs[i],
+                lses[i],
+                0.0,
+                False,
+                attn_mask=masks[i],
+            )
+            dq[r0:r1, :, q0:q1] = gq
+            dk[r0:r1, :, k0:q1] += gk
+            dv[r0:r1, :, k0:q1] += gv
+        return dq, dk, dv, None
 
 
 def _attend_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask) -> torch.Tensor:

@@ -10,6 +10,17 @@ table is a rolling polynomial hash of the ``n`` token ids ending at ``t``:
 where ``w_0`` is the *oldest* token of the window (the reference code, which the released weights
 follow, gives exponent 0 to the oldest byte) and the sequence is left-padded with ``n - 1`` zeros.
 The int64 wrap-around is part of the function: ``prime ** j`` overflows for ``j >= 3``.
+
+Gradients (CPU): the tables are large (six 50002 x 256 tables in the BLT configs) but one step
+touches at most B*N rows of each. ``nn.Embedding``'s backward allocates and zero-fills a dense
+fp32 gradient per table every step (hundreds of MB, page faults included) and then scatters into
+it. ``compute_hash_embeddings`` instead routes the lookups of plain CPU tables through
+``_HashLookup``, whose backward scatters (``index_add_``) into one persistent gradient buffer per
+table and hands that buffer to ``weight.grad``; before reuse only the rows written by the
+previous step are zeroed. The gradient is the same dense tensor with the same values (sums of the
+same terms), so the optimizer step (dense AdamW, every row) is unchanged. Tables that are
+DTensors (FSDP/TP), on another device, have gradient hooks, or are traced by torch.compile use
+plain ``nn.Embedding`` lookups (``HASH_GRAD_BUFFER = False`` turns the fast path off).
 """
 
 from __future__ import annotations
@@ -18,6 +29,10 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
+
+# the persistent-buffer gradient path of CPU hash tables (see the module docstring)
+HASH_GRAD_BUFFER = True
 
 # one prime per hash function, indexed by function number (reference values)
 HASH_PRIMES = (
@@ -91,8 +106,98 @@ def compute_hash_embeddings(
         raise ValueError(
             f"{len(hash_embeddings)} hash tables for {len(specs)} (function, size) pairs"
         )
+    if HASH_GRAD_BUFFER and torch.compiler.is_compiling() and tokens.device.type == "cpu":
+        # the buffer path writes .grad from backward, which compiled autograd cannot trace: run the
+        # lookups eagerly (one graph break) rather than lose it
+        return _hash_lookups_eager(embeds, tokens, hash_embeddings, specs, vocab)
+    return _hash_lookups(embeds, tokens, hash_embeddings, specs, vocab)
+
+
+def _hash_lookups(
+    embeds: torch.Tensor,
+    tokens: torch.Tensor,
+    hash_embeddings: nn.ModuleList,
+    specs: list[tuple[int, int]],
+    vocab: int,
+) -> torch.Tensor:
     with torch.no_grad():
         ids = [byte_group_hash(tokens, size, func_nb, vocab) for func_nb, size in specs]
+    weights = [table.weight for table in hash_embeddings]
+    if _use_grad_buffer(weights):
+        return _HashLookup.apply(embeds, torch.stack(ids), *weights)
     for table, table_ids in zip(hash_embeddings, ids):
         embeds = embeds + table(table_ids)
     return embeds
+
+
+_hash_lookups_eager = torch.compiler.disable(_hash_lookups)
+
+
+class _GradBuffer:
+    """The persistent gradient tensor of one table and the rows the last backward wrote."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.grad = torch.zeros_like(weight, memory_format=torch.contiguous_format)
+        self.dirty: list[torch.Tensor] = []
+
+
+_grad_buffers: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _use_grad_buffer(weights: list[torch.Tensor]) -> bool:
+    if not HASH_GRAD_BUFFER or not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return False
+    return all(
+        type(w) is nn.Parameter  # not a DTensor / tensor subclass
+        and w.requires_grad
+        and w.device.type == "cpu"
+        and w.is_contiguous()
+        and not w._backward_hooks  # noqa: SLF001  (hooks expect autograd's own gradient)
+        and not getattr(w, "_post_accumulate_grad_hooks", None)
+        for w in weights
+    )
+
+
+def _accumulate_rows(weight: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor) -> None:
+    """weight.grad += scatter of ``rows`` [M,D] at ``ids`` [M] (what embedding backward adds)."""
+    rows = rows.to(weight.dtype)
+    if weight.grad is not None:
+        state = _grad_buffers.get(weight)
+        if state is not None and weight.grad is state.grad:
+            state.dirty.append(ids)  # accumulation into our buffer (micro-batches)
+        weight.grad.index_add_(0, ids, rows)
+        return
+    state = _grad_buffers.get(weight)
+    if state is None or state.grad.shape != weight.shape or state.grad.dtype != weight.dtype:
+        state = _grad_buffers[weight] = _GradBuffer(weight)
+    elif state.dirty:
+        # zero only what the previous step wrote: the rest of the buffer is still zero
+        state.grad.index_fill_(0, torch.cat(state.dirty), 0.0)
+    state.dirty = [ids]
+    state.grad.index_add_(0, ids, rows)
+    weight.grad = state.grad
+
+
+class _HashLookup(torch.autograd.Function):
+    """embeds + weights[0][ids[0]] + weights[1][ids[1]] + ... (summed in this order, as the
+    plain path), with a backward that writes each ``weight.grad`` directly."""
+
+    @staticmethod
+    def forward(  # noqa: ANN001
+        ctx, embeds: torch.Tensor, ids: torch.Tensor, *weights: torch.Tensor
+    ) -> torch.Tensor:
+        ctx.save_for_backward(ids)
+        ctx.weights = weights
+        out = embeds
+        for table_ids, weight in zip(ids, weights):
+            out = out + nn.functional.embedding(table_ids, weight)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # noqa: ANN001
+        (ids,) = ctx.saved_tensors
+        rows = grad_out.reshape(-1, grad_out.shape[-1])
+        for table_ids, weight in zip(ids, ctx.weights):
+            _accumulate_rows(weight, table_ids.reshape(-1), rows)
+        grad_embeds = grad_out if ctx.needs_input_grad[0] else None
+        return (grad_embeds, None) + (None,) * len(ctx.weights)

@@ -2,10 +2,10 @@
 
 The decision stays on the device, so the hot path never waits for the host:
 
-* fused AdamW (the default on CUDA, or `optim.fused=true`): the optimizer's `found_inf` tensor
+* fused AdamW (the default, on CUDA and CPU): the optimizer's `found_inf` tensor
   (the path GradScaler uses) makes the fused kernel leave parameters, moments and step counts
   untouched when it is 1; with 0 the update is bitwise the unguarded one.
-* foreach AdamW on CPU: the flag is a CPU tensor, so reading it costs no device sync; the step
+* foreach AdamW on CPU (`optim.fused=false`): the flag is a CPU tensor, so reading it costs no device sync; the step
   simply is not called.
 * foreach AdamW on an accelerator (`optim.fused=false`): there is no masked path, so the flag is
   read every step (warned once).

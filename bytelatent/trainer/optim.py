@@ -29,7 +29,9 @@ class OptimArgs(BaseModel):
     cosine_theta: float = 1.0
     decay_fraction: float = 0.1  # wsd: fraction of each cycle spent decaying
     exp_factor: float = 0.5  # inv_sqrt exponent
-    fused: bool | None = None  # None: fused AdamW where the device supports it
+    # None: fused AdamW on CUDA and CPU (the CPU kernel is several times faster than foreach:
+    # bench/RESULTS_blt_cpu.md); False: foreach
+    fused: bool | None = None
     # Non-finite guard: stop after this many consecutive skipped updates (0: never stop, only skip).
     max_skipped_steps: int = Field(5, ge=0)
 
@@ -140,7 +142,7 @@ def lr_factor_fn(args: OptimArgs, n_steps: int):
 def build_optimizer(model: torch.nn.Module, args: OptimArgs, n_steps: int, device_type: str):
     """AdamW over all trainable parameters (as the reference) plus its LambdaLR schedule."""
     params = [p for p in model.parameters() if p.requires_grad]
-    fused = args.fused if args.fused is not None else device_type == "cuda"
+    fused = args.fused if args.fused is not None else device_type in ("cuda", "cpu")
     optimizer = torch.optim.AdamW(
         params,
         lr=args.lr,

@@ -239,3 +239,50 @@ def test_cuda_backends_match_sdpa(backend, kind, window):
     torch.testing.assert_close(out, ref_out, rtol=2e-3, atol=2e-3)
     for grad, ref_grad in zip(grads, ref_grads):
         torch.testing.assert_close(grad, ref_grad, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize(("kind", "window"), [("block_causal", None), ("local_block_causal", 9)])
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_cpu_chunk_plan_matches_brute_force(kind, window, n_kv_heads, monkeypatch):
+    """The block-sparse CPU plan (chunks of 8 over 40 positions) computes the dense mask's
+    attention, forward and backward, with rows that share chunks and rows that do not."""
+    monkeypatch.setattr(attention, "SDPA_CHUNK", 8)
+    tokens = packed_rows(3, 40, seed=11)
+    tokens[2] = 7  # one row without documents: its chunks see from key 0 (or the window)
+    mask = self_attn_mask(kind, tokens, eos_id=EOS, window=window)
+    assert mask.chunks is not None and not mask.sdpa_causal
+    assert any(k0 > 0 for *_, k0 in mask.chunks.pieces)  # some work is skipped
+    allowed = brute_force_allowed(kind, tokens, window)
+    for (r0, r1, q0, q1, k0), block in zip(mask.chunks.pieces, mask.chunks.allowed):
+        assert not allowed[r0:r1, q0:q1, :k0].any()  # nothing visible is left out
+        assert torch.equal(block[:, 0], allowed[r0:r1, q0:q1, k0:q1])
+    q, k, v = qkv(3, 40, n_kv_heads=n_kv_heads)
+    out, grads = forward_backward(lambda a, b, c: attend(a, b, c, mask), q, k, v)
+    ref_out, ref_grads = forward_backward(
+        lambda a, b, c: brute_force_attention(a, b, c, allowed), q, k, v
+    )
+    torch.testing.assert_close(out, ref_out, rtol=1e-9, atol=1e-9)
+    for grad, ref_grad in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize(("kind", "window"), [("block_causal", None), ("local_block_causal", 64)])
+def test_single_document_rows_run_as_plain_causal(kind, window):
+    """Rows without an EOS before their end: the document mask is plain causal (is_causal)."""
+    tokens = packed_rows(3, 40, seed=5)
+    tokens[tokens == EOS] = 9
+    tokens[1, -1] = EOS  # an EOS at the very end closes the only document
+    mask = self_attn_mask(kind, tokens, eos_id=EOS, window=window)
+    assert mask.sdpa_causal and mask.dense is not None
+    allowed = brute_force_allowed(kind, tokens, window)
+    assert torch.equal(mask.dense.expand(3, 1, 40, 40)[:, 0], allowed)
+    q, k, v = qkv(3, 40)
+    out, grads = forward_backward(lambda a, b, c: attend(a, b, c, mask), q, k, v)
+    ref_out, ref_grads = forward_backward(
+        lambda a, b, c: brute_force_attention(a, b, c, allowed), q, k, v
+    )
+    torch.testing.assert_close(out, ref_out, rtol=1e-9, atol=1e-9)
+    for grad, ref_grad in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-9)
+    tokens[0, 5] = EOS  # one more document: no longer plain causal
+    assert not self_attn_mask(kind, tokens, eos_id=EOS, window=window).sdpa_causal

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from bytelatent.model import hashing
 from bytelatent.model.hashing import (
     HASH_PRIMES,
     byte_group_hash,
@@ -78,3 +79,62 @@ def test_compute_hash_embeddings_sums_tables_in_reference_order() -> None:
         expected = expected + tables[index](byte_group_hash(tokens, size, func_nb, vocab))
     torch.testing.assert_close(got, expected)
     assert torch.equal(compute_hash_embeddings(tokens, tok, None, None, 1, vocab), tok(tokens))
+
+
+def _hash_setup(seed: int = 0):
+    torch.manual_seed(seed)
+    sizes, vocab, dim = [3, 4], 37, 8
+    tok = nn.Embedding(260, dim)
+    tables = nn.ModuleList(nn.Embedding(vocab, dim) for _ in sizes)
+    return tok, tables, sizes, vocab
+
+
+def _grads(tok, tables, sizes, vocab, batches, fast, monkeypatch, zero="none"):
+    """Gradients after backward over ``batches`` (one optimizer-free accumulation window each),
+    clearing grads between windows the way ``zero`` says ("none": set_to_none, "zero": zero_)."""
+    monkeypatch.setattr(hashing, "HASH_GRAD_BUFFER", fast)
+    params = [tok.weight, *(t.weight for t in tables)]
+    for p in params:
+        p.grad = None
+    history = []
+    for window in batches:
+        for p in params:
+            if zero == "none":
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+        for tokens, weight in window:
+            out = compute_hash_embeddings(tokens, tok, tables, sizes, 1, vocab)
+            (out * weight).sum().backward()
+        history.append([p.grad.clone() for p in params])
+    return history
+
+
+@pytest.mark.parametrize("zero", ["none", "zero"])
+def test_grad_buffer_path_gives_the_dense_embedding_gradients(zero, monkeypatch) -> None:
+    """Persistent-buffer gradients equal nn.Embedding's dense ones: across steps (stale rows of
+    the previous step are cleared), with accumulation over micro-batches, and after zero_()."""
+    tok, tables, sizes, vocab = _hash_setup()
+    gen = torch.Generator().manual_seed(3)
+
+    def micro():
+        tokens = torch.randint(0, 260, (2, 11), generator=gen)
+        return tokens, torch.randn(2, 11, 8, generator=gen)
+
+    batches = [[micro()], [micro(), micro()], [micro()]]
+    fast = _grads(tok, tables, sizes, vocab, batches, True, monkeypatch, zero)
+    assert hashing._grad_buffers.get(tables[0].weight) is not None  # the fast path ran
+    slow = _grads(tok, tables, sizes, vocab, batches, False, monkeypatch, zero)
+    for fast_step, slow_step in zip(fast, slow):
+        for got, expected in zip(fast_step, slow_step):
+            torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_grad_buffer_path_is_skipped_for_hooked_or_frozen_tables(monkeypatch) -> None:
+    monkeypatch.setattr(hashing, "HASH_GRAD_BUFFER", True)
+    tok, tables, sizes, vocab = _hash_setup(1)
+    assert hashing._use_grad_buffer([t.weight for t in tables])
+    tables[0].weight.register_hook(lambda g: g)
+    assert not hashing._use_grad_buffer([t.weight for t in tables])
+    with torch.no_grad():
+        assert not hashing._use_grad_buffer([tables[1].weight])
