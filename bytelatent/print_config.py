@@ -1,4 +1,7 @@
-"""`python -m bytelatent.print_config config=... [key=value ...]`: print the resolved config as YAML."""
+"""`python -m bytelatent.print_config config=... [key=value ...]`: print the resolved config as YAML.
+
+Secret-looking values (tokens, keys, passwords) are redacted, as in `dump_dir/config.yaml`.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +12,15 @@ from bytelatent.errors import UserError
 
 def main(argv: list[str] | None = None) -> int:
     from bytelatent.args import TrainArgs
-    from bytelatent.config import dump_yaml, parse_args
+    from bytelatent.config import parse_args
+    from bytelatent.config.redact import redacted_yaml
 
     try:
         args = parse_args(TrainArgs, sys.argv[1:] if argv is None else argv)
     except UserError as e:
         print(e.one_line(), file=sys.stderr)
         return 2
-    print(dump_yaml(args), end="")
+    print(redacted_yaml(args), end="")
     return 0
 
 

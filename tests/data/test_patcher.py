@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from pydantic import ValidationError
@@ -16,8 +14,8 @@ from bytelatent.data.patcher import (
     split_long_patches,
 )
 from bytelatent.errors import ConfigError, DataError
+from tests.paths import CONFORMANCE
 
-CONFORMANCE = Path(__file__).resolve().parents[2].parent / "shared" / "conformance"
 CASES_PATH = CONFORMANCE / "cases.pt"
 DAENERYS = (
     "Daenerys Targaryen is in Game of Thrones, a fantasy epic by George R.R. Martin."

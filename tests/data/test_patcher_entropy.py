@@ -18,8 +18,7 @@ from bytelatent.data.entropy import (
 )
 from bytelatent.errors import CheckpointError
 from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
-
-CONFORMANCE = Path(__file__).resolve().parents[2].parent / "shared" / "conformance"
+from tests.paths import CONFORMANCE
 
 
 def tiny_model(max_seqlen: int = 16, seed: int = 0) -> LMTransformer:

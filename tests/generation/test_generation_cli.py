@@ -15,17 +15,9 @@ from bytelatent.data.patcher import Patcher
 from bytelatent.errors import DataError
 from bytelatent.eval.generation import GenerationArgs, load_generator
 from bytelatent.generate import main
+from tests.paths import CONFORMANCE
 
 REPO = Path(__file__).resolve().parents[2]
-# /work/main -> /work/shared; a worktree /work/wt/NAME -> /work/shared as well
-CONFORMANCE = next(
-    (
-        p / "shared" / "conformance"
-        for p in (REPO.parent, REPO.parent.parent)
-        if (p / "shared" / "conformance").exists()
-    ),
-    REPO.parent / "shared" / "conformance",
-)
 needs_fixtures = pytest.mark.skipif(
     not (CONFORMANCE / "blt" / "params.json").exists(), reason="conformance fixtures missing"
 )

@@ -10,7 +10,7 @@ import yaml
 from bytelatent.config.from_reference import convert, convert_file, looks_like_reference
 from bytelatent.errors import ConfigError
 from tests.conftest import train_tiny
-from tests.interop.conftest import CONFORMANCE
+from tests.paths import CONFORMANCE
 
 REPO = Path(__file__).resolve().parents[2]
 

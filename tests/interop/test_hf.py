@@ -15,7 +15,7 @@ from transformers.models.blt.modeling_blt import BltPatcher  # noqa: E402
 
 from bytelatent.checkpoint.hf import OURS_KEY, export_hf, import_hf, to_hf_patch_lengths  # noqa: E402
 from bytelatent.checkpoint.pretrained import load_any_checkpoint  # noqa: E402
-from tests.interop.conftest import CONFORMANCE  # noqa: E402
+from tests.paths import CONFORMANCE  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 needs_fixtures = pytest.mark.skipif(not CONFORMANCE.exists(), reason="no shared/conformance")

@@ -1,7 +1,6 @@
 """ByteLatentTransformerArgs validation, the meaning of dim, and reference config/weight compat."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,8 +14,8 @@ from bytelatent.model.reference_compat import (
     lm_args_from_reference,
     patcher_settings_from_reference,
 )
+from tests.paths import CONFORMANCE
 
-CONFORMANCE = Path(__file__).resolve().parents[2].parent / "shared" / "conformance"
 SMALL = {
     "dim_local_encoder": 32,
     "dim_local_decoder": 32,

@@ -1,7 +1,6 @@
 """BLT loaded from reference-format weights computes the reference's logits (shared/conformance)."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,8 +14,8 @@ from bytelatent.model.reference_compat import (
     adapt_reference_blt_state_dict,
     blt_args_from_reference,
 )
+from tests.paths import CONFORMANCE
 
-CONFORMANCE = Path(__file__).resolve().parents[2].parent / "shared" / "conformance"
 BLT_DIR = CONFORMANCE / "blt"
 
 needs_fixtures = pytest.mark.skipif(

@@ -1,14 +1,14 @@
 """The entropy model loads the reference checkpoint layout and reproduces the reference outputs."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
+from tests.paths import CONFORMANCE
 
-FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "conformance"
+FIXTURES = CONFORMANCE
 pytestmark = pytest.mark.skipif(
     not (FIXTURES / "entropy_model" / "params.json").is_file(),
     reason=f"conformance fixtures not found at {FIXTURES} (expected ../shared beside the clone)",

@@ -1,7 +1,6 @@
 import base64
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,8 +8,8 @@ import pytest
 from bytelatent.errors import ConfigError
 from bytelatent.tokenizers import BltTokenizer, TokenizerArgs
 from bytelatent.tokenizers.constants import BOS_ID, BPE_ID, EOS_ID, OFFSET
+from tests.paths import CONFORMANCE
 
-CONFORMANCE = Path(__file__).resolve().parents[2].parent / "shared" / "conformance"
 TEXTS = [
     "",
     "a",

@@ -148,3 +148,10 @@ def test_print_config_resolves_overrides():
     res = run_cli("bytelatent.print_config", ["config=configs/debug.yaml", "optim.lr=0.123", "model.dim=96"], timeout=120)
     assert res.returncode == 0, res.stderr
     assert "lr: 0.123" in res.stdout and "dim: 96" in res.stdout
+
+
+def test_print_config_redacts_secrets():
+    argv = ["config=configs/debug.yaml", "env.WANDB_API_KEY=abc123secret", "dump_dir=x"]
+    res = run_cli("bytelatent.print_config", argv, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "WANDB_API_KEY" in res.stdout and "abc123secret" not in res.stdout
