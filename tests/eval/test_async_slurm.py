@@ -9,7 +9,6 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,22 +17,7 @@ from tests.eval.test_async_eval import async_lines
 from tests.trainer.test_cli import REPO, TINY_BLT
 
 sys.path.insert(0, str(REPO / "tests" / "integration"))
-from slurm_cluster import SlurmCluster, slurm_missing  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    reason = slurm_missing()
-    if reason is not None:
-        if os.environ.get("BYTELATENT_REQUIRE_SLURM") == "1":
-            pytest.fail(f"BYTELATENT_REQUIRE_SLURM=1 but SLURM cannot run here: {reason}")
-        pytest.skip(f"no SLURM: {reason}; set BYTELATENT_REQUIRE_SLURM=1 to fail instead")
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm_eval"))
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
+from slurm_cluster import SlurmCluster, slurm_cluster_fixture  # noqa: E402, F401 (the fixture)
 
 
 @pytest.mark.slow

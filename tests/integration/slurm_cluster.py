@@ -15,7 +15,10 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 DAEMONS = ("slurmctld", "slurmd", "sbatch", "munged", "pkill")
 
@@ -229,3 +232,20 @@ class SlurmCluster:
             if path.exists():
                 parts.append(f"--- {name} (tail)\n" + path.read_text(errors="replace")[-3000:])
         return "\n".join(parts)
+
+
+@pytest.fixture(scope="module", name="slurm_cluster")
+def slurm_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A running single-node cluster for one test module; skips (or fails with
+    BYTELATENT_REQUIRE_SLURM=1, as in CI) where SLURM cannot run."""
+    reason = slurm_missing()
+    if reason is not None:
+        if os.environ.get("BYTELATENT_REQUIRE_SLURM") == "1":
+            pytest.fail(f"BYTELATENT_REQUIRE_SLURM=1 but SLURM cannot run here: {reason}")
+        pytest.skip(f"no SLURM: {reason}; set BYTELATENT_REQUIRE_SLURM=1 to fail instead")
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

@@ -12,28 +12,12 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from harness import REPO_ROOT, child_env, losses_by_step, model_args, read_metrics
-from slurm_cluster import SlurmCluster, slurm_missing
+from slurm_cluster import SlurmCluster, slurm_cluster_fixture  # noqa: F401 (the fixture)
 from test_resume import PREEMPT_AT, STEP_DELAY
-
-
-@pytest.fixture(scope="module")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    reason = slurm_missing()
-    if reason is not None:
-        if os.environ.get("BYTELATENT_REQUIRE_SLURM") == "1":
-            pytest.fail(f"BYTELATENT_REQUIRE_SLURM=1 but SLURM cannot run here: {reason}")
-        pytest.skip(f"no SLURM: {reason}; set BYTELATENT_REQUIRE_SLURM=1 to fail instead")
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def wait_until(condition, what: str, cluster: SlurmCluster, log: Path, timeout: float) -> None:
