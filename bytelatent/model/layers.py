@@ -27,18 +27,78 @@ class BlockArgs(Protocol):
 
 
 class RMSNorm(nn.RMSNorm):
-    """Root-mean-square norm with a learnable ``weight`` (initialised to 1 by reset_parameters)."""
+    """Root-mean-square norm with a learnable ``weight`` (initialised to 1 by reset_parameters).
+
+    Under autocast the norm is computed in float32 and its output is written in the autocast
+    dtype (every consumer is a linear that would cast it anyway). On CPU in eager mode the work
+    runs in ``_RMSNormFunction`` (same forward, bitwise; a backward in fewer passes than
+    autograd's decomposition of ``F.rms_norm``); under torch.compile, on other devices and for
+    DTensors the plain ops run.
+    """
 
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__(dim, eps=eps)
         self.dim = dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        device_type = x.device.type
+        out_dtype = x.dtype
+        if torch.is_autocast_enabled(device_type) and x.is_floating_point():
+            out_dtype = torch.get_autocast_dtype(device_type)
+        if _use_rmsnorm_function(x, self.weight):
+            return _RMSNormFunction.apply(x, self.weight, self._eps(x), out_dtype)
         if x.dtype == self.weight.dtype:
-            return super().forward(x)
-        # Under autocast the input is bf16 and the weight fp32: normalise in fp32 (the fused kernel
-        # needs matching dtypes; mixing them falls back to a slow path with a warning per call site).
-        return F.rms_norm(x.float(), self.normalized_shape, self.weight, self.eps).to(x.dtype)
+            return super().forward(x).to(out_dtype)
+        # Under autocast the input may be bf16 and the weight fp32: normalise in fp32 (the fused
+        # kernel needs matching dtypes; mixing them falls back to a slow path with a warning).
+        return F.rms_norm(x.float(), self.normalized_shape, self.weight, self.eps).to(out_dtype)
+
+    def _eps(self, x: torch.Tensor) -> float:
+        return torch.finfo(x.dtype).eps if self.eps is None else self.eps
+
+
+def _use_rmsnorm_function(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
+    return (
+        x.device.type == "cpu"
+        and weight is not None
+        and type(x) is torch.Tensor
+        and type(weight.data) is torch.Tensor
+        and weight.dtype == torch.float32
+        and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        and not torch.compiler.is_compiling()
+    )
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """y = x * rsqrt(mean(x², -1) + eps) * weight in float32, returned as ``out_dtype``.
+
+    The forward is the op sequence of ``F.rms_norm``'s CPU decomposition (bitwise equal); the
+    backward computes dx = rstd * (g·w - x̂ · mean(g·w·x̂)) and dw = Σ g·x̂ in float32.
+    """
+
+    @staticmethod
+    def forward(  # noqa: ANN001
+        ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype
+    ) -> torch.Tensor:
+        xf = x.float()
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True).add_(eps))
+        out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+        torch.mul(xf * rstd, weight, out=out)
+        ctx.save_for_backward(x, weight, rstd)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # noqa: ANN001
+        x, weight, rstd = ctx.saved_tensors
+        normed = x.float() * rstd
+        grad = grad.float()
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            grad_weight = (grad * normed).flatten(0, -2).sum(0)
+        scaled = grad * weight
+        mean_dot = torch.linalg.vecdot(scaled, normed, dim=-1).unsqueeze(-1).div_(x.shape[-1])
+        grad_x = torch.addcmul(scaled, normed, mean_dot, value=-1).mul_(rstd)
+        return grad_x.to(x.dtype), grad_weight, None, None
 
 
 def precompute_freqs_cis(
