@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -208,13 +209,14 @@ def run_train_loop(dtype: str, steps: int, warmup: int) -> dict:
     }
 
 
-def run_worker(impl: str, dtype: str, steps: int, warmup: int) -> dict:
-    if impl == "train":
-        return run_train_loop(dtype, steps, warmup)
+def make_train_step(impl: str, dtype: str) -> tuple[Callable[[], float], torch.nn.Module]:
+    """(step, model): one forward + backward + fused AdamW step on batch 0, returning the loss.
+
+    impl: "ours", "ours-compile" or "hf"; dtype: "bf16" (autocast) or "fp32".
+    """
     torch.manual_seed(0)
     model = build_hf() if impl == "hf" else build_ours(compile_model=impl == "ours-compile")
     model.train()
-    n_params = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     x, y, lengths = batch(0)
 
@@ -231,6 +233,14 @@ def run_worker(impl: str, dtype: str, steps: int, warmup: int) -> dict:
         optimizer.step()
         return loss.item()
 
+    return step, model
+
+
+def run_worker(impl: str, dtype: str, steps: int, warmup: int) -> dict:
+    if impl == "train":
+        return run_train_loop(dtype, steps, warmup)
+    step, model = make_train_step(impl, dtype)
+    n_params = sum(p.numel() for p in model.parameters())
     start = time.perf_counter()
     for _ in range(warmup):
         step()

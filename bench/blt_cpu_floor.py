@@ -26,12 +26,11 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from blt_cpu import BATCH, SEQ_LEN, batch, build_hf, build_ours  # noqa: E402
+from blt_cpu import BATCH, SEQ_LEN, make_train_step  # noqa: E402
 
 GROUPS = {
     "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
@@ -41,28 +40,6 @@ GROUPS = {
     ),
     "optimizer": ("aten::_fused_adamw_",),
 }
-
-
-def make_step(impl: str, dtype: str):  # noqa: ANN201
-    torch.manual_seed(0)
-    model = build_hf() if impl == "hf" else build_ours(False)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    x, y, lengths = batch(0)
-
-    def step() -> float:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
-            if impl == "hf":
-                logits = model(input_ids=x, patch_lengths=lengths).logits
-            else:
-                logits = model(x, lengths)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        return loss.item()
-
-    return step
 
 
 def timed(step, n: int) -> list[float]:  # noqa: ANN001
@@ -90,7 +67,8 @@ def main() -> None:
     parser.add_argument("--profile-steps", type=int, default=2)
     opts = parser.parse_args()
     print(f"load average before {os.getloadavg()}; torch threads {torch.get_num_threads()}")
-    ours, hf = make_step("ours", opts.dtype), make_step("hf", opts.dtype)
+    ours, _ = make_train_step("ours", opts.dtype)
+    hf, _ = make_train_step("hf", opts.dtype)
     first = {"ours": ours(), "hf": hf()}  # warm-up, and the first-step losses
     ours(), hf()
     times = {"ours": [], "hf": []}

@@ -87,37 +87,42 @@ def bench_rmsnorm() -> None:
         )
 
 
-def bench_rmsnorm_model(blocks: int = 4) -> None:
-    """Whole bench-model training steps with the function on/off, alternating blocks of 3."""
-    from blt_cpu import batch, build_ours
-
-    torch.manual_seed(0)
-    model = build_ours(False)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    x, y, lengths = batch(0)
-    original = layers._use_rmsnorm_function
-
-    def step() -> None:
-        with torch.autocast("cpu", dtype=BF16):
-            logits = model(x, lengths)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-
-    times: dict[str, list[float]] = {"on": [], "off": []}
-    step()
-    step()
+def alternating_steps(
+    step: Callable[[], object], variants: dict[str, Callable[[], None]], blocks: int, per_block: int
+) -> dict[str, list[float]]:
+    """Step times (s) per variant: blocks in which each variant is switched on (its callable),
+    stepped once untimed and ``per_block`` times timed; the order reverses every other block."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
     for block in range(blocks):
-        for name in ("on", "off") if block % 2 == 0 else ("off", "on"):
-            layers._use_rmsnorm_function = original if name == "on" else (lambda *a: False)
+        order = list(variants) if block % 2 == 0 else list(reversed(variants))
+        for name in order:
+            variants[name]()
             step()
-            for _ in range(3):
+            for _ in range(per_block):
                 start = time.perf_counter()
                 step()
                 times[name].append(time.perf_counter() - start)
-    layers._use_rmsnorm_function = original
+    return times
+
+
+def bench_rmsnorm_model(blocks: int = 4) -> None:
+    """Whole bench-model training steps with the function on/off, alternating blocks of 3."""
+    from blt_cpu import make_train_step
+
+    step, _ = make_train_step("ours", "bf16")
+    original = layers._use_rmsnorm_function
+
+    def use(function: bool) -> Callable[[], None]:
+        def switch() -> None:
+            layers._use_rmsnorm_function = original if function else (lambda *a: False)
+
+        return switch
+
+    step()
+    try:
+        times = alternating_steps(step, {"on": use(True), "off": use(False)}, blocks, 3)
+    finally:
+        layers._use_rmsnorm_function = original
     on, off = statistics.median(times["on"]), statistics.median(times["off"])
     print(
         f"rmsnorm in the BLT step ({len(times['on'])} steps each): function {on:.3f} s, "
@@ -312,8 +317,9 @@ def _alternative_plans(overhead: float):  # noqa: ANN202
     }
 
 
-def _entropy_bench_model():  # noqa: ANN202
-    from entropy_model_cpu import build_model
+def _entropy_bench_step():  # noqa: ANN202
+    """(step(seed), model): one eager bf16 training step of the entropy bench on packed_batch."""
+    from entropy_model_cpu import build_model, packed_batch
 
     from bytelatent.model.transformer import LMTransformerArgs
 
@@ -329,17 +335,8 @@ def _entropy_bench_model():  # noqa: ANN202
     )
     model = build_model(args, compile_blocks=False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
-    return model, optimizer
 
-
-def bench_entropy_profile() -> None:
-    """Self CPU time of two eager bf16 entropy-bench steps, grouped as in blt_cpu_floor.py."""
-    from blt_cpu_floor import GROUPS, group_of
-    from entropy_model_cpu import packed_batch
-
-    model, optimizer = _entropy_bench_model()
-
-    def step(seed: int) -> None:
+    def step(seed: int = 0) -> None:
         x, y = packed_batch(4, 1024, seed)
         with torch.autocast("cpu", dtype=BF16):
             logits = model(x)
@@ -347,6 +344,14 @@ def bench_entropy_profile() -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    return step, model
+
+
+def bench_entropy_profile() -> None:
+    """Self CPU time of two eager bf16 entropy-bench steps, grouped as in blt_cpu_floor.py."""
+    from blt_cpu_floor import GROUPS, group_of
+
+    step, _ = _entropy_bench_step()
     step(0)
     step(1)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -367,37 +372,30 @@ def bench_chunk_plan_step(blocks: int = 4) -> None:
 
     from bytelatent.model import attention
 
-    model, optimizer = _entropy_bench_model()
+    step, model = _entropy_bench_step()
     plans = _alternative_plans(21_000)
     original = attention.chunk_plan
-    x, y = packed_batch(4, 1024, seed=0)
+    x, _ = packed_batch(4, 1024, seed=0)
 
-    def step() -> None:
-        with torch.autocast("cpu", dtype=BF16):
-            logits = model(x)
-        F.cross_entropy(logits.flatten(0, 1), y.flatten()).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    with torch.no_grad():
-        outputs = {}
-        for name, plan in plans.items():
+    def use(plan) -> Callable[[], None]:  # noqa: ANN001
+        def switch() -> None:
             attention.chunk_plan = plan
-            outputs[name] = model(x)  # float32: plans differ only by rounding
-    for name, out in outputs.items():
-        diff = (out - outputs["current"]).abs().max().item()
-        print(f"  {name}: logits max |difference| to the current plan {diff:.2e}")
-    times: dict[str, list[float]] = {name: [] for name in plans}
-    for block in range(blocks):
-        order = list(plans) if block % 2 == 0 else list(reversed(plans))
-        for name in order:
-            attention.chunk_plan = plans[name]
-            step()
-            for _ in range(2):
-                start = time.perf_counter()
-                step()
-                times[name].append(time.perf_counter() - start)
-    attention.chunk_plan = original
+
+        return switch
+
+    try:
+        with torch.no_grad():
+            outputs = {}
+            for name, plan in plans.items():
+                use(plan)()
+                outputs[name] = model(x)  # float32: plans differ only by rounding
+        for name, out in outputs.items():
+            diff = (out - outputs["current"]).abs().max().item()
+            print(f"  {name}: logits max |difference| to the current plan {diff:.2e}")
+        variants = {name: use(plan) for name, plan in plans.items()}
+        times = alternating_steps(step, variants, blocks, 2)
+    finally:
+        attention.chunk_plan = original
     base = statistics.median(times["current"])
     for name, values in times.items():
         seconds = statistics.median(values)
