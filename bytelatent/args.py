@@ -11,6 +11,7 @@ import os
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bytelatent.checkpoint.manager import CheckpointArgs
+from bytelatent.config.reference_format import looks_like_reference, reference_hint
 from bytelatent.data.args import DataArgs
 from bytelatent.distributed.env import DistributedArgs
 from bytelatent.eval.args import EvalArgs
@@ -116,6 +117,11 @@ class TrainArgs(BaseModel):
                 f"model.max_encoder_seq_length ({enc_len}) != data.max_encoder_seq_length "
                 f"({self.data.max_encoder_seq_length}); set them equal"
             )
+
+    @classmethod
+    def config_format_hint(cls, tree: dict, path: str | None) -> str | None:
+        """Parser hook (config/parser.py): a reference-format config gets one line naming the converter."""
+        return reference_hint(path) if looks_like_reference(tree) else None
 
     def active_model_args(self) -> BaseModel:
         return self.entropy_model if self.train_entropy_model else self.model

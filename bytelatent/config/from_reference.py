@@ -19,12 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import yaml
 
-from bytelatent.config.parser import MISSING, load_yaml_file
+from bytelatent.args import TrainArgs
+from bytelatent.config.parser import MISSING, load_yaml_file, validation_error_to_config_error
+from bytelatent.config.reference_format import CONVERTER
 from bytelatent.errors import ConfigError, UserError
-
-CONVERTER = "python -m bytelatent.config.from_reference"
+from bytelatent.model.reference_compat import (
+    REFERENCE_PATCHER_FIELDS,
+    blt_args_from_reference,
+    lm_args_from_reference,
+)
 
 # Reference TrainArgs schema (facebookresearch/blt bytelatent/args.py and the arg classes it
 # composes, BLT_REFERENCE_FACTS.md §2): section -> its fields. Leaves only; dict-valued fields
@@ -124,8 +130,6 @@ _PATCHER_FIELDS = (
     "log_time",
 )
 _SAVE_EVERY = ("every", "keep")
-# keys only the reference has: one of them at the top level marks a file as the reference's
-REFERENCE_ONLY_TOP = frozenset({"probe_freq", "profiling", "eval_on_gpus", "async_eval_gpus"})
 
 
 @dataclass
@@ -173,31 +177,6 @@ def _set(tree: dict, dotted: str, value: Any) -> None:
     for part in parents:
         node = node.setdefault(part, {})
     node[leaf] = value
-
-
-def looks_like_reference(tree: dict) -> bool:
-    """True if a config tree uses keys only the reference's TrainArgs has."""
-    if REFERENCE_ONLY_TOP & set(tree):
-        return True
-    model = tree.get("model")
-    if isinstance(model, dict):
-        from bytelatent.model.blt import ByteLatentTransformerArgs
-        from bytelatent.model.reference_compat import reference_blt_fields
-
-        # only reference field names (a typo of ours gets the parser's did-you-mean instead)
-        extra = set(model) - set(ByteLatentTransformerArgs.model_fields)
-        return bool(extra) and extra <= reference_blt_fields()
-    return False
-
-
-def reference_hint(path: str | None = None) -> str:
-    """The one line print_config / train show for a reference-format file."""
-    where = f"{path}: " if path else ""
-    target = path or "REF.yaml"
-    return (
-        f"{where}this is a reference (facebookresearch/blt) training config; convert it first: "
-        f"{CONVERTER} {target} -o converted.yaml"
-    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,7 +346,6 @@ def _reason(entry: str) -> str:
 
 
 def _model(report: Report, out: dict, value: Any) -> None:
-    from bytelatent.model.reference_compat import REFERENCE_PATCHER_FIELDS, blt_args_from_reference
 
     if value is None:
         report.map("model", "model", None)
@@ -408,7 +386,6 @@ def _model(report: Report, out: dict, value: Any) -> None:
 
 
 def _entropy_model(report: Report, out: dict, value: Any) -> None:
-    from bytelatent.model.reference_compat import lm_args_from_reference
 
     if value is None:
         report.map("entropy_model", "entropy_model", None)
@@ -457,11 +434,6 @@ def _reconcile(tree: dict, report: Report) -> None:
 
 def _check_converted(tree: dict) -> None:
     """The output must validate as our TrainArgs once its ??? values are filled in."""
-    import pydantic
-
-    from bytelatent.args import TrainArgs
-    from bytelatent.config.parser import validation_error_to_config_error
-
     def fill(node: Any) -> Any:
         if isinstance(node, dict):
             return {k: fill(v) for k, v in node.items()}

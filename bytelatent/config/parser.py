@@ -271,24 +271,29 @@ def load_config_tree(argv: list[str]) -> dict:
 
 
 def parse_args(cls: type[ModelT], argv: list[str] | None = None) -> ModelT:
-    """Parse argv (default sys.argv[1:]) into `cls`; any problem raises a one-line ConfigError."""
+    """Parse argv (default sys.argv[1:]) into `cls`; any problem raises a one-line ConfigError.
+
+    On a failure, a `cls.config_format_hint(tree, path) -> str | None` classmethod (if `cls` has
+    one) is asked about each `config=` file, then the merged tree; its line replaces the error
+    (TrainArgs names the converter for a reference-format file this way).
+    """
     argv = sys.argv[1:] if argv is None else argv
     try:
         tree = load_config_tree(argv)
     except ConfigError:
-        _raise_if_reference(argv)  # e.g. its `???` paths: name the converter, not the key
+        _raise_format_hint(cls, argv)  # e.g. a reference file's `???` paths: name the converter
         raise
     try:
         return cls.model_validate(tree)
     except pydantic.ValidationError as exc:
-        _raise_if_reference(argv, tree)
+        _raise_format_hint(cls, argv, tree)
         raise validation_error_to_config_error(exc, cls, tree) from None
 
 
-def _raise_if_reference(argv: list[str], tree: dict | None = None) -> None:
-    """One line naming the converter when a config= file is in the reference's format."""
-    from bytelatent.config.from_reference import looks_like_reference, reference_hint
-
+def _raise_format_hint(cls: type, argv: list[str], tree: dict | None = None) -> None:
+    hint = getattr(cls, "config_format_hint", None)
+    if hint is None:
+        return
     for arg in argv:
         key, _, value = arg.partition("=")
         if key.strip() != INCLUDE_KEY:
@@ -298,10 +303,12 @@ def _raise_if_reference(argv: list[str], tree: dict | None = None) -> None:
                 data = load_yaml_file(_resolve_include(name, None))
             except ConfigError:
                 continue
-            if looks_like_reference(data):
-                raise ConfigError(reference_hint(name)) from None
-    if tree is not None and looks_like_reference(tree):
-        raise ConfigError(reference_hint()) from None
+            message = hint(data, name)
+            if message:
+                raise ConfigError(message) from None
+    message = hint(tree, None) if tree is not None else None
+    if message:
+        raise ConfigError(message) from None
 
 
 def dump_yaml(model: pydantic.BaseModel) -> str:

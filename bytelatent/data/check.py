@@ -208,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bytelatent.data.check", allow_abbrev=False)
     parser.add_argument("--val", action="append", default=[], help="validation file/glob/folder")
     options, rest = parser.parse_known_args(argv)
+    # here, not at the top: `--help` and option errors come without torch start-up (TrainArgs)
     from bytelatent.args import TrainArgs
     from bytelatent.config import parse_args
 

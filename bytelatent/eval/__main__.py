@@ -17,12 +17,25 @@ import sys
 from pathlib import Path
 
 import pydantic
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from bytelatent.checkpoint import fs as cfs
+from bytelatent.checkpoint.manager import parse_step
+from bytelatent.checkpoint.pretrained import load_any_checkpoint, read_params
+from bytelatent.config.parser import (
+    merge_config_trees,
+    parse_dotlist,
+    validation_error_to_config_error,
+)
 from bytelatent.data.args import DataArgs
-from bytelatent.distributed.env import DistributedArgs
+from bytelatent.distributed.env import DistributedArgs, cleanup_and_exit, setup_distributed
+from bytelatent.distributed.mesh import build_mesh, dp_group
+from bytelatent.distributed.parallelize import parallelize_model
 from bytelatent.errors import ConfigError, UserError
 from bytelatent.eval.args import EvalArgs
+from bytelatent.eval.validate import Validator, append_jsonl, summary_line
+from bytelatent.model.blt import ByteLatentTransformerArgs
 
 logger = logging.getLogger("bytelatent")
 RESULTS_FILE = "results.json"
@@ -44,13 +57,6 @@ class StandaloneEvalArgs(BaseModel):
 
 def parse_standalone_args(argv: list[str]) -> StandaloneEvalArgs:
     """Dotlist over the checkpoint's own config (params.json `data`, `distributed`, `eval`)."""
-    from bytelatent.checkpoint.pretrained import read_params
-    from bytelatent.config.parser import (
-        merge_config_trees,
-        parse_dotlist,
-        validation_error_to_config_error,
-    )
-
     cli = parse_dotlist(argv)
     if "ckpt" not in cli or "dump_dir" not in cli:
         raise ConfigError("usage: python -m bytelatent.eval ckpt=DIR dump_dir=OUT [key=value ...]")
@@ -68,8 +74,6 @@ def parse_standalone_args(argv: list[str]) -> StandaloneEvalArgs:
 
 
 def _step_of(ckpt: str) -> int | None:
-    from bytelatent.checkpoint.manager import parse_step
-
     # a step folder, or a folder inside one (e.g. .../0000000200/consolidated)
     parts = ckpt.rstrip("/").rsplit("/", 2)
     return parse_step(parts[-1]) if parse_step(parts[-1]) is not None else parse_step(parts[-2])
@@ -77,14 +81,6 @@ def _step_of(ckpt: str) -> int | None:
 
 def evaluate(args: StandaloneEvalArgs, env) -> dict:
     """Load, (FSDP-)shard, run the tasks; every rank calls this, rank 0 writes the results."""
-    import torch
-
-    from bytelatent.checkpoint.pretrained import load_any_checkpoint
-    from bytelatent.distributed.mesh import build_mesh, dp_group
-    from bytelatent.distributed.parallelize import parallelize_model
-    from bytelatent.eval.validate import Validator, append_jsonl, summary_line
-    from bytelatent.model.blt import ByteLatentTransformerArgs
-
     # Pure FSDP over all ranks (whatever layout trained it), with the training numerics.
     distributed = args.distributed.model_copy(
         update={"dp_shard": -1, "dp_replicate": 1, "tp_size": 1, "compile": False,
@@ -120,8 +116,6 @@ def evaluate(args: StandaloneEvalArgs, env) -> dict:
 def _remove_lease(path: str | None) -> None:
     if not path:
         return
-    from bytelatent.checkpoint import fs as cfs
-
     fs = cfs.get_fs(path)
     if cfs.exists(fs, path):
         cfs.rm(fs, path, recursive=False)
@@ -134,8 +128,6 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     try:
         args = parse_standalone_args(argv)
-        from bytelatent.distributed.env import setup_distributed
-
         env = setup_distributed(args.distributed)
         logging.basicConfig(level=logging.INFO if env.rank == 0 else logging.WARNING,
                             format="%(levelname)s %(asctime)s - %(message)s")  # fmt: skip
@@ -147,8 +139,6 @@ def main(argv: list[str] | None = None) -> int:
         if env is None or env.rank == 0:
             _remove_lease(lease)  # also when parsing failed: nobody reads the checkpoint now
     if env is not None and env.world_size > 1:
-        from bytelatent.distributed.env import cleanup_and_exit
-
         cleanup_and_exit(code)
     return code
 

@@ -17,7 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from bytelatent.launch.slurm import SlurmArgs
+from bytelatent.eval.tasks import known_tasks
+from bytelatent.launch.args import SlurmArgs
 
 
 class ValidationArgs(BaseModel):
@@ -86,8 +87,6 @@ class EvalArgs(BaseModel):
     @field_validator("tasks")
     @classmethod
     def _known_tasks(cls, tasks: list[str]) -> list[str]:
-        from bytelatent.eval.tasks import known_tasks
-
         known = known_tasks()
         unknown = [t for t in tasks if t not in known]
         if unknown:

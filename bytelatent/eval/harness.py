@@ -24,9 +24,18 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from bytelatent.data.patcher import Patcher, PatcherArgs
+from bytelatent.checkpoint.pretrained import load_any_checkpoint
+from bytelatent.config.parser import parse_args
+from bytelatent.data.patcher import Patcher, PatcherArgs, PatchingMode
 from bytelatent.errors import ConfigError, UserError
-from bytelatent.eval.generation import GenerationArgs, Generator, encode_prompt
+from bytelatent.eval.generation import (
+    GenerationArgs,
+    Generator,
+    encode_prompt,
+    load_generator,
+)
+from bytelatent.eval.tasks import register_task
+from bytelatent.model.blt import ByteLatentTransformer
 from bytelatent.tokenizers.constants import BOS_ID, OFFSET
 
 try:
@@ -219,8 +228,6 @@ class HarnessArgs(BaseModel):
 def run(args: HarnessArgs) -> dict[str, Any]:
     from lm_eval.tasks import TaskManager
 
-    from bytelatent.eval.generation import load_generator
-
     # unknown task names fail before the checkpoint is loaded
     manager = TaskManager(include_path=args.include_path, include_defaults=args.include_defaults)
     check_tasks(args.tasks, manager)
@@ -244,8 +251,6 @@ def run(args: HarnessArgs) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bytelatent.config import parse_args
-
     argv = sys.argv[1:] if argv is None else argv
     try:
         args = parse_args(HarnessArgs, argv)
@@ -289,10 +294,6 @@ def _numeric_results(results: dict[str, Any]) -> dict[str, float]:
 def harness_eval_task(ctx) -> dict[str, float]:
     """The `harness` eval task: every rank runs the same requests (an FSDP model needs all ranks
     in every forward); the BLT is patched with the run's `data.patcher_args`."""
-    from bytelatent.checkpoint.pretrained import load_any_checkpoint
-    from bytelatent.data.patcher import PatchingMode
-    from bytelatent.model.blt import ByteLatentTransformer
-
     if LM is object:
         raise ConfigError("eval.tasks: 'harness' needs lm_eval: pip install 'bytelatent[eval]'")
     args: HarnessTaskArgs = ctx.task_args
@@ -318,8 +319,6 @@ def harness_eval_task(ctx) -> dict[str, float]:
 
 
 def _register() -> None:
-    from bytelatent.eval.tasks import register_task
-
     register_task("harness", harness_eval_task, args_model=HarnessTaskArgs, in_loop=False)
 
 

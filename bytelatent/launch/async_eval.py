@@ -32,6 +32,7 @@ from bytelatent.checkpoint import fs as cfs
 from bytelatent.checkpoint.manager import LEASE_PREFIX, step_folder_name
 from bytelatent.errors import UserError
 from bytelatent.eval.args import AsyncLaunchArgs
+from bytelatent.launch.slurm import render_script, submit
 
 logger = logging.getLogger("bytelatent")
 
@@ -219,8 +220,6 @@ class AsyncEvalLauncher:
         job.pid = job.proc.pid
 
     def _submit_slurm(self, job: EvalJob, argv: list[str], out: Path) -> None:
-        from bytelatent.launch.slurm import render_script, submit
-
         slurm = self.args.slurm.model_copy(
             update={"module": "bytelatent.eval", "nproc_per_node": self.args.nproc, "nodes": 1,
                     "python": self.args.python, "requeue": False}

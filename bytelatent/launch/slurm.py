@@ -30,48 +30,15 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Literal
+from pydantic import ValidationError
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
+from bytelatent.args import TrainArgs
+from bytelatent.config.parser import parse_args
 from bytelatent.distributed.signals import REQUEUE_FILE_ENV
 from bytelatent.errors import ConfigError, UserError
+from bytelatent.launch.args import SlurmArgs
 
 SCRIPT_NAME = "submit.slurm"
-
-
-class SlurmArgs(BaseModel):
-    """Resources and launch options of one sbatch job (training options stay in the config)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    job_name: str | None = Field(None, description="default: the config's name")
-    nodes: int = Field(1, ge=1)
-    nproc_per_node: int = Field(1, ge=1, description="training processes per node (GPUs per node)")
-    gpus_per_node: int | None = Field(None, ge=0, description="#SBATCH --gpus-per-node")
-    cpus_per_task: int | None = Field(None, ge=1, description="CPUs per node (one task per node)")
-    mem: str | None = Field(None, description="#SBATCH --mem, e.g. 0 (all) or 200G")
-    time: str | None = Field(None, description="#SBATCH --time, e.g. 72:00:00")
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    signal_seconds: int = Field(120, ge=1, description="USR2 this long before the time limit")
-    requeue: bool = True
-    launcher: Literal["auto", "direct", "srun"] = Field(
-        "auto", description="auto: direct on one node, srun on several"
-    )
-    python: str = Field(sys.executable, description="interpreter on the compute nodes")
-    module: str = Field("bytelatent.train", description="python module to run (-m)")
-    workdir: str = Field(default_factory=os.getcwd, description="cd here before training")
-    log_dir: str | None = Field(None, description="default: {dump_dir}/slurm")
-    setup: list[str] = Field(default_factory=list, description="shell lines run before training")
-    sbatch_args: list[str] = Field(default_factory=list, description="extra sbatch options")
-
-    def resolved_launcher(self) -> Literal["direct", "srun"]:
-        if self.launcher == "auto":
-            return "direct" if self.nodes == 1 else "srun"
-        return self.launcher
 
 
 def _sbatch_header(args: SlurmArgs, job_name: str, log_dir: str) -> list[str]:
@@ -184,9 +151,6 @@ def render_script(args: SlurmArgs, train_argv: list[str], job_name: str, log_dir
 
 def write_script(args: SlurmArgs, train_argv: list[str]) -> Path:
     """Validate the training config, then write `{dump_dir}/submit.slurm`; returns its path."""
-    from bytelatent.args import TrainArgs
-    from bytelatent.config import parse_args
-
     train = parse_args(TrainArgs, train_argv)  # fail here, not minutes later in the queue
     # The job runs in `workdir`, so relative paths in the config are relative to it.
     dump_dir = (Path(args.workdir) / train.dump_dir).resolve()

@@ -8,6 +8,9 @@ from pydantic import BaseModel, ConfigDict
 
 from bytelatent.errors import ConfigError
 from bytelatent.tokenizers.base import Tokenizer
+from bytelatent.tokenizers.blt import BltTokenizer
+from bytelatent.tokenizers.sentence_piece import SentencePieceTokenizer
+from bytelatent.tokenizers.tiktoken_tokenizer import TikTokenTokenizer
 
 TokenizerName = Literal["blt", "bytes", "sp", "tiktoken"]
 
@@ -24,15 +27,9 @@ class TokenizerArgs(BaseModel):
         kwargs = dict(self.init_kwargs or {})
         try:
             if self.name in ("blt", "bytes"):
-                from bytelatent.tokenizers.blt import BltTokenizer
-
                 return BltTokenizer(**kwargs)
             if self.name == "sp":
-                from bytelatent.tokenizers.sentence_piece import SentencePieceTokenizer
-
                 return SentencePieceTokenizer(**kwargs)
-            from bytelatent.tokenizers.tiktoken_tokenizer import TikTokenTokenizer
-
             return TikTokenTokenizer(**kwargs)
         except TypeError as exc:
             raise ConfigError(

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from bytelatent.tokenizers.base import Tokenizer
+from bytelatent.tokenizers.sentence_piece import SentencePieceTokenizer
 from bytelatent.tokenizers.constants import (
     BOE_ID,
     BOS_ID,
@@ -95,8 +96,6 @@ class BltTokenizer(Tokenizer):
                 raise ValueError(
                     "bpe_delim=true needs bpe_tokenizer_path (a SentencePiece .model file)"
                 )
-            from bytelatent.tokenizers.sentence_piece import SentencePieceTokenizer
-
             self._sp = SentencePieceTokenizer(bpe_tokenizer_path, add_bos=False, add_eos=False)
 
     def get_vocab_size(self) -> int:

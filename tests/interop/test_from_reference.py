@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bytelatent.config.from_reference import convert, convert_file, looks_like_reference
+from bytelatent.config.from_reference import convert, convert_file
+from bytelatent.config.reference_format import looks_like_reference
 from bytelatent.errors import ConfigError
 from tests.conftest import train_tiny
 from tests.paths import CONFORMANCE
