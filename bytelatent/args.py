@@ -15,6 +15,7 @@ from bytelatent.config.reference_format import looks_like_reference, reference_h
 from bytelatent.data.args import DataArgs
 from bytelatent.distributed.env import DistributedArgs
 from bytelatent.eval.args import EvalArgs
+from bytelatent.launch.args import EnvVars
 from bytelatent.model.blt import ByteLatentTransformerArgs
 from bytelatent.model.transformer import LMTransformerArgs
 from bytelatent.trainer.actions import ActionArgs
@@ -61,7 +62,7 @@ class TrainArgs(BaseModel):
     model: ByteLatentTransformerArgs | None = Field(default_factory=ByteLatentTransformerArgs)
     entropy_model: LMTransformerArgs | None = None
     distributed: DistributedArgs = Field(default_factory=DistributedArgs)
-    env: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_ENV))
+    env: EnvVars = Field(default_factory=lambda: dict(DEFAULT_ENV))
     checkpoint: CheckpointArgs = Field(default_factory=CheckpointArgs)
     logging: LoggingArgs = Field(default_factory=LoggingArgs)
     profiling: ProfilerArgs = Field(default_factory=ProfilerArgs)

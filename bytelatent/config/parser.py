@@ -89,14 +89,47 @@ _Loader.add_constructor(
 )
 
 
+# Values that aliases (`*name`) may add to a document: a config that reuses a block a few times
+# stays far below; an alias bomb (each level repeating the one below) is refused before it grows.
+MAX_ALIAS_EXPANSION = 100_000
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """Values in `node` once every alias is expanded (each distinct node counted once, memoised)."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    sizes[id(node)] = 1  # a recursive alias refers back to itself: count it once
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [child for pair in node.value for child in pair]
+    else:
+        children = []
+    sizes[id(node)] = 1 + sum(_expanded_size(child, sizes) for child in children)
+    return sizes[id(node)]
+
+
 def _parse_yaml_text(text: str, where: str) -> Any:
+    loader = _Loader(text)
     try:
-        return yaml.load(text, Loader=_Loader)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        sizes: dict[int, int] = {}
+        extra = _expanded_size(node, sizes) - len(sizes)
+        if extra > MAX_ALIAS_EXPANSION:
+            raise ConfigError(
+                f"{where}: YAML aliases expand to {extra} more values (at most "
+                f"{MAX_ALIAS_EXPANSION}); write the values out or reuse fewer"
+            )
+        return loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         pos = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{where}: invalid YAML{pos}: {problem}") from None
+    finally:
+        loader.dispose()
 
 
 def load_yaml_file(path: str | Path) -> dict:

@@ -1,8 +1,11 @@
 """Redact secret-looking values before a config leaves the process (config.yaml, wandb).
 
-A value is secret-looking when its key contains `token`, `key`, `secret`, `password` or
-`passwd` (any case, anywhere in the tree, `env` included). Mappings are searched, not redacted,
-so `data.tokenizer_args` keeps its contents while `env.HF_TOKEN` does not. Values that look like
+A value is secret-looking when its key (any case, anywhere in the tree, `env` included) has a
+word `key`, `pass`, `pwd`, `pat`, `auth`, `cred`/`creds` or `cookie` (words split at `_`, `-`, `.` and
+camelCase), or contains `token` (not `tokenizer`, `tokens`), `secret`, `passw`, `passphrase`,
+`credential`, `apikey`, `accesskey` or `privatekey`: `S3_CREDS`, `HF_TOKEN`, `AWS_SECRET_ACCESS_KEY`,
+`api_key`, `DB_PASS`; not `bpe_tokenizer_path`, `max_tokens`, `keep`. Mappings are searched, not
+redacted, so `data.tokenizer_args` keeps its contents while `env.HF_TOKEN` does not. Values that look like
 a credential whatever their key (AWS access key ids, GitHub / Hugging Face / OpenAI / Slack
 tokens) are redacted too, and so is the password of a `scheme://user:password@host` URL.
 """
@@ -16,7 +19,11 @@ import yaml
 from pydantic import BaseModel
 
 REDACTED = "<redacted>"
-SECRET_KEY = re.compile(r"token|key|secret|passw(or)?d", re.IGNORECASE)
+SECRET_KEY = re.compile(
+    r"(^|_)(key|pass|pwd|pat|auth|creds?|cookie)(_|$)"
+    r"|token(?!iz|s)|secret|passw|passphrase|credential|api_?key|access_?key|private_?key"
+)
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 SECRET_VALUE = re.compile(
     r"^(AKIA|ASIA)[0-9A-Z]{16}$"  # AWS access key id
     r"|^gh[pousr]_[A-Za-z0-9]{20,}$"  # GitHub
@@ -28,7 +35,10 @@ URL_PASSWORD = re.compile(r"^([a-z][a-z0-9+.-]*://[^/:@\s]+):[^/@\s]+@", re.IGNO
 
 
 def is_secret_key(key: object) -> bool:
-    return isinstance(key, str) and SECRET_KEY.search(key) is not None
+    if not isinstance(key, str):
+        return False
+    words = re.sub(r"[^a-z0-9]+", "_", _CAMEL.sub("_", key).lower())
+    return SECRET_KEY.search(words) is not None
 
 
 def redact_secrets(tree: Any) -> Any:
@@ -45,6 +55,29 @@ def redact_secrets(tree: Any) -> Any:
             return REDACTED
         return URL_PASSWORD.sub(rf"\1:{REDACTED}@", tree)
     return tree
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """`key=value` arguments with secret-looking values redacted (what wandb records as argv)."""
+    return [_redact_arg(arg) for arg in argv]
+
+
+def _redact_arg(arg: str) -> str:
+    key, sep, value = arg.partition("=")
+    if not sep or key.startswith("-"):
+        return redact_secrets(arg)
+    if any(is_secret_key(part) for part in key.split(".")) and value:
+        return f"{key}={REDACTED}"
+    try:
+        tree = yaml.safe_load(value)  # e.g. eval.async_launch.env={HF_TOKEN: hf_...}
+    except yaml.YAMLError:
+        tree = value
+    redacted = redact_secrets(tree)
+    if redacted == tree:
+        return arg
+    if isinstance(redacted, str):
+        return f"{key}={redacted}"
+    return f"{key}={yaml.safe_dump(redacted, default_flow_style=True).strip()}"
 
 
 def _has_value(value: Any) -> bool:

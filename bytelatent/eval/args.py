@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from bytelatent.eval.tasks import known_tasks
-from bytelatent.launch.args import SlurmArgs
+from bytelatent.launch.args import EnvVars, SlurmArgs
 
 
 class ValidationArgs(BaseModel):
@@ -54,7 +54,7 @@ class AsyncLaunchArgs(BaseModel):
         default_factory=list,
         description="extra key=value arguments of the eval job (e.g. data.root_dir=/fast/data)",
     )
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+    env: EnvVars = Field(default_factory=dict, description="extra environment variables")
     nice: int = Field(0, ge=0, le=19, description="local: run the eval with this niceness")
     num_threads: int | None = Field(
         None, ge=1, description="OMP_NUM_THREADS of the eval job (None: inherited / torch's)"

@@ -1,17 +1,37 @@
-"""`SlurmArgs`: resources and launch options of one sbatch job.
+"""Arg types of the jobs we launch: `SlurmArgs` (one sbatch job) and `EnvVars` (its environment).
 
-Read by the training launcher (`bytelatent/launch/slurm.py`) and, as `eval.async_launch.slurm`,
-by the async eval launcher; it lives apart from both so that `EvalArgs` can nest it without
-importing a launcher.
+`SlurmArgs` is read by the training launcher (`bytelatent/launch/slurm.py`) and, as
+`eval.async_launch.slurm`, by the async eval launcher; both types live apart from the launchers
+so that `EvalArgs` and `TrainArgs` can use them without importing a launcher.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_env(env: dict[str, str]) -> dict[str, str]:
+    # The names end up in `export NAME=...` lines of sbatch scripts and in exec environments.
+    for name, value in env.items():
+        if not ENV_NAME.fullmatch(name):
+            raise ValueError(
+                f"{name!r} is not an environment variable name "
+                "(letters, digits and _, not starting with a digit)"
+            )
+        if "\0" in value:
+            raise ValueError(f"{name}: an environment value cannot hold a NUL byte")
+    return env
+
+
+# Environment variables a job exports: names a shell accepts, values without NUL bytes.
+EnvVars = Annotated[dict[str, str], AfterValidator(_check_env)]
 
 
 class SlurmArgs(BaseModel):

@@ -32,7 +32,12 @@ from bytelatent.checkpoint import fs as cfs
 from bytelatent.checkpoint.manager import LEASE_PREFIX, step_folder_name
 from bytelatent.errors import UserError
 from bytelatent.eval.args import AsyncLaunchArgs
-from bytelatent.launch.slurm import render_script, submit
+from bytelatent.launch.slurm import (
+    carries_environment,
+    render_script,
+    submit,
+    write_job_script,
+)
 
 logger = logging.getLogger("bytelatent")
 
@@ -232,7 +237,8 @@ class AsyncEvalLauncher:
         slurm = slurm.model_copy(update={"setup": setup})
         job_name = f"{slurm.job_name or self.name}-eval-{job.step}"
         script = out / "eval.slurm"
-        script.write_text(render_script(slurm, argv, job_name, str(out)))
+        private = bool(env) or bool(self.args.slurm.setup) or carries_environment(argv)
+        write_job_script(script, render_script(slurm, argv, job_name, str(out)), private)
         job.job_id = submit(script)
 
     # ------------------------------------------------------------------ polling

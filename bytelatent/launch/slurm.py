@@ -34,6 +34,7 @@ from pydantic import ValidationError
 
 from bytelatent.args import TrainArgs
 from bytelatent.config.parser import parse_args
+from bytelatent.config.redact import redact_argv
 from bytelatent.distributed.signals import REQUEUE_FILE_ENV
 from bytelatent.errors import ConfigError, UserError
 from bytelatent.launch.args import SlurmArgs
@@ -156,9 +157,28 @@ def write_script(args: SlurmArgs, train_argv: list[str]) -> Path:
     dump_dir = (Path(args.workdir) / train.dump_dir).resolve()
     log_dir = (Path(args.workdir) / args.log_dir).resolve() if args.log_dir else dump_dir / "slurm"
     log_dir.mkdir(parents=True, exist_ok=True)
+    dump_dir.mkdir(parents=True, exist_ok=True)  # with --log-dir elsewhere it may not exist yet
     script = dump_dir / SCRIPT_NAME
-    script.write_text(render_script(args, train_argv, args.job_name or train.name, str(log_dir)))
+    text = render_script(args, train_argv, args.job_name or train.name, str(log_dir))
+    write_job_script(script, text, private=bool(args.setup) or carries_environment(train_argv))
     return script
+
+
+def carries_environment(argv: list[str]) -> bool:
+    """Whether `key=value` arguments set environment variables or secret-looking values."""
+    sets_env = any("env" in arg.partition("=")[0].split(".") for arg in argv)
+    return sets_env or redact_argv(argv) != argv
+
+
+def write_job_script(path: Path, text: str, private: bool) -> None:
+    """Write a job script; a `private` one (environment values, secrets) is 0600 from the start."""
+    if not private:
+        path.write_text(text)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        os.fchmod(handle.fileno(), 0o600)  # an existing script keeps no wider mode
+        handle.write(text)
 
 
 def submit(script: Path, sbatch: str = "sbatch") -> str:

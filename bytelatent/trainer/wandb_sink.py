@@ -14,13 +14,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from bytelatent.config.redact import redact_argv
 
 logger = logging.getLogger("bytelatent")
 
@@ -37,6 +42,17 @@ class WandbArgs(BaseModel):
     tags: list[str] = Field(default_factory=list)
     mode: Literal["online", "offline", "disabled"] = "online"
     dir: str | None = Field(None, description="where wandb writes its files; default: dump_dir")
+
+
+@contextlib.contextmanager
+def _argv_redacted() -> Iterator[None]:
+    """`sys.argv` with secret-looking `key=value` arguments redacted, for the duration."""
+    saved = sys.argv
+    sys.argv = [*saved[:1], *redact_argv(saved[1:])]
+    try:
+        yield
+    finally:
+        sys.argv = saved
 
 
 class WandbSink:
@@ -63,19 +79,20 @@ class WandbSink:
         try:
             import wandb
 
-            self.run = wandb.init(
-                project=args.project,
-                entity=args.entity,
-                name=args.name or name,
-                group=args.group,
-                tags=args.tags or None,
-                mode=args.mode,
-                dir=args.dir or dump_dir,
-                id=stored.get("id"),
-                resume="allow",
-                config=config,
-                settings=wandb.Settings(console="off", quiet=True),
-            )
+            with _argv_redacted():  # wandb records sys.argv in the run's metadata
+                self.run = wandb.init(
+                    project=args.project,
+                    entity=args.entity,
+                    name=args.name or name,
+                    group=args.group,
+                    tags=args.tags or None,
+                    mode=args.mode,
+                    dir=args.dir or dump_dir,
+                    id=stored.get("id"),
+                    resume="allow",
+                    config=config,
+                    settings=wandb.Settings(console="off", quiet=True),
+                )
         except Exception as e:  # noqa: BLE001 - any failure of an observer must not stop training
             logger.warning("wandb: could not start (%s); training goes on without wandb", e)
             self.run = None
