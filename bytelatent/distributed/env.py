@@ -43,8 +43,8 @@ class DistributedArgs(BaseModel):
     # none | full (recompute each block) | selective (save matmul/attention outputs, recompute
     # the cheap element-wise ops: norms, RoPE, SiLU, residual adds).
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
-    # Deprecated reference name: it meant full per-block recompute (the selective policy was
-    # removed upstream), so True maps to activation_checkpointing=full.
+    # Deprecated reference name for full per-block recompute: True maps to
+    # activation_checkpointing=full.
     selective_activation_checkpointing: bool = False
     compile: bool = False
     fsdp_type: Literal["no_shard", "full_shard"] = "full_shard"

@@ -92,10 +92,9 @@ class _MeshLike(Protocol):
 
 
 def dp_rank_from_coords(replicate_rank: int, shard_rank: int, shard_size: int) -> int:
-    """Row-major rank over (dp_replicate, dp_shard).
+    """Row-major rank over (dp_replicate, dp_shard): distinct for every data-parallel rank.
 
-    The reference multiplies by size(dp_replicate) instead of size(dp_shard), so two ranks get
-    the same data whenever both dims are > 1 and their sizes differ.
+    Not the reference's formula, which collides (docs/differences.md, `dp_rank`).
     """
     return replicate_rank * shard_size + shard_rank
 

@@ -18,8 +18,8 @@ PREEMPTION_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 class PreemptionFlag:
     """Set asynchronously by SIGUSR2/SIGTERM; `agreed()` all-reduces it so every rank stops together.
 
-    The reference keeps a rank-local flag, so ranks that did not receive the signal keep training
-    and the job hangs in the next collective; here the decision is a MAX all-reduce.
+    A rank-local flag would let ranks that did not receive the signal keep training while the
+    others stop, and the job would hang in the next collective; the decision is a MAX all-reduce.
     """
 
     def __init__(self):

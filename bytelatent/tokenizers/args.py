@@ -16,7 +16,7 @@ TokenizerName = Literal["blt", "bytes", "sp", "tiktoken"]
 
 
 class TokenizerArgs(BaseModel):
-    """`bytes` is an alias of `blt` (the reference's default name, which could not be built there)."""
+    """`bytes` is an alias of `blt` (the reference's default name)."""
 
     model_config = ConfigDict(extra="forbid")
 
