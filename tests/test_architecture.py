@@ -24,7 +24,12 @@ ROOTS = ("bytelatent", "apps")
 # Bottom first. A module may import its own layer and the layers listed before it.
 LAYERS: dict[str, tuple[str, ...]] = {
     # one-line errors, progress bars, the generic config parser, sbatch resources: no torch
-    "base": ("bytelatent.errors", "bytelatent.progress", "bytelatent.config", "bytelatent.launch.args"),
+    "base": (
+        "bytelatent.errors",
+        "bytelatent.progress",
+        "bytelatent.config",
+        "bytelatent.launch.args",
+    ),
     # rank/world/device, mesh, FSDP/TP wrapping (through the model's `fsdp_units()`), signals
     "distributed": ("bytelatent.distributed",),
     "tokenizers": ("bytelatent.tokenizers",),
@@ -104,9 +109,10 @@ def _targets(node: ast.Import | ast.ImportFrom, package: str) -> list[str]:
 
 def _walk(node: ast.AST, in_function: bool) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
     for child in ast.iter_child_nodes(node):
-        if isinstance(child, (ast.Import, ast.ImportFrom)):
+        if isinstance(child, ast.Import | ast.ImportFrom):
             yield child, in_function
-        inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        functions = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+        inner = in_function or isinstance(child, functions)
         yield from _walk(child, inner)
 
 
@@ -129,7 +135,9 @@ def layer_of(module: str) -> str | None:
     best, best_len = None, -1
     for layer, prefixes in LAYERS.items():
         for prefix in prefixes:
-            matches = module == prefix or (prefix != "bytelatent" and module.startswith(prefix + "."))
+            matches = module == prefix or (
+                prefix != "bytelatent" and module.startswith(prefix + ".")
+            )
             if matches and len(prefix) > best_len:
                 best, best_len = layer, len(prefix)
     return best
@@ -272,7 +280,9 @@ def summary() -> dict[str, int]:
         "modules": len(module_files()),
         "import edges": len({(e.importer, e.imported) for e in edges}),
         "function-level bytelatent imports (statements)": len({e.where for e in in_function}),
-        "files with function-level bytelatent imports": len({e.where.split(":")[0] for e in in_function}),
+        "files with function-level bytelatent imports": len(
+            {e.where.split(":")[0] for e in in_function}
+        ),
         "import circles": len(circles(edges)),
     }
 

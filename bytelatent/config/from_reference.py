@@ -346,7 +346,6 @@ def _reason(entry: str) -> str:
 
 
 def _model(report: Report, out: dict, value: Any) -> None:
-
     if value is None:
         report.map("model", "model", None)
         out["model"] = None
@@ -386,7 +385,6 @@ def _model(report: Report, out: dict, value: Any) -> None:
 
 
 def _entropy_model(report: Report, out: dict, value: Any) -> None:
-
     if value is None:
         report.map("entropy_model", "entropy_model", None)
         out["entropy_model"] = None
@@ -434,6 +432,7 @@ def _reconcile(tree: dict, report: Report) -> None:
 
 def _check_converted(tree: dict) -> None:
     """The output must validate as our TrainArgs once its ??? values are filled in."""
+
     def fill(node: Any) -> Any:
         if isinstance(node, dict):
             return {k: fill(v) for k, v in node.items()}

@@ -30,6 +30,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+
 from pydantic import ValidationError
 
 from bytelatent.args import TrainArgs

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from bytelatent.tokenizers.base import Tokenizer
-from bytelatent.tokenizers.sentence_piece import SentencePieceTokenizer
 from bytelatent.tokenizers.constants import (
     BOE_ID,
     BOS_ID,
@@ -22,6 +21,7 @@ from bytelatent.tokenizers.constants import (
     OFFSET,
     PAD_ID,
 )
+from bytelatent.tokenizers.sentence_piece import SentencePieceTokenizer
 
 _BYTE_PIECE = re.compile(r"<0x[0-9a-fA-F]+>")
 _SP_SPACE = "\u2581"  # SentencePiece's word-boundary marker

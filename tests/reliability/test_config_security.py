@@ -95,7 +95,7 @@ def test_argv_is_redacted_key_by_key_and_inside_mappings():
     ]  # fmt: skip
     assert redact_argv(argv) == [
         DEBUG, f"env.OTHER_TOKEN={REDACTED}",
-        f"eval.async_launch.env={{HF_TOKEN: '{REDACTED}', PATH: /bin}}",
+        f"eval.async_launch.env={{HF_TOKEN: {REDACTED}, PATH: /bin}}",
         f"data.root_dir=s3://user:{REDACTED}@host/b", "steps=10", "env.S3_CREDS=", "--dry-run",
     ]  # fmt: skip
 
@@ -106,7 +106,11 @@ def test_wandb_never_sees_a_secret_from_the_command_line(tmp_path, monkeypatch):
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    argv = ["train.py", "env.OTHER_TOKEN=tok-1234567890", "eval.async_launch.env={HF_TOKEN: hfv-987654}"]
+    argv = [
+        "train.py",
+        "env.OTHER_TOKEN=tok-1234567890",
+        "eval.async_launch.env={HF_TOKEN: hfv-987654}",
+    ]
     monkeypatch.setattr(sys, "argv", argv)
     sink = WandbSink(WandbArgs(mode="offline"), str(tmp_path), "run", {"lr": 0.1})
     assert sink.run is not None and sys.argv == argv  # restored after wandb.init
