@@ -188,7 +188,7 @@ class AsyncEvalLauncher:
             else:
                 self._submit_slurm(job, argv, out)
             self._write_lease(fs, job)
-        except (OSError, UserError) as e:
+        except (OSError, UserError, ValueError) as e:  # ValueError: a NUL byte in an argument
             logger.error("async eval of step %d could not start: %s", step, e)
             self.failed.append(step)
             self._release(job)

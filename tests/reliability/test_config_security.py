@@ -65,6 +65,17 @@ def test_eval_slurm_script_quotes_values_and_is_private(tmp_path, monkeypatch):
     assert stat.S_IMODE(script.stat().st_mode) == 0o600
 
 
+def test_an_eval_that_cannot_start_is_logged_not_raised(tmp_path):
+    """A NUL byte in an override cannot reach exec: the launch fails, training goes on."""
+    args = AsyncLaunchArgs(mode="local", overrides=["data.root_dir=a\0b"], python=sys.executable)
+    launcher = AsyncEvalLauncher(args, str(tmp_path), "run", enabled=True)
+    folder = tmp_path / "checkpoints" / "0000000001"
+    folder.mkdir(parents=True)
+    launcher.launch(1, str(folder))
+    assert launcher.failed == [1] and not launcher.jobs
+    assert not list(folder.glob(".lease*"))
+
+
 # ---------------------------------------------------------------- item 3: secrets
 SECRET_NAMES = [
     "S3_CREDS", "HF_TOKEN", "OTHER_TOKEN", "AWS_SECRET_ACCESS_KEY", "PASSWORD", "api_key",
