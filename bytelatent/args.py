@@ -14,7 +14,7 @@ from bytelatent.checkpoint.manager import CheckpointArgs
 from bytelatent.data.args import DataArgs
 from bytelatent.distributed.env import DistributedArgs
 from bytelatent.eval.args import EvalArgs
-from bytelatent.model.blt import ByteLatentTransformerArgs
+from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.transformer import LMTransformerArgs
 from bytelatent.trainer.actions import ActionArgs
 from bytelatent.trainer.metrics import LoggingArgs

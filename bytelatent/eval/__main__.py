@@ -83,7 +83,7 @@ def evaluate(args: StandaloneEvalArgs, env) -> dict:
     from bytelatent.distributed.mesh import build_mesh, dp_group
     from bytelatent.distributed.parallelize import parallelize_model
     from bytelatent.eval.validate import Validator, append_jsonl, summary_line
-    from bytelatent.model.blt import ByteLatentTransformerArgs
+    from bytelatent.model.blt_args import ByteLatentTransformerArgs
 
     # Pure FSDP over all ranks (whatever layout trained it), with the training numerics.
     distributed = args.distributed.model_copy(

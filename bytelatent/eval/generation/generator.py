@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from bytelatent.checkpoint.pretrained import load_any_checkpoint
 from bytelatent.data.patcher import PatcherArgs, PatchingMode
 from bytelatent.errors import CheckpointError, ConfigError, DataError
 from bytelatent.eval.generation.engines import CachedEngine, RecomputeEngine
-from bytelatent.eval.generation.sampling import GenerationArgs, sample_next
+from bytelatent.eval.generation.sampling import GenerationArgs, sample_rows
 from bytelatent.model.blt import ByteLatentTransformer
+from bytelatent.model.reference_compat import patcher_settings_from_reference
 from bytelatent.tokenizers.constants import BOS_ID, EOS_ID, OFFSET
 
 logger = logging.getLogger("bytelatent")
@@ -137,10 +139,9 @@ class Generator:
         if logits is None:
             reasons = ["length"] * len(rows)
         while any(r is None for r in reasons):
-            for b, row in enumerate(rows):
-                if reasons[b] is None:
-                    token = sample_next(logits[b], args, generators[b])
-                    reasons[b] = self._finish(row, new[b], token, args, stops)
+            open_rows = [b for b in range(len(rows)) if reasons[b] is None]
+            for b, token in sample_rows(logits, args, generators, open_rows).items():
+                reasons[b] = self._finish(rows[b], new[b], token, args, stops)
             active = [r is None for r in reasons]
             if not any(active):
                 break
@@ -179,8 +180,6 @@ class Generator:
 def patcher_args_from_params(params: dict) -> PatcherArgs:
     """The patcher a BLT checkpoint was trained with (our data.patcher_args, or the reference's
     model-section patching_* settings, which its BLT forward uses)."""
-    from bytelatent.model.reference_compat import patcher_settings_from_reference
-
     data = (params.get("data") or {}).get("patcher_args") or {}
     fields = {k: v for k, v in data.items() if k in PatcherArgs.model_fields}
     model = params.get("model") or {}
@@ -214,8 +213,6 @@ def load_generator(
     patcher_overrides: dict | None = None,
 ) -> Generator:
     """A Generator for a DCP step folder, a consolidated folder or a released-layout folder."""
-    from bytelatent.checkpoint.pretrained import load_any_checkpoint
-
     model, _, params = load_any_checkpoint(ckpt, device)
     if not isinstance(model, ByteLatentTransformer):
         return Generator(model)
