@@ -14,7 +14,10 @@ Mask semantics (reference BLT, xformers masks; see docs/architecture.md):
 Backends: ``sdpa`` (``F.scaled_dot_product_attention``, CPU and CUDA), ``flex_attention`` (CUDA
 only) and ``xformers`` (optional, CUDA only, imported lazily). A config asking for flex or xformers
 on a machine that cannot run them falls back to sdpa with the same mask (see ``resolve_backend``);
-``attend`` itself never silently changes the mask.
+``attend`` itself never silently changes the mask. A mask carries the backend it was built for
+and only the representation that backend reads: flex a BlockMask (built from block-level document
+bounds, never an S×S tensor; masks are built once per forward and shared by every layer), xformers
+a block-diagonal bias over the flattened batch.
 
 Cost on sdpa: a mask is built once per forward and shared by every layer. Plain causal uses the
 ``is_causal`` kernel (no tensor); document masks are a dense bool [B,1,S,S]; a local mask over a

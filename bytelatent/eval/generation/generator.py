@@ -52,15 +52,31 @@ def token_bytes(tokens: Iterable[int]) -> bytes:
     return bytes(t - OFFSET for t in tokens if OFFSET <= t < OFFSET + 256)
 
 
+def cast_parameters(model: nn.Module, dtype: torch.dtype) -> None:
+    """Parameters to ``dtype`` in place (buffers such as RoPE tables keep theirs, as under FSDP
+    mixed precision, which casts parameters only)."""
+    for param in model.parameters():
+        param.data = param.data.to(dtype)
+
+
 class Generator:
-    """Generation for a loaded model; ``entropy_model`` is needed for entropy-patched BLTs."""
+    """Generation for a loaded model; ``entropy_model`` is needed for entropy-patched BLTs.
+
+    Generation computes in the models' parameter dtype (caches and activations follow it;
+    logits and entropies are float32); ``dtype`` (e.g. torch.bfloat16) casts the parameters first.
+    """
 
     def __init__(
         self,
         model: nn.Module,
         patcher_args: PatcherArgs | None = None,
         entropy_model: nn.Module | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
+        if dtype is not None:
+            for module in (model, entropy_model):
+                if module is not None:
+                    cast_parameters(module, dtype)
         self.model = model.eval()
         self.is_blt = isinstance(model, ByteLatentTransformer)
         self.patcher_args = patcher_args
@@ -211,11 +227,13 @@ def load_generator(
     device: str | torch.device = "cpu",
     entropy_ckpt: str | None = None,
     patcher_overrides: dict | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Generator:
-    """A Generator for a DCP step folder, a consolidated folder or a released-layout folder."""
+    """A Generator for a DCP step folder, a consolidated folder or a released-layout folder;
+    ``dtype`` casts the parameters (e.g. torch.bfloat16 on GPU), None keeps the stored ones."""
     model, _, params = load_any_checkpoint(ckpt, device)
     if not isinstance(model, ByteLatentTransformer):
-        return Generator(model)
+        return Generator(model, dtype=dtype)
     patcher_args = patcher_args_from_params(params)
     if patcher_overrides:
         try:
@@ -228,4 +246,4 @@ def load_generator(
     if patcher_args.patching_mode in (PatchingMode.entropy, PatchingMode.bpe_patcher):
         where = _entropy_dir(ckpt, patcher_args, entropy_ckpt)
         entropy_model = load_any_checkpoint(where, device, kind="entropy")[0]
-    return Generator(model, patcher_args, entropy_model)
+    return Generator(model, patcher_args, entropy_model, dtype)
