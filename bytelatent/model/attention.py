@@ -298,7 +298,9 @@ def self_attn_mask(
     if backend == "xformers":
         return _xformers_self_mask(kind, tokens, eos_id, window)
     if backend == "flex_attention":
-        return AttnMask(block_mask=flex_self_block_mask(kind, tokens, eos_id, window), backend=backend)
+        return AttnMask(
+            block_mask=flex_self_block_mask(kind, tokens, eos_id, window), backend=backend
+        )
     chunk = band_chunk(tokens.shape[1], window) if kind == "local_block_causal" else None
     if kind in (None, "causal"):
         return AttnMask.causal()
@@ -504,7 +506,9 @@ def _attend_xformers(
     elif mask.is_causal:
         bias = fmha.attn_bias.LowerTriangularMask()
     elif mask.dense is None:
-        raise ValueError("this mask has no xformers representation; build it with backend='xformers'")
+        raise ValueError(
+            "this mask has no xformers representation; build it with backend='xformers'"
+        )
     else:
         # a dense bool mask becomes an additive bias (slow path, but the same function)
         bias = torch.zeros(mask.dense.shape, dtype=q.dtype, device=q.device)

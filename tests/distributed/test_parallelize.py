@@ -6,10 +6,10 @@ import contextlib
 import sys
 import types
 
+import _parity
 import pytest
 import torch
 import torch.nn.functional as F
-import _parity
 from _parity import build_model, make_batch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode

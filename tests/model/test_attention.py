@@ -228,14 +228,20 @@ def _flex_elementwise(block_mask, bsz: int, seqlen: int) -> torch.Tensor:
     block = block_mask.BLOCK_SIZE[0]
 
     def expand(blocks: torch.Tensor) -> torch.Tensor:  # [B,1,nQ,nK] -> [B,S,S]
-        return blocks[:, 0].repeat_interleave(block, 1).repeat_interleave(block, 2)[
-            :, :seqlen, :seqlen
-        ].expand(bsz, seqlen, seqlen)
+        return (
+            blocks[:, 0]
+            .repeat_interleave(block, 1)
+            .repeat_interleave(block, 2)[:, :seqlen, :seqlen]
+            .expand(bsz, seqlen, seqlen)
+        )
 
     # to_dense() of a BlockMask rebuilt from the full blocks alone: only the full blocks
-    full = type(block_mask).from_kv_blocks(
-        block_mask.full_kv_num_blocks, block_mask.full_kv_indices, BLOCK_SIZE=block
-    ).to_dense().bool()
+    full = (
+        type(block_mask)
+        .from_kv_blocks(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, BLOCK_SIZE=block)
+        .to_dense()
+        .bool()
+    )
     touched = block_mask.to_dense().bool()  # partial or full
     inner = create_mask(block_mask.mask_mod, bsz, 1, seqlen, seqlen, device="cpu")[:, 0]
     return expand(full) | (expand(touched) & inner)
