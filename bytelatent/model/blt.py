@@ -24,6 +24,7 @@ from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.hashing import compute_hash_embeddings, hash_table_specs
 from bytelatent.model.local_models import GlobalTransformer, LocalDecoder, LocalEncoder
 from bytelatent.model.patch_utils import (
+    PatchCrossMask,
     build_cross_mask,
     check_patch_lengths,
     concat_patches,
@@ -32,6 +33,9 @@ from bytelatent.model.patch_utils import (
     pool_patches,
 )
 from bytelatent.tokenizers.constants import OFFSET
+
+# ByteLatentTransformerArgs lives in blt_args.py; importing it from here keeps working
+__all__ = ["ByteLatentTransformer", "ByteLatentTransformerArgs", "Patcher"]
 
 
 class Patcher(Protocol):
@@ -97,14 +101,9 @@ class ByteLatentTransformer(nn.Module):
         ngram_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         args = self.args
-        bsz, seq_len = tokens.shape
-        if patch_lengths is None:
-            patch_lengths = self._patch(tokens)
-        patch_lengths = patch_lengths.to(device=tokens.device, dtype=torch.long)
-        if not torch.compiler.is_compiling():  # data-dependent checks would break the graph
-            check_patch_lengths(patch_lengths, seq_len)
+        seq_len = tokens.shape[1]
+        patch_lengths = self._checked_patch_lengths(tokens, patch_lengths)
         num_patches = patch_lengths.shape[1]
-        self._check_lengths(seq_len, num_patches)
         backend = resolve_backend(args.attn_impl, tokens.device)
         patch_ids = patch_ids_from_lengths(patch_lengths, seq_len)
         local_mask = self_attn_mask(
@@ -114,43 +113,69 @@ class ByteLatentTransformer(nn.Module):
             window=args.local_attention_window_len,
             backend=backend,
         )
+        # local encoder: bytes -> byte states (and, with cross-attention, patch states)
         embeds = self._byte_embeddings(tokens, ngram_ids)
-        enc_cross = None
-        if args.cross_attn_encoder:
-            enc_cross = build_cross_mask(
-                "encoder",
-                patch_ids,
-                num_patches,
-                args.cross_attn_k,
-                args.cross_attn_window_encoder,
-                backend,
-                self.structured_cross_attn,
-            )
+        enc_cross = self._cross_mask("encoder", patch_ids, num_patches, backend)
         h_bytes, h_cross = self.local_encoder(embeds, local_mask, patch_ids, num_patches, enc_cross)
-        if args.cross_attn_encoder:
-            h = h_cross.reshape(bsz, num_patches, -1)
-        elif args.pooling_modes():
-            h = pool_patches(h_bytes, patch_ids, num_patches, args.pooling_modes())
-        else:
-            h = concat_patches(h_bytes, patch_lengths, int(args.patch_size))
-        patch_has_eos = None
-        if args.attn_bias_type == "block_causal":
-            eos_count = torch.zeros(bsz, num_patches, dtype=torch.long, device=tokens.device)
-            patch_has_eos = eos_count.scatter_add(1, patch_ids, (tokens == args.eos_id).long()) > 0
-        h = self.global_transformer(h, patch_has_eos)
+        # global transformer: one state per patch
+        h = self._patch_representations(h_bytes, h_cross, patch_ids, patch_lengths)
+        h = self.global_transformer(h, self._patch_has_eos(tokens, patch_ids, num_patches))
+        # local decoder: byte states + the state of the last complete patch -> logits
         decoder_patch_ids = decoder_patch_ids_from_lengths(patch_lengths, seq_len)
-        dec_cross = None
-        if args.cross_attn_decoder:
-            dec_cross = build_cross_mask(
-                "decoder",
-                decoder_patch_ids,
-                num_patches,
-                args.cross_attn_k,
-                args.cross_attn_window_decoder,
-                backend,
-                self.structured_cross_attn,
-            )
+        dec_cross = self._cross_mask("decoder", decoder_patch_ids, num_patches, backend)
         return self.local_decoder(h_bytes, h, decoder_patch_ids, local_mask, dec_cross)
+
+    def _checked_patch_lengths(
+        self, tokens: torch.Tensor, patch_lengths: torch.Tensor | None
+    ) -> torch.Tensor:
+        seq_len = tokens.shape[1]
+        if patch_lengths is None:
+            patch_lengths = self._patch(tokens)
+        patch_lengths = patch_lengths.to(device=tokens.device, dtype=torch.long)
+        if not torch.compiler.is_compiling():  # data-dependent checks would break the graph
+            check_patch_lengths(patch_lengths, seq_len)
+        self._check_lengths(seq_len, patch_lengths.shape[1])
+        return patch_lengths
+
+    def _cross_mask(
+        self, side: str, ids: torch.Tensor, num_patches: int, backend: str
+    ) -> PatchCrossMask | None:
+        """The cross-attention mask of ``side`` (None without cross-attention there)."""
+        args = self.args
+        if not getattr(args, f"cross_attn_{side}"):
+            return None
+        window = getattr(args, f"cross_attn_window_{side}")
+        return build_cross_mask(
+            side, ids, num_patches, args.cross_attn_k, window, backend, self.structured_cross_attn
+        )
+
+    def _patch_representations(
+        self,
+        h_bytes: torch.Tensor,
+        h_cross: torch.Tensor | None,
+        patch_ids: torch.Tensor,
+        patch_lengths: torch.Tensor,
+    ) -> torch.Tensor:
+        """The global model's input [B, P, in]: encoder cross-attention slots, pooled byte states
+        or the concatenated last bytes of each patch."""
+        args = self.args
+        bsz, num_patches = patch_lengths.shape
+        if args.cross_attn_encoder:
+            return h_cross.reshape(bsz, num_patches, -1)
+        if args.pooling_modes():
+            return pool_patches(h_bytes, patch_ids, num_patches, args.pooling_modes())
+        return concat_patches(h_bytes, patch_lengths, int(args.patch_size))
+
+    def _patch_has_eos(
+        self, tokens: torch.Tensor, patch_ids: torch.Tensor, num_patches: int
+    ) -> torch.Tensor | None:
+        """[B, P] bool for the global model's block_causal mask (None for other masks)."""
+        if self.args.attn_bias_type != "block_causal":
+            return None
+        eos_count = torch.zeros(
+            tokens.shape[0], num_patches, dtype=torch.long, device=tokens.device
+        )
+        return eos_count.scatter_add(1, patch_ids, (tokens == self.args.eos_id).long()) > 0
 
     def _check_lengths(self, seq_len: int, num_patches: int) -> None:
         args = self.args
