@@ -647,6 +647,7 @@ _flex_fn: Any = None
 def _compiled_flex() -> Any:
     global _flex_fn  # compile once per process
     if _flex_fn is None:
+        # the flex stack (and its compile machinery): imported only when a flex mask is used
         from torch.nn.attention.flex_attention import flex_attention
 
         _flex_fn = torch.compile(flex_attention, dynamic=False)

@@ -206,6 +206,7 @@ def build_cross_mask(
 
 
 def _flex_block_mask(dense: torch.Tensor) -> object:
+    # the flex stack: imported only when a flex mask is used
     from torch.nn.attention.flex_attention import create_block_mask
 
     if not dense.is_cuda:
