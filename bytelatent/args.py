@@ -16,7 +16,7 @@ from bytelatent.data.args import DataArgs
 from bytelatent.distributed.env import DistributedArgs
 from bytelatent.eval.args import EvalArgs
 from bytelatent.launch.args import EnvVars
-from bytelatent.model.blt import ByteLatentTransformerArgs
+from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.transformer import LMTransformerArgs
 from bytelatent.trainer.actions import ActionArgs
 from bytelatent.trainer.metrics import LoggingArgs

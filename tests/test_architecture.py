@@ -63,8 +63,6 @@ LAYERS: dict[str, tuple[str, ...]] = {
 # Edges (importer, imported) both checks ignore while other branches cut them; empty it once
 # they are merged (a test below fails when an entry is no longer needed).
 KNOWN_EXCEPTIONS: set[tuple[str, str]] = {
-    # circle model/blt <-> model/local_models (the BLT args class lives with the model)
-    ("bytelatent.model.local_models", "bytelatent.model.blt"),
     # circle checkpoint/pretrained <-> data/entropy, and data importing checkpoint
     ("bytelatent.data.entropy", "bytelatent.checkpoint.pretrained"),
 }

@@ -693,7 +693,7 @@ def _ffn_settings(dims: dict[str, tuple[int, int]]) -> dict[str, Any]:
 
 def blt_args_from_hf_config(config: dict[str, Any]) -> Any:
     """ByteLatentTransformerArgs for an HF BltConfig dict (ours stored in it win, exactly)."""
-    from bytelatent.model.blt import ByteLatentTransformerArgs
+    from bytelatent.model.blt_args import ByteLatentTransformerArgs
 
     ours = (config.get(OURS_KEY) or {}).get("model")
     if ours is not None:

@@ -82,7 +82,7 @@ def _resolve_kind(params: dict[str, Any], kind: Kind) -> Literal["blt", "entropy
 def model_args_from_params(params: dict[str, Any], kind: Kind = "auto", where: str = "params.json"):
     """(model args, kind, reference fields without effect) for either params.json layout."""
     from bytelatent.data.entropy import entropy_model_args
-    from bytelatent.model.blt import ByteLatentTransformerArgs
+    from bytelatent.model.blt_args import ByteLatentTransformerArgs
     from bytelatent.model.reference_compat import blt_args_from_reference
 
     resolved = _resolve_kind(params, kind)

@@ -19,7 +19,7 @@ def looks_like_reference(tree: dict) -> bool:
     model = tree.get("model")
     if isinstance(model, dict):
         # here, not at the top: the converter imports CONVERTER; its `--help` needs no torch
-        from bytelatent.model.blt import ByteLatentTransformerArgs
+        from bytelatent.model.blt_args import ByteLatentTransformerArgs
         from bytelatent.model.reference_compat import reference_blt_fields
 
         # only reference field names (a typo of ours gets the parser's did-you-mean instead)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -200,10 +201,41 @@ _SAVE_OPS = {
     torch.ops._c10d_functional.all_reduce.default,
     torch.ops._c10d_functional.all_gather_into_tensor.default,
 }
+# attention kernels of the flex_attention and xformers backends, saved too when they exist:
+# (namespace, op) pairs looked up lazily (xformers registers its ops when it is imported)
+_OPTIONAL_SAVE_OPS = (
+    ("aten", "_flash_attention_forward"),  # xformers' flash path on PyTorch builds with it
+    ("aten", "_efficient_attention_forward"),  # xformers' cutlass path on PyTorch builds
+    ("xformers", "efficient_attention_forward_cutlass"),
+    ("xformers", "efficient_attention_forward_ck"),
+    ("xformers_flash", "flash_fwd"),
+    ("xformers_flash3", "flash_fwd"),
+)
+
+
+@functools.cache
+def _save_ops(xformers_loaded: bool) -> frozenset:
+    """_SAVE_OPS plus the flex_attention operator and the attention ops of _OPTIONAL_SAVE_OPS
+    that are registered (the xformers ones only once xformers is imported)."""
+    ops = set(_SAVE_OPS)
+    try:
+        from torch._higher_order_ops.flex_attention import flex_attention  # torch's flex stack
+    except ImportError:  # pragma: no cover - torch builds without flex_attention
+        flex_attention = None
+    if flex_attention is not None:
+        ops.add(flex_attention)
+    for namespace, name in _OPTIONAL_SAVE_OPS:
+        if namespace.startswith("xformers") and not xformers_loaded:
+            continue
+        try:
+            ops.add(getattr(getattr(torch.ops, namespace), name).default)
+        except (AttributeError, RuntimeError):
+            continue
+    return frozenset(ops)
 
 
 def _selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    if op in _SAVE_OPS:
+    if op in _save_ops("xformers" in sys.modules):
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
 

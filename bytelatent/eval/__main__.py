@@ -35,7 +35,7 @@ from bytelatent.distributed.parallelize import parallelize_model
 from bytelatent.errors import ConfigError, UserError
 from bytelatent.eval.args import EvalArgs
 from bytelatent.eval.validate import Validator, append_jsonl, summary_line
-from bytelatent.model.blt import ByteLatentTransformerArgs
+from bytelatent.model.blt_args import ByteLatentTransformerArgs
 
 logger = logging.getLogger("bytelatent")
 RESULTS_FILE = "results.json"

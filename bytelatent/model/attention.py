@@ -14,7 +14,10 @@ Mask semantics (reference BLT, xformers masks; see docs/architecture.md):
 Backends: ``sdpa`` (``F.scaled_dot_product_attention``, CPU and CUDA), ``flex_attention`` (CUDA
 only) and ``xformers`` (optional, CUDA only, imported lazily). A config asking for flex or xformers
 on a machine that cannot run them falls back to sdpa with the same mask (see ``resolve_backend``);
-``attend`` itself never silently changes the mask.
+``attend`` itself never silently changes the mask. A mask carries the backend it was built for
+and only the representation that backend reads: flex a BlockMask (built from block-level document
+bounds, never an S×S tensor; masks are built once per forward and shared by every layer), xformers
+a block-diagonal bias over the flattened batch.
 
 Cost on sdpa: a mask is built once per forward and shared by every layer. Plain causal uses the
 ``is_causal`` kernel (no tensor); document masks are a dense bool [B,1,S,S]; a local mask over a
@@ -56,20 +59,23 @@ _warned_fallbacks: set[tuple[str, str]] = set()
 
 @dataclass
 class AttnMask:
-    """A mask for q [B,H,Q,D] x k [B,H,K,D].
+    """A mask for q [B,H,Q,D] x k [B,H,K,D], in the representation its ``backend`` runs.
 
-    Exactly one of ``is_causal`` (no tensor), ``dense`` (bool, broadcastable to [B,1,Q,K],
+    At most one of ``is_causal`` (no tensor), ``dense`` (bool, broadcastable to [B,1,Q,K],
     True = attend) or ``band`` (a sliding-window self-attention mask stored block by block, see
-    BandedMask) describes the mask. ``query_has_key`` ([B,1,Q,1] bool) is set when some query
-    rows may allow no key at all: those rows were opened up in ``dense`` (so no kernel ever sees
-    an empty row, which some produce NaN for) and ``attend`` writes zeros to them.
-    ``block_mask`` is an optional flex_attention BlockMask for the same mask (CUDA), and
-    ``xformers_bias`` an optional xformers attention bias for the same mask.
+    BandedMask) describes the mask; a flex or xformers self-attention mask may instead be only
+    its ``block_mask`` (flex_attention BlockMask) or ``xformers_bias`` (an xformers attention
+    bias), so that no dense [B,1,S,S] tensor exists for backends that never read it.
+    ``query_has_key`` ([B,1,Q,1] bool) is set when some query rows may allow no key at all:
+    those rows were opened up in ``dense`` (so no kernel ever sees an empty row, which some
+    produce NaN for) and ``attend`` writes zeros to them. ``backend`` is the backend ``attend``
+    runs the mask on (the one it was built for).
     """
 
     is_causal: bool = False
     dense: torch.Tensor | None = None
     band: BandedMask | None = None
+    backend: str = "sdpa"
     # CPU execution plans of ``dense`` (see the module docstring); never change the function
     sdpa_causal: bool = False
     chunks: ChunkPlan | None = None
@@ -80,21 +86,26 @@ class AttnMask:
     xformers_flatten: bool = False
 
     def __post_init__(self) -> None:
+        _check_backend(self.backend)
         given = int(self.is_causal) + (self.dense is not None) + (self.band is not None)
-        if given != 1:
+        backend_only = self.block_mask is not None or self.xformers_bias is not None
+        if given > 1 or (given == 0 and not backend_only):
             raise ValueError(
-                "AttnMask needs exactly one of is_causal=True, a dense bool tensor or a band"
+                "AttnMask needs exactly one of is_causal=True, a dense bool tensor or a band "
+                "(or only a flex block_mask / xformers bias)"
             )
         if self.dense is not None and self.dense.dtype != torch.bool:
             raise ValueError(f"AttnMask.dense must be a bool tensor, got {self.dense.dtype}")
 
     @classmethod
-    def causal(cls) -> AttnMask:
+    def causal(cls, backend: str = "sdpa") -> AttnMask:
         """Plain causal attention (query i sees keys j <= i, aligned at the top-left)."""
-        return cls(is_causal=True)
+        return cls(is_causal=True, backend=backend)
 
     @classmethod
-    def from_dense(cls, allowed: torch.Tensor, may_have_empty_rows: bool = True) -> AttnMask:
+    def from_dense(
+        cls, allowed: torch.Tensor, may_have_empty_rows: bool = True, backend: str = "sdpa"
+    ) -> AttnMask:
         """Wrap a bool tensor [B|1, 1, Q, K] (True = attend).
 
         With ``may_have_empty_rows`` (e.g. cross-attention to padded patches) query rows that
@@ -105,9 +116,9 @@ class AttnMask:
         if allowed.dim() != 4:
             raise ValueError(f"mask must have 4 dims [B,1,Q,K], got shape {tuple(allowed.shape)}")
         if not may_have_empty_rows:
-            return cls(dense=allowed)
+            return cls(dense=allowed, backend=backend)
         has_key = allowed.any(dim=-1, keepdim=True)
-        return cls(dense=allowed | ~has_key, query_has_key=has_key)
+        return cls(dense=allowed | ~has_key, query_has_key=has_key, backend=backend)
 
 
 @dataclass
@@ -276,24 +287,28 @@ def self_attn_mask(
 ) -> AttnMask:
     """Build the self-attention mask of ``kind`` for packed rows ``tokens`` [B,S] once per forward.
 
-    kind: None/"causal", "block_causal" or "local_block_causal" (needs ``window``). On sdpa a
-    local mask over a row much longer than the window is stored banded (see BandedMask).
+    kind: None/"causal", "block_causal" or "local_block_causal" (needs ``window``). Each backend
+    gets only the representation it runs: sdpa a causal flag, a dense mask (plus a CPU plan) or,
+    for a local mask over a row much longer than the window, a band (see BandedMask); flex a
+    BlockMask built from per-position document starts (never an S x S tensor); xformers a
+    block-diagonal bias over the flattened batch.
     """
     _check_kind(kind, window)
     _check_backend(backend)
     if backend == "xformers":
         return _xformers_self_mask(kind, tokens, eos_id, window)
+    if backend == "flex_attention":
+        return AttnMask(
+            block_mask=flex_self_block_mask(kind, tokens, eos_id, window), backend=backend
+        )
     chunk = band_chunk(tokens.shape[1], window) if kind == "local_block_causal" else None
     if kind in (None, "causal"):
-        mask = AttnMask.causal()
-    elif chunk is not None and backend == "sdpa":
-        mask = AttnMask(band=banded_self_attn_mask(tokens, eos_id, window, chunk))
-    else:
-        mask = AttnMask(dense=dense_self_attn_mask(kind, tokens, eos_id, window))
-        if backend == "sdpa" and tokens.device.type == "cpu":
-            _add_cpu_plan(mask, kind, tokens, eos_id, window)
-    if backend == "flex_attention":
-        mask.block_mask = _flex_block_mask(kind, tokens, eos_id, window)
+        return AttnMask.causal()
+    if chunk is not None:
+        return AttnMask(band=banded_self_attn_mask(tokens, eos_id, window, chunk))
+    mask = AttnMask(dense=dense_self_attn_mask(kind, tokens, eos_id, window))
+    if tokens.device.type == "cpu":
+        _add_cpu_plan(mask, kind, tokens, eos_id, window)
     return mask
 
 
@@ -334,9 +349,13 @@ def attend(
     k: torch.Tensor,
     v: torch.Tensor,
     mask: AttnMask,
-    backend: str = "sdpa",
+    backend: str | None = None,
 ) -> torch.Tensor:
-    """Softmax attention of q [B,H,Q,D] over k/v [B,Hkv,K,D] under ``mask``; returns [B,H,Q,D]."""
+    """Softmax attention of q [B,H,Q,D] over k/v [B,Hkv,K,D] under ``mask``; returns [B,H,Q,D].
+
+    Runs on ``mask.backend`` (``backend``, when given, overrides it).
+    """
+    backend = mask.backend if backend is None else backend
     _check_backend(backend)
     n_heads, n_kv_heads = q.shape[1], k.shape[1]
     if n_heads != n_kv_heads:
@@ -486,6 +505,10 @@ def _attend_xformers(
         bias = mask.xformers_bias
     elif mask.is_causal:
         bias = fmha.attn_bias.LowerTriangularMask()
+    elif mask.dense is None:
+        raise ValueError(
+            "this mask has no xformers representation; build it with backend='xformers'"
+        )
     else:
         # a dense bool mask becomes an additive bias (slow path, but the same function)
         bias = torch.zeros(mask.dense.shape, dtype=q.dtype, device=q.device)
@@ -539,49 +562,83 @@ def _xformers_self_mask(
     kind: str | None, tokens: torch.Tensor, eos_id: int, window: int | None
 ) -> AttnMask:
     if kind in (None, "causal"):
-        return AttnMask.causal()
+        return AttnMask.causal(backend="xformers")
     fmha = _import_xformers_fmha()
     seqlens = document_lengths(tokens, eos_id)
     bias = fmha.attn_bias.BlockDiagonalCausalMask.from_seqlens(seqlens)
     if kind == "local_block_causal":
         bias = bias.make_local_attention(window)
-    mask = AttnMask(dense=dense_self_attn_mask(kind, tokens, eos_id, window))
-    mask.xformers_bias = bias
-    mask.xformers_flatten = True
-    return mask
+    return AttnMask(xformers_bias=bias, xformers_flatten=True, backend="xformers")
 
 
 def document_lengths(tokens: torch.Tensor, eos_id: int) -> list[int]:
-    """Lengths of the documents of the flattened batch (row ends also end a document)."""
+    """Lengths of the documents of the flattened batch (row ends also end a document).
+
+    xformers' block-diagonal biases take these as host integers: one device-to-host copy of the
+    [B*S] end flags per mask (once per forward, shared by every layer), none for CPU tokens.
+    """
     ends = tokens == eos_id
     ends[:, -1] = True
-    flat_ends = torch.nonzero(ends.reshape(-1)).flatten().tolist()
-    lengths, start = [], 0
-    for end in flat_ends:
-        lengths.append(end + 1 - start)
-        start = end + 1
-    return lengths
+    flat_ends = ends.reshape(-1).cpu().nonzero().flatten()
+    return torch.diff(flat_ends, prepend=flat_ends.new_full((1,), -1)).tolist()
 
 
-def _flex_block_mask(
-    kind: str | None, tokens: torch.Tensor, eos_id: int, window: int | None
+# flex_attention's default sparse block size: masks are classified per (query block, key block)
+FLEX_BLOCK = 128
+
+
+def flex_self_block_mask(
+    kind: str | None, tokens: torch.Tensor, eos_id: int, window: int | None, block: int = FLEX_BLOCK
 ) -> Any:
-    from torch.nn.attention.flex_attention import create_block_mask
+    """The flex_attention BlockMask of a self-attention mask kind for ``tokens`` [B,S].
 
-    if not tokens.is_cuda:
-        raise RuntimeError("flex_attention masks need CUDA tensors; use backend='sdpa'")
-    bsz, seqlen = tokens.shape
-    doc = document_ids(tokens, eos_id)
+    Query q sees exactly the keys ``first_visible_key(q) .. q`` (a contiguous range whose start
+    never decreases with q), so a (query block [a,b], key block [c,d]) pair is non-empty iff
+    ``fv(max(a,c)) <= d`` with ``max(a,c) <= b``, and full iff ``d <= a`` and ``fv(b) <= c``.
+    Only [B, S] and [B, S/block, S/block] tensors are built (never S x S); ``mask_mod`` decides
+    the partial blocks. Works for CPU and CUDA tensors (flex runs only on CUDA).
+    """
+    from torch.nn.attention.flex_attention import BlockMask  # the flex stack: only when used
+
+    seqlen = tokens.shape[1]
+    doc = None
+    if kind in (None, "causal"):
+        first = torch.zeros(1, seqlen, dtype=torch.long, device=tokens.device)
+    else:
+        first = first_visible_key(tokens, eos_id, window)
+        doc = document_ids(tokens, eos_id)
+    starts = torch.arange(0, seqlen, block, device=tokens.device)
+    ends = (starts + block - 1).clamp(max=seqlen - 1)
+    q_lo = torch.maximum(starts[:, None], starts[None, :]).clamp(max=seqlen - 1)
+    nonempty = (q_lo <= ends[:, None]) & (first[:, q_lo] <= ends[None, None, :])
+    complete = starts + block <= seqlen  # a block past the row end is never marked full
+    full = (ends[None, :] <= starts[:, None]) & complete[:, None] & complete[None, :]
+    full = full & (first[:, ends][:, :, None] <= starts[None, None, :])
+    window = window if kind == "local_block_causal" else None
 
     def mask_mod(b, h, q_idx, kv_idx):
         keep = kv_idx <= q_idx
-        if kind in ("block_causal", "local_block_causal"):
+        if doc is not None:
             keep = keep & (doc[b, q_idx] == doc[b, kv_idx])
-        if kind == "local_block_causal":
+        if window is not None:
             keep = keep & (kv_idx > q_idx - window)
         return keep
 
-    return create_block_mask(mask_mod, bsz, None, seqlen, seqlen, device=tokens.device)
+    return BlockMask.from_kv_blocks(
+        *_ordered_blocks(nonempty & ~full),
+        *_ordered_blocks(full),
+        BLOCK_SIZE=block,
+        mask_mod=mask_mod,
+        seq_lengths=(seqlen, seqlen),
+    )
+
+
+def _ordered_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, Q/blk, K/blk] bool -> BlockMask's (num_blocks [B,1,Q/blk], indices [B,1,Q/blk,K/blk])
+    int32: per query block the count and, first, the indices of its set key blocks."""
+    counts = blocks.sum(-1, dtype=torch.int32)
+    order = torch.argsort((~blocks).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return counts[:, None], order[:, None]
 
 
 _flex_fn: Any = None
@@ -590,6 +647,7 @@ _flex_fn: Any = None
 def _compiled_flex() -> Any:
     global _flex_fn  # compile once per process
     if _flex_fn is None:
+        # the flex stack (and its compile machinery): imported only when a flex mask is used
         from torch.nn.attention.flex_attention import flex_attention
 
         _flex_fn = torch.compile(flex_attention, dynamic=False)

@@ -55,7 +55,6 @@ class CrossAttention(nn.Module):
         x: torch.Tensor,
         kv: torch.Tensor,
         mask: PatchCrossMask,
-        backend: str = "sdpa",
     ) -> torch.Tensor:
         """x [B,Q,dim], kv [B,K,dim] -> x + attention output [B,Q,dim]."""
         bsz, q_len, _ = x.shape
@@ -79,7 +78,6 @@ class CrossAttention(nn.Module):
                 xk.transpose(1, 2),
                 xv.transpose(1, 2),
                 mask.attn,
-                backend,
             )
             out = out.transpose(1, 2)
         return x + self.wo(out.reshape(bsz, q_len, self.n_heads * self.head_dim))

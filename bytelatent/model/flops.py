@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from bytelatent.model.layers import block_head_counts, ffn_hidden_dim
+
 
 def mean_attended_keys(seq_len: int, window: int | None = None) -> float:
     """Average number of keys a query attends under causal (optionally sliding-window) attention.
@@ -48,8 +50,6 @@ def lm_flops_per_token(
 
 def _block_params(block_args: object) -> int:
     """Matmul parameters of one TransformerBlock (attention q/k/v/o + SwiGLU w1/w3/w2)."""
-    from bytelatent.model.layers import block_head_counts, ffn_hidden_dim
-
     head_dim, n_heads, n_kv_heads = block_head_counts(block_args)
     dim = block_args.dim
     attention = 2 * dim * n_heads * head_dim + 2 * dim * n_kv_heads * head_dim
@@ -63,8 +63,6 @@ def blt_flops_breakdown(args: object, mean_patch_size: float, seq_len: int) -> d
         raise ValueError(
             f"mean_patch_size={mean_patch_size} and seq_len={seq_len} must be positive"
         )
-    from bytelatent.model.layers import block_head_counts
-
     per_patch = 1.0 / mean_patch_size
     k = args.cross_attn_k
     d_enc, d_dec, d_glob = args.dim_local_encoder, args.dim_local_decoder, args.dim
@@ -84,7 +82,7 @@ def blt_flops_breakdown(args: object, mean_patch_size: float, seq_len: int) -> d
     terms["encoder_layers"] = 6 * enc.n_layers * _block_params(enc)
     terms["encoder_attention"] = 12 * enc.n_layers * attn_width(enc) * local_keys
     if args.cross_attn_encoder:
-        n_cross = enc.n_layers if args.cross_attn_all_layers_encoder else 1
+        n_cross = args.n_cross_attn_layers("encoder")
         # wq/wo on k slots per patch, wk/wv on every byte; each slot attends the bytes of
         # `window` patches (mean_patch_size bytes each): per byte k * window keys on average
         terms["encoder_cross_projections"] = 6 * n_cross * (2 * k * per_patch + 2) * d_enc * d_enc
@@ -103,7 +101,7 @@ def blt_flops_breakdown(args: object, mean_patch_size: float, seq_len: int) -> d
     if d_glob != d_dec or slots > 1:
         terms["decoder_patch_projection"] = 6 * per_patch * d_glob * d_dec * slots
     if args.cross_attn_decoder:
-        n_cross = dec.n_layers if args.cross_attn_all_layers_decoder else 1
+        n_cross = args.n_cross_attn_layers("decoder")
         terms["decoder_cross_projections"] = 6 * n_cross * (2 + 2 * k * per_patch) * d_dec * d_dec
         terms["decoder_cross_attention"] = (
             12 * n_cross * d_dec * k * (args.cross_attn_window_decoder or 1)

@@ -224,7 +224,6 @@ class Attention(nn.Module):
         x: torch.Tensor,
         freq_cis: torch.Tensor,
         mask: AttnMask,
-        backend: str = "sdpa",
     ) -> torch.Tensor:
         """x [B,S,dim] -> [B,S,dim]; freq_cis covers at least S positions."""
         bsz, seqlen, _ = x.shape
@@ -233,7 +232,7 @@ class Attention(nn.Module):
         xk = self.wk(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
         xv = self.wv(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
         xq, xk = apply_rotary_emb(xq, xk, freq_cis[:seqlen])
-        out = attend(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), mask, backend)
+        out = attend(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), mask)
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, self.n_heads * self.head_dim))
 
     def reset_parameters(self, init_std: float | None = None, factor: float = 1.0) -> None:
@@ -314,9 +313,8 @@ class TransformerBlock(nn.Module):
         x: torch.Tensor,
         freq_cis: torch.Tensor,
         mask: AttnMask,
-        backend: str = "sdpa",
     ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), freq_cis, mask, backend)
+        h = x + self.attention(self.attention_norm(x), freq_cis, mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def init_weights(self, init_std: float | None = None, factor: float = 1.0) -> None:

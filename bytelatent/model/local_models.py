@@ -18,13 +18,12 @@ Deliberate differences, all in configurations where the reference crashes or doe
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bytelatent.model.attention import AttnMask, self_attn_mask
+from bytelatent.model.attention import AttnMask, resolve_backend, self_attn_mask
+from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.cross_attention import CrossAttention
 from bytelatent.model.layers import (
     RMSNorm,
@@ -36,9 +35,6 @@ from bytelatent.model.layers import (
 from bytelatent.model.patch_utils import PatchCrossMask, pool_patches
 from bytelatent.model.transformer import BaseTransformerArgs
 from bytelatent.tokenizers.constants import BOE_ID
-
-if TYPE_CHECKING:
-    from bytelatent.model.blt import ByteLatentTransformerArgs
 
 
 def _trunc_normal_(weight: torch.Tensor, std: float) -> None:
@@ -62,9 +58,12 @@ class LocalModelBase(nn.Module):
         self,
         block_args: BaseTransformerArgs,
         args: ByteLatentTransformerArgs,
-        n_cross: int,
+        side: str,
     ) -> None:
         super().__init__()
+        # cross_for_layer[i]: index of the cross-attention paired with layer i, or None
+        self.cross_for_layer = args.cross_attn_pairing(side)
+        n_cross = args.n_cross_attn_layers(side)
         self.dim = block_args.dim
         self.dropout = args.dropout
         self.use_rope = args.use_rope
@@ -137,13 +136,8 @@ class LocalEncoder(LocalModelBase):
     """Bytes -> byte states h [B,N,d] and, with cross-attention, patch states [B,P*k,d]."""
 
     def __init__(self, args: ByteLatentTransformerArgs) -> None:
-        block_args = args.encoder_block_args()
-        n_cross = 0
-        if args.cross_attn_encoder:
-            n_cross = args.n_layers_local_encoder if args.cross_attn_all_layers_encoder else 1
-        super().__init__(block_args, args, n_cross)
+        super().__init__(args.encoder_block_args(), args, "encoder")
         self.cross_attn_encoder = args.cross_attn_encoder
-        self.cross_attn_all_layers = args.cross_attn_all_layers_encoder
         self.cross_attn_k = args.cross_attn_k
         self.pooling = args.pooling_modes()
         self.init_by_pooling = args.cross_attn_init_by_pooling
@@ -164,21 +158,19 @@ class LocalEncoder(LocalModelBase):
         patch_ids: torch.Tensor,
         num_patches: int,
         cross_mask: PatchCrossMask | None,
-        backend: str,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """embeds [B,N,d] (byte + hash embeddings) -> (h [B,N,d], patch states [B,P*k,d] or None)."""
         h = _dropout(self.add_positions(embeds), self.dropout, self.training)
         freqs = self.freqs(h.shape[1], h)
         patch_embeds = None
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            h = layer(h, freqs, mask, backend)
-            if self.cross_attn_encoder and (i == last or self.cross_attn_all_layers):
+        for layer, cross_index in zip(self.layers, self.cross_for_layer):
+            h = layer(h, freqs, mask)
+            if cross_index is not None:
                 if patch_embeds is None:
                     patch_embeds = self._initial_patch_queries(h, patch_ids, num_patches)
-                cross = self.cross_attn_layers[i if self.cross_attn_all_layers else 0]
+                cross = self.cross_attn_layers[cross_index]
                 # double residual, as the reference: CrossAttention already returns x + out
-                patch_embeds = patch_embeds + cross(patch_embeds, h, cross_mask, backend)
+                patch_embeds = patch_embeds + cross(patch_embeds, h, cross_mask)
         return h, patch_embeds
 
     def _initial_patch_queries(
@@ -211,13 +203,8 @@ class LocalDecoder(LocalModelBase):
     """Byte states + global patch states -> logits [B,N,vocab+pm_size] float32."""
 
     def __init__(self, args: ByteLatentTransformerArgs) -> None:
-        block_args = args.decoder_block_args()
-        n_cross = 0
-        if args.cross_attn_decoder:
-            n_cross = args.n_layers_local_decoder if args.cross_attn_all_layers_decoder else 1
-        super().__init__(block_args, args, n_cross)
+        super().__init__(args.decoder_block_args(), args, "decoder")
         self.cross_attn_decoder = args.cross_attn_decoder
-        self.cross_attn_all_layers = args.cross_attn_all_layers_decoder
         self.slots = args.cross_attn_k if args.cross_attn_decoder else 1
         self.patch_embedding_projection = None
         if args.dim != self.dim or self.slots > 1:
@@ -232,7 +219,6 @@ class LocalDecoder(LocalModelBase):
         decoder_patch_ids: torch.Tensor,
         mask: AttnMask,
         cross_mask: PatchCrossMask | None,
-        backend: str,
     ) -> torch.Tensor:
         """embeds [B,N,d], patch_embeds [B,P,dim_global] -> logits [B,N,V] float32."""
         bsz, num_patches = patch_embeds.shape[:2]
@@ -246,12 +232,12 @@ class LocalDecoder(LocalModelBase):
             h = h + torch.gather(patch_embeds, 1, index)
         h = _dropout(self.add_positions(h), self.dropout, self.training)
         freqs = self.freqs(h.shape[1], h)
-        for i, layer in enumerate(self.layers):
-            if self.cross_attn_decoder and (i == 0 or self.cross_attn_all_layers):
-                cross = self.cross_attn_layers[i if self.cross_attn_all_layers else 0]
+        for layer, cross_index in zip(self.layers, self.cross_for_layer):
+            if cross_index is not None:
+                cross = self.cross_attn_layers[cross_index]
                 # double residual, as the reference: CrossAttention already returns x + out
-                h = h + cross(h, patch_embeds, cross_mask, backend)
-            h = layer(h, freqs, mask, backend)
+                h = h + cross(h, patch_embeds, cross_mask)
+            h = layer(h, freqs, mask)
         h = _dropout(self.norm(h), self.dropout, self.training)
         return self.output(h).float()
 
@@ -292,22 +278,21 @@ class GlobalTransformer(nn.Module):
             nn.Linear(in_dim, self.dim, bias=False) if in_dim != self.dim else None
         )
 
-    def forward(
-        self, h: torch.Tensor, patch_has_eos: torch.Tensor | None, backend: str
-    ) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, patch_has_eos: torch.Tensor | None) -> torch.Tensor:
         """h [B,P,in]; patch_has_eos [B,P] bool (documents end at patches holding an EOS)."""
         kind = self.args.attn_bias_type
         if kind == "block_causal":
             tokens = torch.where(patch_has_eos, self.eos_id, BOE_ID)
         else:
             tokens = torch.zeros(h.shape[:2], dtype=torch.long, device=h.device)
+        backend = resolve_backend(self.args.attn_impl, h.device)
         mask = self_attn_mask(kind, tokens, eos_id=self.eos_id, backend=backend)
         if self.token_embedding_projection is not None:
             h = self.token_embedding_projection(h)
         h = _dropout(h, self.dropout, self.training)
         freqs = self.rope_embeddings(seqlen=h.shape[1])
         for layer in self.layers:
-            h = layer(h, freqs, mask, backend)
+            h = layer(h, freqs, mask)
         return h
 
     @torch.no_grad()

@@ -199,13 +199,14 @@ def build_cross_mask(
     if structured and window is None:
         return PatchCrossMask(side, patch_ids, num_patches, k)
     build = encoder_cross_attn_allowed if side == "encoder" else decoder_cross_attn_allowed
-    attn = AttnMask.from_dense(build(patch_ids, num_patches, k, window))
+    attn = AttnMask.from_dense(build(patch_ids, num_patches, k, window), backend=backend)
     if backend == "flex_attention":
         attn.block_mask = _flex_block_mask(attn.dense)
     return PatchCrossMask(side, patch_ids, num_patches, k, attn)
 
 
 def _flex_block_mask(dense: torch.Tensor) -> object:
+    # the flex stack: imported only when a flex mask is used
     from torch.nn.attention.flex_attention import create_block_mask
 
     if not dense.is_cuda:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from bytelatent.errors import CheckpointError, ConfigError
-from bytelatent.model.blt import ByteLatentTransformerArgs
+from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.transformer import LMTransformerArgs
 from bytelatent.tokenizers.constants import VOCAB_SIZE
 

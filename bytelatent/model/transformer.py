@@ -160,7 +160,7 @@ class LMTransformer(nn.Module):
         freq_cis = self.rope_embeddings(seqlen=seqlen)
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
-            h = layer(h, freq_cis, mask, backend)
+            h = layer(h, freq_cis, mask)
         return self.output(self.norm(h)).float()
 
     @torch.no_grad()

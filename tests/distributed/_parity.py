@@ -18,7 +18,8 @@ from bytelatent.distributed import (
     set_gradient_sync,
 )
 from bytelatent.distributed.parallelize import apply_fsdp
-from bytelatent.model.blt import ByteLatentTransformer, ByteLatentTransformerArgs
+from bytelatent.model.blt import ByteLatentTransformer
+from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
 
 SEED = 1234

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import sys
+import types
 
+import _parity
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,7 +24,9 @@ from bytelatent.distributed import (
     set_gradient_sync,
 )
 from bytelatent.distributed.parallelize import (
+    _save_ops,
     _selective_policy,
+    apply_activation_checkpointing,
     apply_compile,
     checkpoint_blocks,
     tp_parallelize_blocks,
@@ -108,6 +113,63 @@ def test_selective_policy_saves_matmuls_recomputes_elementwise():
         _selective_policy(None, torch.ops.aten.mul.Tensor)
         == CheckpointPolicy.PREFER_RECOMPUTE
     )
+
+
+def test_selective_policy_saves_flex_and_xformers_attention(monkeypatch):
+    from torch._higher_order_ops.flex_attention import flex_attention
+
+    save = CheckpointPolicy.MUST_SAVE
+    assert _selective_policy(None, flex_attention) == save
+    assert _selective_policy(None, torch.ops.aten._efficient_attention_forward.default) == save
+    # xformers' own kernels count once xformers is imported (a stand-in op of the same name)
+    library = torch.library.Library("xformers_flash", "FRAGMENT")
+    if not hasattr(torch.ops.xformers_flash, "flash_fwd"):
+        library.define("flash_fwd(Tensor q) -> Tensor")
+    monkeypatch.setitem(sys.modules, "xformers", types.ModuleType("xformers"))
+    _save_ops.cache_clear()
+    try:
+        assert _selective_policy(None, torch.ops.xformers_flash.flash_fwd.default) == save
+    finally:
+        _save_ops.cache_clear()
+
+
+def test_cross_attention_layers_are_checkpointed_in_forward_order():
+    from bytelatent.model.blt import ByteLatentTransformer
+    from bytelatent.model.blt_args import ByteLatentTransformerArgs
+
+    fields = {**_parity.BLT_ARGS.model_dump(), "n_layers_local_decoder": 2}
+    fields.update(cross_attn_encoder=True, cross_attn_decoder=True, cross_attn_k=2)
+    fields.update(cross_attn_all_layers_decoder=True, cross_attn_init_by_pooling=True)
+    args = ByteLatentTransformerArgs(**fields)
+
+    def build(mode: str | None) -> nn.Module:
+        torch.manual_seed(0)
+        model = ByteLatentTransformer(args)
+        model.init_weights()
+        if mode:
+            apply_activation_checkpointing(model, mode)
+        return model
+
+    plain = build(None)
+    enc, dec = plain.local_encoder, plain.local_decoder
+    assert checkpoint_blocks(plain) == [
+        enc.layers[0],
+        enc.cross_attn_layers[0],
+        *plain.global_transformer.layers,
+        dec.cross_attn_layers[0],
+        dec.layers[0],
+        dec.cross_attn_layers[1],
+        dec.layers[1],
+    ]
+    x, y = make_batch(0)
+    patches = torch.tensor([[1, 4, 4, 4, 3]] * x.shape[0])
+    expected = F.cross_entropy(plain(x, patches).flatten(0, 1), y.flatten())
+    for mode in ("full", "selective"):
+        model = build(mode)
+        assert all("forward" in vars(block) for block in checkpoint_blocks(model))
+        loss = F.cross_entropy(model(x, patches).flatten(0, 1), y.flatten())
+        assert torch.equal(loss, expected)
+        loss.backward()
 
 
 def test_checkpoint_blocks_cover_every_layer_stack():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bytelatent.model.blt import ByteLatentTransformer, ByteLatentTransformerArgs
+from bytelatent.model.blt import ByteLatentTransformer
+from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
 
 

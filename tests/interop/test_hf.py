@@ -163,7 +163,8 @@ def test_trained_debug_model(tiny_blt_run, tmp_path):
 
 
 def _save_ours(folder: Path, **overrides) -> Path:
-    from bytelatent.model.blt import ByteLatentTransformer, ByteLatentTransformerArgs
+    from bytelatent.model.blt import ByteLatentTransformer
+    from bytelatent.model.blt_args import ByteLatentTransformerArgs
 
     fields = dict(
         dim=32,

@@ -198,8 +198,122 @@ def test_cuda_only_backends_fail_clearly_on_cpu(backend):
     with pytest.raises(RuntimeError, match="CUDA|not installed"):
         attend(q, k, v, AttnMask.causal(), backend=backend)
     tokens = packed_rows(1, 8, seed=0)
+    mask = self_attn_mask("block_causal", tokens, backend="flex_attention")  # builds on CPU
     with pytest.raises(RuntimeError, match="CUDA|not installed"):
-        self_attn_mask("block_causal", tokens, backend=backend)
+        attend(q, k, v, mask)  # the mask carries its backend
+    if backend == "xformers" and not attention._xformers_available():
+        with pytest.raises(RuntimeError, match="not installed"):
+            self_attn_mask("block_causal", tokens, backend=backend)
+
+
+class _LargestTensor(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the largest number of elements of any tensor an op produces."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def _flex_elementwise(block_mask, bsz: int, seqlen: int) -> torch.Tensor:
+    """The [B, S, S] mask a BlockMask applies: full blocks, partial blocks through mask_mod."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    block = block_mask.BLOCK_SIZE[0]
+
+    def expand(blocks: torch.Tensor) -> torch.Tensor:  # [B,1,nQ,nK] -> [B,S,S]
+        return (
+            blocks[:, 0]
+            .repeat_interleave(block, 1)
+            .repeat_interleave(block, 2)[:, :seqlen, :seqlen]
+            .expand(bsz, seqlen, seqlen)
+        )
+
+    # to_dense() of a BlockMask rebuilt from the full blocks alone: only the full blocks
+    full = (
+        type(block_mask)
+        .from_kv_blocks(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, BLOCK_SIZE=block)
+        .to_dense()
+        .bool()
+    )
+    touched = block_mask.to_dense().bool()  # partial or full
+    inner = create_mask(block_mask.mask_mod, bsz, 1, seqlen, seqlen, device="cpu")[:, 0]
+    return expand(full) | (expand(touched) & inner)
+
+
+@pytest.mark.parametrize(("kind", "window"), CASES)
+@pytest.mark.parametrize("seqlen", [300, 384])
+def test_flex_block_mask_equals_brute_force_and_create_block_mask(kind, window, seqlen):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    tokens = packed_rows(2, seqlen, seed=5)
+    tokens[1, 100:230] = 7  # a document spanning whole blocks: full blocks off the diagonal
+    window = None if window is None else window * 17
+    mask = self_attn_mask(kind, tokens, eos_id=EOS, window=window, backend="flex_attention")
+    assert mask.backend == "flex_attention" and mask.dense is None and not mask.is_causal
+    block_mask = mask.block_mask
+    expected = brute_force_allowed(kind, tokens, window)
+    assert torch.equal(_flex_elementwise(block_mask, 2, seqlen), expected)
+    # block classification is exact: the same blocks as torch's own builder from the dense mask
+    reference = create_block_mask(
+        lambda b, h, q, kv: expected[b, q, kv], 2, None, seqlen, seqlen, device="cpu"
+    )
+    assert torch.equal(block_mask.to_dense().expand(2, -1, -1, -1), reference.to_dense())
+
+
+@pytest.mark.parametrize(("kind", "window"), [("block_causal", None), ("local_block_causal", 64)])
+def test_flex_forward_on_cpu_matches_brute_force(kind, window):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    tokens = packed_rows(2, 200, seed=2)
+    q, k, v = (t.detach() for t in qkv(2, 200))
+    mask = self_attn_mask(kind, tokens, eos_id=EOS, window=window, backend="flex_attention")
+    out = flex_attention(q, k, v, block_mask=mask.block_mask)  # eager CPU forward
+    ref = brute_force_attention(q, k, v, brute_force_allowed(kind, tokens, window))
+    torch.testing.assert_close(out, ref)
+
+
+class _FakeBias:
+    def __init__(self, seqlens, window=None):
+        self.seqlens, self.window = list(seqlens), window
+
+    @classmethod
+    def from_seqlens(cls, seqlens):
+        return cls(seqlens)
+
+    def make_local_attention(self, window):
+        return _FakeBias(self.seqlens, window)
+
+
+class _FakeFmha:
+    class attn_bias:  # noqa: N801 - mirrors xformers.ops.fmha.attn_bias
+        BlockDiagonalCausalMask = _FakeBias
+
+
+@pytest.mark.parametrize(("kind", "window"), CASES[2:])
+@pytest.mark.parametrize("backend", ["flex_attention", "xformers"])
+def test_flex_and_xformers_masks_never_allocate_s_by_s(monkeypatch, kind, window, backend):
+    monkeypatch.setattr(attention, "_import_xformers_fmha", lambda: _FakeFmha)
+    seqlen = 1024
+    tokens = packed_rows(2, seqlen, seed=1)
+    with _LargestTensor() as sizes:
+        mask = self_attn_mask(kind, tokens, eos_id=EOS, window=window, backend=backend)
+    assert sizes.largest < seqlen * seqlen // 8
+    assert mask.dense is None and mask.backend == backend
+    if backend == "xformers":
+        assert mask.xformers_bias.seqlens == document_lengths(tokens, EOS)
+        assert mask.xformers_bias.window == window
+        assert sum(mask.xformers_bias.seqlens) == tokens.numel()
+    with _LargestTensor() as sizes:  # the sdpa path does build it (the check can fail)
+        self_attn_mask(kind, tokens, eos_id=EOS, window=window)
+    if kind == "block_causal":
+        assert sizes.largest >= seqlen * seqlen
 
 
 def test_resolve_backend_falls_back_to_sdpa_off_cuda(caplog, monkeypatch):

@@ -7,7 +7,8 @@ import torch
 from pydantic import ValidationError
 
 from bytelatent.errors import CheckpointError, ConfigError
-from bytelatent.model.blt import ByteLatentTransformer, ByteLatentTransformerArgs
+from bytelatent.model.blt import ByteLatentTransformer
+from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.reference_compat import (
     adapt_reference_blt_state_dict,
     blt_args_from_reference,

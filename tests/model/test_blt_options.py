@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from bytelatent.errors import ConfigError
-from bytelatent.model.blt import ByteLatentTransformer, ByteLatentTransformerArgs
+from bytelatent.model.blt import ByteLatentTransformer
+from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.tokenizers.constants import BOS_ID, EOS_ID
 
 TINY: dict[str, Any] = {

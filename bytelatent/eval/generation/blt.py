@@ -25,7 +25,7 @@ from torch import nn
 
 from bytelatent.data.entropy import entropy as entropy_of
 from bytelatent.errors import ConfigError
-from bytelatent.eval.generation.cache import CachedStack
+from bytelatent.eval.generation.cache import CachedStack, to_device
 from bytelatent.eval.generation.lm import IncrementalLM
 from bytelatent.eval.generation.patching import OnlinePatcher
 from bytelatent.model.attention import AttnMask
@@ -106,9 +106,8 @@ class IncrementalBLT:
         self.device = device
         d = enc.dim
         n_enc = len(enc.layers)
-        self.cross_layers = []
-        if args.cross_attn_encoder:
-            self.cross_layers = list(range(n_enc)) if enc.cross_attn_all_layers else [n_enc - 1]
+        # encoder layers followed by a cross-attention (the model's pairing rule)
+        self.cross_layers = [i for i, c in enumerate(enc.cross_for_layer) if c is not None]
         kept = set(self.cross_layers) | {n_enc - 1}
         self.enc_states = {i: like.new_zeros(batch, capacity + 1, d) for i in kept}
         self.patch_out = like.new_zeros(batch, capacity + 1, dec.slots * dec.dim)
@@ -122,6 +121,8 @@ class IncrementalBLT:
                 (like.new_zeros(shape), like.new_zeros(shape)) for _ in dec.cross_attn_layers
             ]
         self.tokens = torch.zeros(batch, capacity + 1, dtype=torch.long, device=device)
+        # the same tokens on the host: patch decisions and EOS flags never wait for the device
+        self.host_tokens: list[list[int]] = [[] for _ in range(batch)]
         self.entropies = torch.zeros(batch, capacity + 1, dtype=torch.float32)
         self.length = [0] * batch
         self.starts: list[list[int]] = [[] for _ in range(batch)]
@@ -194,19 +195,21 @@ class IncrementalBLT:
         ids = torch.zeros(1, end - kv_start, dtype=torch.long, device=self.device)
         mask = PatchCrossMask("encoder", ids, 1, enc.cross_attn_k)
         for i in self.cross_layers:
-            cross = enc.cross_attn_layers[i if enc.cross_attn_all_layers else 0]
+            cross = enc.cross_attn_layers[enc.cross_for_layer[i]]
             kv = self.enc_states[i][row, kv_start:end][None]
             queries = queries + cross(queries, kv, mask)  # double residual, as the model
         return queries.reshape(-1)
 
-    def _global_input(self, row: int, patches: list[tuple[int, int, int]]) -> tuple:
+    def _global_input(
+        self, row: int, patches: list[tuple[int, int, int]]
+    ) -> tuple[torch.Tensor, list[bool]]:
+        """The global model's inputs [P, dim] of ``patches`` (start, end, index) and whether each
+        holds an EOS (from the host tokens)."""
         reps = torch.stack([self._patch_input(row, s, e, p) for s, e, p in patches])
         if self.glob.token_embedding_projection is not None:
             reps = self.glob.token_embedding_projection(reps)
-        eos = torch.tensor(
-            [bool((self.tokens[row, s:e] == self.args.eos_id).any()) for s, e, _ in patches],
-            device=self.device,
-        )
+        tokens = self.host_tokens[row]
+        eos = [self.args.eos_id in tokens[s:e] for s, e, _ in patches]
         return reps, eos
 
     def _decoder_patch_state(self, g: torch.Tensor) -> torch.Tensor:
@@ -233,9 +236,9 @@ class IncrementalBLT:
         rows = torch.arange(bsz, device=self.device)
 
         def hook(i: int, h: torch.Tensor) -> torch.Tensor:
-            if not (i == 0 or dec.cross_attn_all_layers):
+            index = dec.cross_for_layer[i]
+            if index is None:
                 return h
-            index = i if dec.cross_attn_all_layers else 0
             cross, (keys, values) = dec.cross_attn_layers[index], self.slot_kv[index]
             heads, head_dim = cross.n_heads, cross.head_dim
             q = cross.wq(cross.cross_attn_norm_q(h)).view(bsz, 1, heads, head_dim)
@@ -253,9 +256,10 @@ class IncrementalBLT:
         dec = self.dec
 
         def hook(i: int, h: torch.Tensor) -> torch.Tensor:
-            if not dec.cross_attn_decoder or not (i == 0 or dec.cross_attn_all_layers):
+            index = dec.cross_for_layer[i]
+            if index is None:
                 return h
-            cross = dec.cross_attn_layers[i if dec.cross_attn_all_layers else 0]
+            cross = dec.cross_attn_layers[index]
             return h + cross(h, kv, mask)  # double residual, as the model
 
         return hook if dec.cross_attn_decoder else None
@@ -284,6 +288,7 @@ class IncrementalBLT:
         """Feed the 1-D prompt ``tokens`` to row ``row``; returns the next byte's logits [V]."""
         n, eos = tokens.numel(), tokens[None] == self.args.eos_id
         self.tokens[row, :n] = tokens
+        self.host_tokens[row] = tokens.tolist()  # once per prompt
         entropies = None
         if self.patcher.needs_entropies:
             entropies = entropy_of(self.entropy_model.prefill(row, tokens)).cpu()
@@ -299,7 +304,8 @@ class IncrementalBLT:
             states[row, :n] = outs[i][0]
         patches = [(starts[j], starts[j + 1], j) for j in range(len(starts) - 1)]
         reps, patch_eos = self._global_input(row, patches)
-        g = self.glob_stack.prefill(row, reps[None], patch_eos[None])[-1][0]
+        patch_eos = torch.tensor(patch_eos, device=self.device)[None]
+        g = self.glob_stack.prefill(row, reps[None], patch_eos)[-1][0]
         count = len(patches)
         self.patch_out[row, :count] = self._decoder_patch_state(g)
         self._store_slot_kv(row, 0, self.patch_out[row, :count])
@@ -318,19 +324,26 @@ class IncrementalBLT:
         return self._logits(out[0, -1])
 
     @torch.no_grad()
-    def step(self, tokens: torch.Tensor, advance: torch.Tensor) -> torch.Tensor:
-        """Append one byte per row (tokens [B], advance [B] bool) -> next-byte logits [B, V]."""
-        bsz = tokens.shape[0]
-        rows = [b for b in range(bsz) if bool(advance[b])]
-        pos = torch.tensor(self.length, device=self.device)
+    def step(self, tokens: list[int], advance: list[bool]) -> torch.Tensor:
+        """Append one byte per row (host lists: tokens, advance) -> next-byte logits [B, V].
+
+        One device-to-host copy per step at most (the new entropies, when patching needs them):
+        patch decisions, EOS flags and cache bookkeeping use the host tokens.
+        """
+        bsz = len(tokens)
+        rows = [b for b in range(bsz) if advance[b]]
+        for b in rows:
+            self.host_tokens[b].append(tokens[b])
+        ids, advancing = to_device(tokens, self.device), to_device(advance, self.device)
+        pos = to_device(self.length, self.device)
         batch_rows = torch.arange(bsz, device=self.device)
-        self.tokens[batch_rows, pos] = torch.where(advance, tokens, self.tokens[batch_rows, pos])
+        self.tokens[batch_rows, pos] = torch.where(advancing, ids, self.tokens[batch_rows, pos])
         if self.patcher.needs_entropies:
             entropies = entropy_of(self.entropy_model.step(tokens, advance)).cpu()
             for b in rows:
                 self.entropies[b, self.length[b]] = entropies[b]
         closing = [b for b in rows if self._closes(b)]
-        eos = tokens == self.args.eos_id
+        eos = [t == self.args.eos_id for t in tokens]
         window = self.hash_window
         ids = pos[:, None] - window + 1 + torch.arange(window, device=self.device)
         recent = torch.where(ids >= 0, self.tokens.gather(1, ids.clamp(min=0)), 0)
@@ -340,7 +353,7 @@ class IncrementalBLT:
             states[batch_rows, pos] = outs[i][:, 0]
         if closing:
             self._close_patches(closing, bsz)
-        dpid = torch.tensor([max(0, c - 1) for c in self.closed], device=self.device)
+        dpid = to_device([max(0, c - 1) for c in self.closed], self.device)
         h = outs[-1]
         if not self.dec.cross_attn_decoder:
             h = h + self.patch_out[batch_rows, dpid][:, None]
@@ -359,7 +372,7 @@ class IncrementalBLT:
         """Decide (and record) whether the position after the new byte of ``row`` starts a patch."""
         position = self.length[row] + 1
         start = self.patcher.starts_here(
-            self.tokens[row, :position],
+            self.host_tokens[row],
             self.entropies[row, :position],
             position,
             self.starts[row][-1],
@@ -372,13 +385,12 @@ class IncrementalBLT:
         """One global step for the rows whose open patch just closed."""
         dim_in = self.glob.dim
         x = self.patch_out.new_zeros(bsz, 1, dim_in)
-        patch_eos = torch.zeros(bsz, dtype=torch.bool, device=self.device)
+        patch_eos = [False] * bsz
         for b in closing:
             starts = self.starts[b]
             reps, eos = self._global_input(b, [(starts[-2], starts[-1], self.closed[b])])
             x[b, 0], patch_eos[b] = reps[0], eos[0]
-        advance = torch.zeros(bsz, dtype=torch.bool, device=self.device)
-        advance[closing] = True
+        advance = [b in closing for b in range(bsz)]
         g = self.glob_stack.step(x, patch_eos, advance)[-1][:, 0]
         state = self._decoder_patch_state(g)
         for b in closing:

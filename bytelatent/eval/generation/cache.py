@@ -7,6 +7,10 @@ computes on a whole sequence (same masks: causal, document-causal by EOS, slidin
 Rows of a batch sit at different positions: each row has its own length; a step writes the new
 keys/values at that row's length and only rows marked ``advance`` keep them (a finished row is
 recomputed but never grows). The RoPE position of a cached entry is its index in the cache.
+
+Host and device: the bookkeeping (lengths, documents, which keys a step may skip) lives on the
+host and is driven by host values the caller already has (the tokens it sampled), so a step
+never waits for the device; per-row positions reach the device by non-blocking copies.
 """
 
 from __future__ import annotations
@@ -20,6 +24,11 @@ from torch import nn
 from bytelatent.model.layers import TransformerBlock
 
 LayerHook = Callable[[int, torch.Tensor], torch.Tensor] | None
+
+
+def to_device(values: list, device: torch.device) -> torch.Tensor:
+    """A host list as a tensor on ``device`` without waiting for the device (non-blocking copy)."""
+    return torch.tensor(values).to(device, non_blocking=True)
 
 
 class CachedStack:
@@ -62,6 +71,7 @@ class CachedStack:
         # bookkeeping on the host (one-byte steps are bound by per-op overhead, not FLOPs)
         self.length = [0] * batch
         self.next_doc = [0] * batch
+        self.doc_start = [0] * batch  # first position of each row's current document
         self.doc = torch.zeros(batch, capacity + 1, dtype=torch.long, device=self.device)
         self.rows = torch.arange(batch, device=self.device)
         # RoPE rows as complex cos + i sin (angle 0 without RoPE: multiplying by 1 changes nothing)
@@ -77,6 +87,7 @@ class CachedStack:
         for row in rows:
             self.length[row] = 0
             self.next_doc[row] = 0
+            self.doc_start[row] = 0
 
     def _rotation(self, first: int, last: int, positions: torch.Tensor) -> torch.Tensor:
         if last >= self.rotation_table.shape[0]:
@@ -101,7 +112,10 @@ class CachedStack:
         eos = is_eos[0].long()
         docs = self.next_doc[row] + torch.cumsum(eos, 0) - eos
         self.doc[row, start : start + steps] = docs
-        self.next_doc[row] = int(docs[-1] + eos[-1])
+        eos_at = torch.nonzero(is_eos[0]).flatten().tolist()  # once per prompt
+        self.next_doc[row] += len(eos_at)
+        if eos_at:
+            self.doc_start[row] = start + eos_at[-1] + 1
         rotation = self._rotation(start, start + steps - 1, positions)[None, :, None, :]
         mask = self._mask(positions[None], docs[None], 0, start + steps, self.doc[row : row + 1])
         h, outputs = x, []
@@ -112,7 +126,7 @@ class CachedStack:
                 layer,
                 h,
                 rotation,
-                False,
+                start,
                 keys[row : row + 1],
                 values[row : row + 1],
                 positions[None],
@@ -127,26 +141,26 @@ class CachedStack:
     def step(
         self,
         x: torch.Tensor,
-        is_eos: torch.Tensor,
-        advance: torch.Tensor,
+        is_eos: list[bool],
+        advance: list[bool],
         before_layer: LayerHook = None,
     ) -> list[torch.Tensor]:
-        """One new position per row: x [B,1,dim], is_eos/advance [B] bool -> layer outputs."""
-        advancing = advance.tolist()
-        if any(n >= self.capacity and on for n, on in zip(self.length, advancing)):
+        """One new position per row: x [B,1,dim], is_eos/advance host lists of B bools -> layer
+        outputs."""
+        if any(n >= self.capacity and on for n, on in zip(self.length, advance)):
             raise ValueError(f"cache of {self.capacity} positions is full")
-        positions = torch.tensor(self.length, device=self.device)
+        positions = to_device(self.length, self.device)
         docs = None
         if self.kind in ("block_causal", "local_block_causal"):
-            docs = torch.tensor(self.next_doc, device=self.device)
+            docs = to_device(self.next_doc, self.device)
             self.doc[self.rows, positions] = docs
         first, last = min(self.length), max(self.length)
         rotation = self._rotation(first, last, positions)[:, None, None, :]
         key_len = last + 1
         # keys before every row's window cannot be attended: leave them out (O(window) per step)
         key_start = 0 if self.window is None else max(0, first - self.window + 1)
-        mask = None  # one row, one document: every key in the slice is allowed
-        if len(self.length) > 1 or self.next_doc[0] > 0:
+        mask = None  # every key in the slice is allowed for every row: sdpa's unmasked kernel
+        if not self._all_keys_allowed(key_start, key_len):
             q_docs = None if docs is None else docs[:, None]
             mask = self._mask(positions[:, None], q_docs, key_start, key_len, self.doc)
         h, outputs = x, []
@@ -157,7 +171,7 @@ class CachedStack:
                 layer,
                 h,
                 rotation,
-                True,
+                None,
                 keys,
                 values,
                 positions[:, None],
@@ -165,12 +179,27 @@ class CachedStack:
                 (key_start, key_len),
             )
             outputs.append(h)
-        eos = is_eos.tolist() if docs is not None else [False] * len(advancing)
-        for b, on in enumerate(advancing):
+        for b, on in enumerate(advance):
             if on:
                 self.length[b] += 1
-                self.next_doc[b] += int(eos[b])
+                if docs is not None and is_eos[b]:
+                    self.next_doc[b] += 1
+                    self.doc_start[b] = self.length[b]
         return outputs
+
+    def _all_keys_allowed(self, key_start: int, key_len: int) -> bool:
+        """Whether every row's new position may attend every key in key_start..key_len-1 (decided
+        from the host bookkeeping: the row is at the last position, its window and its current
+        document cover the slice)."""
+        documents = self.kind in ("block_causal", "local_block_causal")
+        for length, doc_start in zip(self.length, self.doc_start):
+            if length != key_len - 1:
+                return False
+            if self.window is not None and key_start <= length - self.window:
+                return False
+            if documents and doc_start > key_start:
+                return False
+        return True
 
     def _mask(
         self,
@@ -181,15 +210,13 @@ class CachedStack:
         doc: torch.Tensor,
     ) -> torch.Tensor | None:
         """Bool [B,1,T,keys] over keys key_start..key_len-1: causal, same document (EOS-closed),
-        inside the window; None when every key is allowed (sdpa's unmasked kernel)."""
+        inside the window."""
         k_pos = torch.arange(key_start, key_len, device=q_pos.device)
         allowed = k_pos[None, None, :] <= q_pos[:, :, None]
         if self.window is not None:
             allowed = allowed & (k_pos[None, None, :] > q_pos[:, :, None] - self.window)
         if q_doc is not None:
             allowed = allowed & (doc[:, None, key_start:key_len] == q_doc[:, :, None])
-        if q_pos.shape[1] == 1 and bool(allowed.all()):
-            return None
         return allowed[:, None]
 
     def _block(
@@ -197,7 +224,7 @@ class CachedStack:
         layer: TransformerBlock,
         x: torch.Tensor,
         rotation: torch.Tensor,
-        per_row: bool,
+        start: int | None,
         keys: torch.Tensor,
         values: torch.Tensor,
         positions: torch.Tensor,
@@ -205,7 +232,9 @@ class CachedStack:
         key_range: tuple[int, int],
     ) -> torch.Tensor:
         """The block's forward on the new positions (same ops as TransformerBlock/Attention, called
-        on their weights directly: per-call module overhead dominates one-byte steps)."""
+        on their weights directly: per-call module overhead dominates one-byte steps). New keys
+        and values go to ``start`` onwards (prefill) or, with ``start`` None, to each row's
+        ``positions`` (step)."""
         attn, ffn = layer.attention, layer.feed_forward
         bsz, steps, _ = x.shape
         normed = _rms_norm(layer.attention_norm, x)
@@ -221,12 +250,11 @@ class CachedStack:
             xk = F.linear(normed, attn.wk.weight).view(bsz, steps, kv_heads, head_dim)
             xv = F.linear(normed, attn.wv.weight).view(bsz, steps, kv_heads, head_dim)
         xq, xk = _rotate(torch.cat([xq, xk], dim=2), rotation).split([heads, kv_heads], dim=2)
-        if per_row:
+        if start is None:
             rows = torch.arange(bsz, device=x.device)
             keys[rows, :, positions[:, 0]] = xk[:, 0]
             values[rows, :, positions[:, 0]] = xv[:, 0]
         else:
-            start = int(positions[0, 0])
             keys[:, :, start : start + steps] = xk.transpose(1, 2)
             values[:, :, start : start + steps] = xv.transpose(1, 2)
         key_start, key_len = key_range

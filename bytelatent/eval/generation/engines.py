@@ -56,9 +56,7 @@ class CachedEngine:
         return torch.tensor(row, dtype=torch.long, device=self.device)
 
     def advance(self, tokens: list[int], active: list[bool]) -> torch.Tensor:
-        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        mask = torch.tensor(active, dtype=torch.bool, device=self.device)
-        return self.impl.step(ids, mask)
+        return self.impl.step(tokens, active)  # host lists: the caches keep their books there
 
     def patch_lengths(self, row: int, tokens: list[int]) -> list[int] | None:
         if isinstance(self.impl, IncrementalBLT):

@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from bytelatent.checkpoint.pretrained import load_any_checkpoint
 from bytelatent.data.patcher import PatcherArgs, PatchingMode
 from bytelatent.errors import CheckpointError, ConfigError, DataError
 from bytelatent.eval.generation.engines import CachedEngine, RecomputeEngine
-from bytelatent.eval.generation.sampling import GenerationArgs, sample_next
+from bytelatent.eval.generation.sampling import GenerationArgs, sample_rows
 from bytelatent.model.blt import ByteLatentTransformer
+from bytelatent.model.reference_compat import patcher_settings_from_reference
 from bytelatent.tokenizers.constants import BOS_ID, EOS_ID, OFFSET
 
 logger = logging.getLogger("bytelatent")
@@ -50,15 +52,31 @@ def token_bytes(tokens: Iterable[int]) -> bytes:
     return bytes(t - OFFSET for t in tokens if OFFSET <= t < OFFSET + 256)
 
 
+def cast_parameters(model: nn.Module, dtype: torch.dtype) -> None:
+    """Parameters to ``dtype`` in place (buffers such as RoPE tables keep theirs, as under FSDP
+    mixed precision, which casts parameters only)."""
+    for param in model.parameters():
+        param.data = param.data.to(dtype)
+
+
 class Generator:
-    """Generation for a loaded model; ``entropy_model`` is needed for entropy-patched BLTs."""
+    """Generation for a loaded model; ``entropy_model`` is needed for entropy-patched BLTs.
+
+    Generation computes in the models' parameter dtype (caches and activations follow it;
+    logits and entropies are float32); ``dtype`` (e.g. torch.bfloat16) casts the parameters first.
+    """
 
     def __init__(
         self,
         model: nn.Module,
         patcher_args: PatcherArgs | None = None,
         entropy_model: nn.Module | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
+        if dtype is not None:
+            for module in (model, entropy_model):
+                if module is not None:
+                    cast_parameters(module, dtype)
         self.model = model.eval()
         self.is_blt = isinstance(model, ByteLatentTransformer)
         self.patcher_args = patcher_args
@@ -137,10 +155,9 @@ class Generator:
         if logits is None:
             reasons = ["length"] * len(rows)
         while any(r is None for r in reasons):
-            for b, row in enumerate(rows):
-                if reasons[b] is None:
-                    token = sample_next(logits[b], args, generators[b])
-                    reasons[b] = self._finish(row, new[b], token, args, stops)
+            open_rows = [b for b in range(len(rows)) if reasons[b] is None]
+            for b, token in sample_rows(logits, args, generators, open_rows).items():
+                reasons[b] = self._finish(rows[b], new[b], token, args, stops)
             active = [r is None for r in reasons]
             if not any(active):
                 break
@@ -179,8 +196,6 @@ class Generator:
 def patcher_args_from_params(params: dict) -> PatcherArgs:
     """The patcher a BLT checkpoint was trained with (our data.patcher_args, or the reference's
     model-section patching_* settings, which its BLT forward uses)."""
-    from bytelatent.model.reference_compat import patcher_settings_from_reference
-
     data = (params.get("data") or {}).get("patcher_args") or {}
     fields = {k: v for k, v in data.items() if k in PatcherArgs.model_fields}
     model = params.get("model") or {}
@@ -212,13 +227,13 @@ def load_generator(
     device: str | torch.device = "cpu",
     entropy_ckpt: str | None = None,
     patcher_overrides: dict | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Generator:
-    """A Generator for a DCP step folder, a consolidated folder or a released-layout folder."""
-    from bytelatent.checkpoint.pretrained import load_any_checkpoint
-
+    """A Generator for a DCP step folder, a consolidated folder or a released-layout folder;
+    ``dtype`` casts the parameters (e.g. torch.bfloat16 on GPU), None keeps the stored ones."""
     model, _, params = load_any_checkpoint(ckpt, device)
     if not isinstance(model, ByteLatentTransformer):
-        return Generator(model)
+        return Generator(model, dtype=dtype)
     patcher_args = patcher_args_from_params(params)
     if patcher_overrides:
         try:
@@ -231,4 +246,4 @@ def load_generator(
     if patcher_args.patching_mode in (PatchingMode.entropy, PatchingMode.bpe_patcher):
         where = _entropy_dir(ckpt, patcher_args, entropy_ckpt)
         entropy_model = load_any_checkpoint(where, device, kind="entropy")[0]
-    return Generator(model, patcher_args, entropy_model)
+    return Generator(model, patcher_args, entropy_model, dtype)

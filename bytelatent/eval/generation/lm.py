@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from bytelatent.eval.generation.cache import CachedStack
+from bytelatent.eval.generation.cache import CachedStack, to_device
 from bytelatent.model.transformer import LMTransformer
 
 
@@ -64,19 +64,20 @@ class IncrementalLM:
         return torch.cat(outputs)
 
     @torch.no_grad()
-    def step(self, tokens: torch.Tensor, advance: torch.Tensor) -> torch.Tensor:
-        """tokens [B] (one per row), advance [B] bool (frozen rows keep their state) -> [B, V]."""
-        advancing = advance.tolist()
+    def step(self, tokens: list[int], advance: list[bool]) -> torch.Tensor:
+        """One token per row (host lists; frozen rows, advance False, keep their state) ->
+        logits [B, V] on the model's device."""
         if self.restart_every is not None:
             window = self.restart_every
             self.stack.reset_rows(
                 [
                     b
-                    for b, on in enumerate(advancing)
+                    for b, on in enumerate(advance)
                     if on and self.position[b] % window == 0 and self.position[b] > 0
                 ]
             )
-        embeds = self.model.tok_embeddings(tokens[:, None])
-        h = self.stack.step(embeds, tokens == self.eos_id, advance)[-1]
-        self.position = [n + int(on) for n, on in zip(self.position, advancing)]
+        ids = to_device(tokens, self.stack.device)
+        embeds = self.model.tok_embeddings(ids[:, None])
+        h = self.stack.step(embeds, [t == self.eos_id for t in tokens], advance)[-1]
+        self.position = [n + int(on) for n, on in zip(self.position, advance)]
         return self._logits(h)[:, 0]

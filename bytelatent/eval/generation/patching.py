@@ -61,12 +61,13 @@ class OnlinePatcher:
 
     def starts_here(
         self,
-        tokens: torch.Tensor,
+        tokens: torch.Tensor | list[int],
         entropies: torch.Tensor | None,
         position: int,
         last_start: int,
     ) -> bool:
-        """Does ``position`` start a patch, given 1-D ``tokens``/``entropies`` of positions < it."""
+        """Does ``position`` start a patch, given 1-D ``tokens`` (a tensor or a host list) and
+        ``entropies`` of positions < it."""
         mode = self.mode
         if mode == PatchingMode.byte:
             start = True
@@ -90,7 +91,8 @@ class OnlinePatcher:
                 )
             else:
                 rule = space_patch_starts if mode == PatchingMode.space else bpe_delim_patch_starts
-                start = bool(rule(tokens[first:position][None].cpu(), local + 1)[0, local])
+                tail = torch.as_tensor(tokens[first:position])[None].cpu()
+                start = bool(rule(tail, local + 1)[0, local])
         limit = self.args.max_patch_length
         if limit is not None and not start and position - last_start >= limit:
             start = True

@@ -45,6 +45,21 @@ def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) 
     return logits
 
 
+def sample_rows(
+    logits: torch.Tensor,
+    args: GenerationArgs,
+    generators: list[torch.Generator],
+    rows: list[int],
+) -> dict[int, int]:
+    """One token id for each of ``rows`` of logits [B, V], with one device-to-host copy in all
+    (greedy: the argmaxes; sampling: the logits, then each row's own generator on the host)."""
+    if args.temperature == 0.0:
+        picks = torch.argmax(logits, dim=-1).tolist()
+        return {b: picks[b] for b in rows}
+    host = logits.float().cpu()
+    return {b: sample_next(host[b], args, generators[b]) for b in rows}
+
+
 def sample_next(logits: torch.Tensor, args: GenerationArgs, generator: torch.Generator) -> int:
     """One token id from logits [V] (float32)."""
     if args.temperature == 0.0:
