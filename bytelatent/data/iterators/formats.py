@@ -69,16 +69,22 @@ class CompressedLines:
         self.in_pos = frame_offset  # compressed offset of the next read
         self.dec = _decompressor(kind)
         self.fed = False  # the current decompressor has been given input
-        self.buf = b""
+        self.buf = b""  # decompressed bytes; buf[pos:] not yet returned
+        self.pos = 0
         self.buf_start = frame_start  # uncompressed offset of buf[0]
         self.boundary = (frame_offset, frame_start)  # last frame boundary <= the next line
-        self.pending: list[tuple[int, int]] = []  # boundaries inside/after buf
-        self.lines = 0  # lines returned so far (for error messages)
+        self.pending: list[tuple[int, int]] = []  # boundaries after the next line's start
         self._errors = _decompress_errors(kind)
         while self.buf_start + len(self.buf) < byte_offset:
+            self._consume(len(self.buf) - self.pos)  # skip what lies before the offset
             if not self._fill():
                 raise BadFile(f"ends before the resume offset {byte_offset} (file changed?)")
-        self._consume(byte_offset - self.buf_start)
+        self._consume(byte_offset - self.buf_start - self.pos)
+
+    @property
+    def offset(self) -> int:
+        """Uncompressed offset of the next byte to return."""
+        return self.buf_start + self.pos
 
     def _fill(self) -> bool:
         """Decompress the next chunk into buf; False at a clean end of file."""
@@ -87,6 +93,7 @@ class CompressedLines:
             if self.fed and not self.dec.eof:
                 raise BadFile("truncated stream: the file ends inside a compressed frame")
             return False
+        self.buf, self.buf_start, self.pos = self.buf[self.pos :], self.offset, 0
         start = self.in_pos
         self.in_pos += len(chunk)
         data = chunk
@@ -99,28 +106,23 @@ class CompressedLines:
             if not self.dec.eof:
                 break
             unused = self.dec.unused_data
-            boundary_in = start + len(chunk) - len(unused)
-            self.pending.append((boundary_in, self.buf_start + len(self.buf)))
+            self.pending.append((start + len(chunk) - len(unused), self.buf_start + len(self.buf)))
             self.dec, self.fed, data = _decompressor(self.kind), False, unused
         return True
 
     def _consume(self, n: int) -> None:
-        self.buf = self.buf[n:]
-        self.buf_start += n
-        while self.pending and self.pending[0][1] <= self.buf_start:
+        self.pos += n
+        while self.pending and self.pending[0][1] <= self.offset:
             self.boundary = self.pending.pop(0)
 
     def readline(self) -> bytes:
         """The next line (with its newline; the last may lack it), b"" at the end."""
-        start = 0
-        while (end := self.buf.find(b"\n", start)) < 0:
-            start = len(self.buf)
+        while (end := self.buf.find(b"\n", self.pos)) < 0:
             if not self._fill():
                 end = len(self.buf) - 1
                 break
-        line = self.buf[: end + 1]
+        line = self.buf[self.pos : end + 1]
         self._consume(len(line))
-        self.lines += 1
         return line
 
     def close(self) -> None:
