@@ -17,6 +17,7 @@ names the path.
 from __future__ import annotations
 
 import logging
+import os
 import re
 
 from bytelatent.data.iterators.file import FileFormat, file_format_of, open_fs
@@ -88,6 +89,18 @@ def _directory_files(directory: str, storage_options: dict | None, file_format: 
     return chunks or [p for p in jsonl if not p.endswith(".val.jsonl")]
 
 
+def _raise_if_unreadable(source: str, location: str) -> None:
+    """A local path that exists but cannot be read (a symlink loop, no permission): say so."""
+    if "://" in location or not os.path.lexists(location):
+        return
+    try:
+        os.stat(location)
+    except OSError as exc:
+        raise DataError(
+            f"data source '{source}': {location}: cannot open ({exc.strerror or exc})"
+        ) from None
+
+
 def source_files(
     source: str,
     *,
@@ -123,6 +136,7 @@ def source_files(
     if fs.isfile(fs_path):
         return [location]
     if not fs.isdir(fs_path):
+        _raise_if_unreadable(source, location)
         hint = "check data.root_dir and data.sources"
         if source == DEFAULT_CORPUS:
             hint = f"build the default corpus with: python -m bytelatent.data.prepare --out {location}"

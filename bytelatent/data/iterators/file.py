@@ -292,7 +292,7 @@ class _ArrowColumns:
         if text_key is None:
             wanted = " or ".join(repr(k) for k in keys)
             raise DataError(f"{path}: no {wanted} column (columns: {names}); set data.text_field")
-        self.start = start
+        self.start, self.text_key = start, text_key
         self.texts = chunk.column(text_key).to_pylist()
         id_key = next((k for k in SAMPLE_ID_KEYS if k in names), None)
         self.ids = chunk.column(id_key).to_pylist() if id_key else None
@@ -315,7 +315,7 @@ class _ArrowColumns:
 
     def record(self, local_row: int) -> dict:
         i = local_row - self.start
-        record = {"text": self.texts[i]}
+        record = {self.text_key: self.texts[i]}
         if self.ids is not None:
             record["sample_id"] = self.ids[i]
         if self.entropies is not None:

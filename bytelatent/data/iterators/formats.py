@@ -153,10 +153,8 @@ class ParquetReader:
         text = next((k for k in text_keys if k in names), None)
         if text is None:
             self.file.close()
-            raise DataError(
-                f"{path}: no text column {' or '.join(repr(k) for k in text_keys)} "
-                f"(columns: {names}); set data.text_field"
-            )
+            wanted = " or ".join(repr(k) for k in text_keys)
+            raise DataError(f"{path}: no {wanted} column (columns: {names}); set data.text_field")
         self.columns = [text]
         sample_id = next((k for k in id_keys if k in names), None)
         self.columns += [sample_id] if sample_id else []
