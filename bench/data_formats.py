@@ -34,8 +34,11 @@ from fsspec.implementations.local import LocalFileSystem  # noqa: E402
 
 from bytelatent.data.args import DataArgs  # noqa: E402
 from bytelatent.data.elastic import build_train_data, resume_data_state  # noqa: E402
-from bytelatent.data.iterators.file import FileIteratorState, FileShard  # noqa: E402
-from bytelatent.data.iterators.file import file_format_of  # noqa: E402
+from bytelatent.data.iterators.file import (  # noqa: E402
+    FileIteratorState,
+    FileShard,
+    file_format_of,  # noqa: E402
+)
 from bytelatent.data.prepare import prepare  # noqa: E402
 
 FRAME = 1 << 20
@@ -80,7 +83,9 @@ def write_formats(records: list[dict], folder: Path, frame_bytes: int | None = F
     }
     paths["jsonl"].write_bytes(b"".join(lines))
     write_zst(paths["zst"], lines, frame_bytes)
-    table = pa.Table.from_pylist([{"sample_id": r["sample_id"], "text": r["text"]} for r in records])
+    table = pa.Table.from_pylist(
+        [{"sample_id": r["sample_id"], "text": r["text"]} for r in records]
+    )
     pq.write_table(table, str(paths["parquet"]), row_group_size=64)
     with pa.OSFile(str(paths["arrow"]), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
         for batch in table.to_batches(max_chunksize=64):
@@ -91,7 +96,9 @@ def write_formats(records: list[dict], folder: Path, frame_bytes: int | None = F
 def data_args(path: Path, mode: str) -> DataArgs:
     common = dict(dataset_files=[str(path)], batch_size=4, buffer_size=64, load_async=False)
     if mode == "bytes":
-        return DataArgs(**common, seq_len=8192, add_patches=False, patcher_args={"patching_mode": "byte"})
+        return DataArgs(
+            **common, seq_len=8192, add_patches=False, patcher_args={"patching_mode": "byte"}
+        )
     return DataArgs(
         **common, seq_len=2048, max_encoder_seq_length=8192, patcher_args={"patching_mode": "space"}
     )
@@ -154,6 +161,7 @@ def resume_seconds(path: Path) -> tuple[float, int]:
 
 def elastic_seconds(root: Path, src: int, dst: int, steps: int = 3) -> tuple[float, float]:
     """(re-shard + first batch on every new rank, same-size resume) in seconds, global batch 16."""
+
     def data(bs: int) -> DataArgs:
         return DataArgs(
             root_dir=str(root), sources={"stdlib": 1.0}, batch_size=bs, seq_len=2048,
@@ -176,7 +184,9 @@ def elastic_seconds(root: Path, src: int, dst: int, steps: int = 3) -> tuple[flo
         start = time.perf_counter()
         for r in range(size):
             own = json.loads((folder / f"train_state_{r if r < src else 0:05d}.json").read_text())
-            state = resume_data_state(data(16 // size), ckpt, str(folder), own["data_state"], r, size, 1)
+            state = resume_data_state(
+                data(16 // size), ckpt, str(folder), own["data_state"], r, size, 1
+            )
             it = build_train_data(data(16 // size), r, size, 1, state)
             next(it)
             it.close()

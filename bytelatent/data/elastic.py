@@ -106,7 +106,9 @@ def build_train_data(
             s.n_streams, s.n_streams * s.rows_per_stream, dp_size, data.batch_size, grad_acc_steps
         )
         if s.stream_ids != streams_of_rank(s.n_streams, dp_rank, dp_size):
-            raise DataError(f"data state: streams {s.stream_ids} are not those of dp rank {dp_rank}")
+            raise DataError(
+                f"data state: streams {s.stream_ids} are not those of dp rank {dp_rank}"
+            )
         args = base.args.model_copy(update={"batch_size": data.batch_size})
         base = PackingIteratorState(args=args, source=s)
     return data.wrap_prefetch(base)

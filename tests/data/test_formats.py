@@ -100,7 +100,9 @@ def load_json(text: str) -> FileIteratorState:
 
 def test_parquet_reads_only_needed_columns_and_seeks_to_the_row_group(tmp_path):
     path = write_parquet(tmp_path / "a.parquet", records("p", range(20)), row_group_size=5)
-    reader = ParquetReader(str(path), *_local(path), ("text", "content"), ("sample_id", "url", "id"))
+    reader = ParquetReader(
+        str(path), *_local(path), ("text", "content"), ("sample_id", "url", "id")
+    )
     assert reader.columns == ["text", "url"] and reader.num_row_groups == 4
     state = state_for([path])
     it = state.build()
@@ -197,7 +199,11 @@ def test_data_check_reports_each_broken_file(tmp_path, capsys):
     (tmp_path / "links").mkdir()
     os.symlink(tmp_path / "links" / "loop.jsonl", tmp_path / "links" / "loop.jsonl")
     files = [f"{root}/*.parquet", str(trunc), f"{tmp_path}/links/*.jsonl"]
-    argv = ["config=configs/debug.yaml", "data.sources={}", f"data.dataset_files={json.dumps(files)}"]
+    argv = [
+        "config=configs/debug.yaml",
+        "data.sources={}",
+        f"data.dataset_files={json.dumps(files)}",
+    ]
     assert check_main(argv) == 1
     out = capsys.readouterr().out
     line = {w: next(x for x in out.splitlines() if w in x) for w in ("bad.", "notext", "t.json")}

@@ -21,7 +21,14 @@ def preprocess(tmp_path):
     expected = {kind: make_corpus(raw, kind) for kind in ("parquet", "zst")}
     out = tmp_path / "pre"
     for kind in ("parquet", "zst"):
-        argv = ["--input", str(raw / kind), "--output-dir", str(out), "--entropy-model-name", "tiny"]
+        argv = [
+            "--input",
+            str(raw / kind),
+            "--output-dir",
+            str(out),
+            "--entropy-model-name",
+            "tiny",
+        ]
         argv += ["--entropy-model", str(tmp_path / "em"), "--device", "cpu", "--no-progress"]
         assert prep.main(argv) == 0
     return raw, out, expected
@@ -63,7 +70,9 @@ def train(dump_dir, *extra: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "bytelatent.train", *TINY_BLT, f"dump_dir={dump_dir}", "steps=3"]
     cmd += ["checkpoint.dump.every=0", "logging.console=false", "data.batch_size=2", *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 @pytest.mark.slow

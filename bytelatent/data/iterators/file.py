@@ -209,7 +209,12 @@ def open_reader(shard: FileShard, state: FileIteratorState):
                 keys = text_keys(state.text_field)
                 return ParquetReader(path, fs, fs_path, keys, SAMPLE_ID_KEYS)
             return CompressedLines(
-                path, shard.format, fs, fs_path, state.frame_offset, state.frame_start,
+                path,
+                shard.format,
+                fs,
+                fs_path,
+                state.frame_offset,
+                state.frame_start,
                 state.byte_offset,
             )
         except BadFile as exc:

@@ -19,6 +19,7 @@ Compressed JSONL
 from __future__ import annotations
 
 import zlib
+
 import fsspec
 import pyarrow as pa
 
