@@ -254,3 +254,14 @@ def test_training_reads_parquet_and_zst_folders(tmp_path):
     for name, sequence in it.get_state().source.sources.items():
         files = sequence.source.source.file_state
         assert files.row > 0 or files.epoch > 0, name  # both sources were read
+
+
+def test_state_stores_a_long_file_list_compactly():
+    paths = [f"s3://bucket/fineweb-edu/data/CC-MAIN-2024-10/{i:05d}.parquet" for i in range(10_000)]
+    state = state_for(paths)
+    text = state.model_dump_json()
+    naive = sum(len(s.model_dump_json()) for s in state.shards)
+    assert len(text) < naive / 5 and len(text) < 20 * len(paths)  # prefix and format stored once
+    assert FileIteratorState.model_validate_json(text) == state
+    old_form = {**state.model_dump(), "shards": [s.model_dump() for s in state.shards]}
+    assert FileIteratorState.model_validate(old_form) == state  # states of earlier versions load
