@@ -5,11 +5,12 @@
    modes; packed MB per CPU-second of that process (the per-worker figure), and the raw reader
    rate (documents only, MB of text per CPU-second).
 2. Resume cost: time to the first document after resuming at 90% of one file of --resume-mb
-   uncompressed MB, per format (zst as one frame and as 1 MB frames).
+   uncompressed MB, per format (zst as one frame and as 1 MB frames; above --all-formats-mb
+   only the two zst files are written).
 3. Elastic: time from a checkpoint's data states to the first batch on every rank (4 -> 2 and
    2 -> 4 ranks, in one process), against a same-size resume.
 
-    OMP_NUM_THREADS=1 python bench/data_formats.py --resume-mb 64 256 1024
+    OMP_NUM_THREADS=1 python bench/data_formats.py
 """
 
 from __future__ import annotations
@@ -51,25 +52,31 @@ def corpus_records(stdlib: Path) -> list[dict]:
     return out
 
 
-def write_zst(path: Path, lines: list[bytes], frame_bytes: int | None) -> None:
-    """Frames of about `frame_bytes` uncompressed bytes (None: one frame for the whole file)."""
+def write_zst(path: Path, lines: list[bytes], frame_bytes: int | None) -> list[tuple[int, int]]:
+    """Frames of about `frame_bytes` uncompressed bytes (None: one frame for the whole file);
+    returns the (compressed, uncompressed) offset of every frame start."""
     compressor = zstandard.ZstdCompressor(level=3)
+    starts, out, size = [], 0, 0
     with open(path, "wb") as f:
         if frame_bytes is None:
             with compressor.stream_writer(f, closefd=False) as w:
                 for line in lines:
                     w.write(line)
-            return
+            return [(0, 0)]
         frame: list[bytes] = []
-        size = 0
+        pending = 0
         for line in lines:
             frame.append(line)
-            size += len(line)
-            if size >= frame_bytes:
-                f.write(compressor.compress(b"".join(frame)))
-                frame, size = [], 0
+            pending += len(line)
+            if pending >= frame_bytes:
+                starts.append((out, size))
+                out += f.write(compressor.compress(b"".join(frame)))
+                size += pending
+                frame, pending = [], 0
         if frame:
+            starts.append((out, size))
             f.write(compressor.compress(b"".join(frame)))
+    return starts
 
 
 def write_formats(records: list[dict], folder: Path, frame_bytes: int | None = FRAME) -> dict:
@@ -133,30 +140,38 @@ def scaled_records(records: list[dict], megabytes: int) -> list[dict]:
     return out
 
 
-def resume_seconds(path: Path) -> tuple[float, int]:
-    """Seconds to the first document after a resume at 90% of the file's rows."""
-    state = FileIteratorState(shards=[FileShard(path=str(path), format=file_format_of(str(path)))])
-    if path.name.endswith(".parquet"):
-        rows = pq.ParquetFile(str(path)).metadata.num_rows
+def resume_state(path: Path, lines: list[bytes], frames: list[tuple[int, int]] | None):
+    """The exact state at 90% of the file's rows, built directly (as a checkpoint would hold)."""
+    fmt = file_format_of(str(path))
+    row = int(0.9 * len(lines))
+    state = FileIteratorState(shards=[FileShard(path=str(path), format=fmt)])
+    if fmt in ("json", "zst"):
+        offset = sum(map(len, lines[:row]))
+        frame = max((f for f in frames or [(0, 0)] if f[1] <= offset), key=lambda f: f[1])
+        update = {"row": row, "byte_offset": offset}
+        update |= {"frame_offset": frame[0], "frame_start": frame[1]} if fmt == "zst" else {}
+        return state.model_copy(update=update)
+    if fmt == "parquet":
+        meta = pq.ParquetFile(str(path)).metadata
+        sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
     else:
-        rows = None
-    it = state.build()
-    target = int(0.9 * (rows or 10**12))
-    n = 0
-    if rows is None:  # count by reading (not timed)
-        n_total = sum(1 for _ in state.build())
-        target = int(0.9 * n_total)
-    for _ in range(target):
-        next(it)
-        n += 1
-    saved = it.get_state()
-    it.close()
+        reader = pa.ipc.open_file(pa.memory_map(str(path)))
+        sizes = [reader.get_batch(b).num_rows for b in range(reader.num_record_batches)]
+    start = batch = 0
+    while start + sizes[batch] <= row:
+        start += sizes[batch]
+        batch += 1
+    return state.model_copy(update={"row": row, "batch_index": batch, "batch_start_row": start})
+
+
+def resume_seconds(state: FileIteratorState) -> float:
+    """Seconds from a resumed state to its first document."""
     start = time.perf_counter()
-    resumed = saved.build()
-    next(resumed)
+    it = state.build()
+    next(it)
     seconds = time.perf_counter() - start
-    resumed.close()
-    return seconds, saved.frame_offset
+    it.close()
+    return seconds
 
 
 def elastic_seconds(root: Path, src: int, dst: int, steps: int = 3) -> tuple[float, float]:
@@ -197,7 +212,8 @@ def elastic_seconds(root: Path, src: int, dst: int, steps: int = 3) -> tuple[flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=60)
-    parser.add_argument("--resume-mb", type=int, nargs="*", default=[64, 256])
+    parser.add_argument("--resume-mb", type=int, nargs="*", default=[64, 256, 1024])
+    parser.add_argument("--all-formats-mb", type=int, default=256, help="larger: zst only")
     a = parser.parse_args()
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -220,17 +236,25 @@ def main() -> None:
         print("\nresume at 90% of one file: seconds to the first document")
         for megabytes in a.resume_mb:
             folder = tmp / f"resume{megabytes}"
+            folder.mkdir()
             big = scaled_records(records, megabytes)
-            paths = write_formats(big, folder)
-            single = folder / "single.jsonl.zst"
-            write_zst(single, [json.dumps(r).encode() + b"\n" for r in big], None)
+            lines = [json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in big]
+            paths = {
+                "zst 1 MB frames": folder / "d.jsonl.zst",
+                "zst one frame": folder / "s.jsonl.zst",
+            }
+            frames = write_zst(paths["zst 1 MB frames"], lines, FRAME)
+            write_zst(paths["zst one frame"], lines, None)
+            if megabytes <= a.all_formats_mb:
+                paths |= {k: v for k, v in write_formats(big, folder / "all").items() if k != "zst"}
             del big
-            row = {name: resume_seconds(p)[0] for name, p in paths.items()}
-            row["zst one frame"] = resume_seconds(single)[0]
+            row = {}
+            for name, path in paths.items():
+                state = resume_state(path, lines, frames if name == "zst 1 MB frames" else None)
+                row[name] = resume_seconds(state)
+                path.unlink()
             print(f"{megabytes:5d} MB uncompressed: "
                   + ", ".join(f"{k} {v:.3f} s" for k, v in row.items()), flush=True)  # fmt: skip
-            for p in [*paths.values(), single]:
-                p.unlink()
         print("\nelastic re-shard (space patching, global batch 16 rows, 3 steps in)")
         for src, dst in ((4, 2), (2, 4)):
             moved, same = elastic_seconds(tmp / "data", src, dst)
