@@ -109,6 +109,11 @@ def build_train_data(
             raise DataError(
                 f"data state: streams {s.stream_ids} are not those of dp rank {dp_rank}"
             )
+        if data.virtual_streams not in (None, s.n_streams):
+            logger.warning(
+                "data.virtual_streams=%d ignored: this run's data has %d streams since its start",
+                data.virtual_streams, s.n_streams,
+            )  # fmt: skip
         args = base.args.model_copy(update={"batch_size": data.batch_size})
         base = PackingIteratorState(args=args, source=s)
     return data.wrap_prefetch(base)
