@@ -66,10 +66,11 @@ def resume(folder, data, dp_size: int, grad_acc_steps: int, saved_dp_size: int):
     return iterators
 
 
-@pytest.fixture
-def uninterrupted(corpus, tmp_path):
+@pytest.fixture(scope="module")
+def uninterrupted(module_corpus, tmp_path_factory):
     """2 ranks x batch 2: the global rows of every step, and the data states saved at SAVE_AT."""
-    data = data_args(corpus, 2)
+    tmp_path = tmp_path_factory.mktemp("uninterrupted")
+    data = data_args(module_corpus, 2)
     its = [build_train_data(data, r, 2, 1, None) for r in range(2)]
     steps = []
     for step in range(1, STEPS + 1):
@@ -81,15 +82,15 @@ def uninterrupted(corpus, tmp_path):
     return steps, tmp_path / "ckpt"
 
 
-@pytest.mark.parametrize("load_async", [False, True], ids=["sync", "load_async"])
 @pytest.mark.parametrize(
-    ("dp_size", "batch_size", "grad_acc_steps"), [(1, 2, 2), (4, 1, 1), (2, 1, 2)]
+    ("dp_size", "batch_size", "grad_acc_steps", "load_async"),
+    [(1, 2, 2, False), (1, 2, 2, True), (4, 1, 1, False), (4, 1, 1, True), (2, 1, 2, False)],
 )
 def test_resume_on_another_dp_size_continues_the_global_batches(
-    corpus, uninterrupted, dp_size, batch_size, grad_acc_steps, load_async
+    module_corpus, uninterrupted, dp_size, batch_size, grad_acc_steps, load_async
 ):
     steps, folder = uninterrupted
-    data = data_args(corpus, batch_size, load_async)
+    data = data_args(module_corpus, batch_size, load_async)
     its = resume(folder, data, dp_size, grad_acc_steps, saved_dp_size=2)
     try:
         resumed = [global_step(its, grad_acc_steps) for _ in range(SAVE_AT, STEPS)]
@@ -102,7 +103,7 @@ def test_resume_on_another_dp_size_continues_the_global_batches(
 
 
 def test_same_size_resume_is_bitwise(corpus, tmp_path):
-    data = data_args(corpus, 2, load_async=True)
+    data = data_args(corpus, 2)  # the prefetcher's exact state: the load_async cases above
     its = [build_train_data(data, r, 2, 1, None) for r in range(2)]
     for _ in range(3):
         [next(it) for it in its]
@@ -117,7 +118,8 @@ def test_same_size_resume_is_bitwise(corpus, tmp_path):
         assert all(a.equals(b) for a, b in zip(got, expected[rank]))
 
 
-def test_changed_global_batch_is_refused_with_what_would_work(corpus, uninterrupted):
+def test_changed_global_batch_is_refused_with_what_would_work(module_corpus, uninterrupted):
+    corpus = module_corpus
     _, folder = uninterrupted
     with pytest.raises(ConfigError) as info:
         resume(folder, data_args(corpus, 2), 4, 1, saved_dp_size=2)
