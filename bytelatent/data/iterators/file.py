@@ -373,10 +373,13 @@ class Cursor(BaseModel):
 
 def shard_order(shards: list[FileShard], seed: int | None, epoch: int) -> list[int]:
     """The order in which an epoch visits `shards`: a permutation drawn from
-    numpy.default_rng((seed, epoch, crc32 of the newline-joined paths)); identity when seed is None."""
+    numpy.default_rng((seed, epoch, crc32 of the paths without their common prefix, with each
+    shard's row slice)); identity when seed is None. Moving the files (local -> s3://) keeps it."""
     if seed is None or len(shards) < 2:
         return list(range(len(shards)))
-    digest = zlib.crc32("\n".join(f"{s.path}#{s.offset}/{s.stride}" for s in shards).encode())
+    cut = len(os.path.commonprefix([s.path for s in shards]))
+    names = (f"{s.path[cut:]}#{s.offset}/{s.stride}" for s in shards)
+    digest = zlib.crc32("\n".join(names).encode())
     return np.random.default_rng((seed, epoch, digest)).permutation(len(shards)).tolist()
 
 
