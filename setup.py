@@ -10,6 +10,7 @@ INSTALL_REQUIRES = [
     "pyyaml>=6",
     "pyarrow>=15",
     "fsspec>=2024.1",
+    "zstandard==0.23.0",  # .jsonl.zst shards (DCLM)
 ]
 
 EXTRAS = {

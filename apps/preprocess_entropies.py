@@ -4,8 +4,10 @@
         --entropy-model CKPT_DIR [--entropy-model-name transformer_100m] [--device auto|cpu|cuda]
         [--batch-size 32] [--rank R --world-size W] [--dataset NAME] [--overwrite]
 
-Inputs are JSONL (optionally compressed, e.g. ``.jsonl.gz``) or Arrow IPC files, local or any
-fsspec URL (``s3://...``); a directory means the ``*.jsonl*`` / ``*.arrow`` files in it. Each
+Inputs are JSONL (optionally compressed: ``.jsonl.zst``, ``.jsonl.gz``), Parquet or Arrow IPC
+files, local or any fsspec URL (``s3://...``); a directory means the ``*.jsonl*`` / ``*.arrow`` /
+``*.parquet`` files in it. Parquet and compressed JSONL are read with the training loader's readers
+(only the needed columns; a corrupt footer or a truncated stream is one data error). Each
 input file becomes one output shard (layout of the reference, §1.6)::
 
     {output_dir}/{dataset}/{entropy_model_name}/{input name}.arrow        Arrow IPC *file*
@@ -56,6 +58,7 @@ from bytelatent.data.entropy import (
     model_max_length,
     resolve_device,
 )
+from bytelatent.data.iterators.file import FileIteratorState, FileShard, file_format_of
 from bytelatent.errors import ConfigError, DataError, UserError
 from bytelatent.progress import PROGRESS_MODES, Progress
 from bytelatent.tokenizers.blt import BltTokenizer
@@ -64,7 +67,10 @@ logger = logging.getLogger("preprocess_entropies")
 
 SAMPLE_ID_KEYS = ("sample_id", "title", "qid", "paper_id", "path", "url", "id")
 TEXT_KEYS = ("text", "content")
-INPUT_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".jsonl.zst", ".jsonl.bz2", ".arrow")
+INPUT_SUFFIXES = (
+    ".jsonl", ".json", ".jsonl.gz", ".jsonl.zst", ".jsonl.bz2", ".arrow", ".parquet"
+)  # fmt: skip
+LOADER_FORMATS = ("parquet", "zst", "gz")  # read with the training loader's readers
 SCHEMA = pa.schema(
     [
         pa.field("sample_id", pa.string(), nullable=False),
@@ -242,7 +248,18 @@ def read_arrow(path: str) -> Iterator[Document]:
                 )
 
 
+def read_with_loader(path: str) -> Iterator[Document]:
+    """Parquet and compressed JSONL, through the training loader's readers (same columns, same
+    sample ids, same one-line errors for a corrupt footer or a truncated stream)."""
+    shard = FileShard(path=path, format=file_format_of(path))
+    with FileIteratorState(shards=[shard]).build() as documents:
+        for doc in documents:
+            yield Document(sample_id=doc.sample_id, text=doc.text)
+
+
 def read_documents(path: str) -> Iterator[Document]:
+    if file_format_of(path) in LOADER_FORMATS:
+        return read_with_loader(path)
     return read_arrow(path) if path.endswith(".arrow") else read_jsonl(path)
 
 

@@ -67,7 +67,20 @@ class DataArgs(BaseModel):
     buffer_size: int = Field(
         64, ge=1, description="sequences shuffled together; 1 disables shuffling"
     )
-    file_format: Literal["auto", "arrow", "json", "jsonl"] = "auto"
+    file_format: Literal["auto", "arrow", "parquet", "json", "jsonl"] = "auto"
+    text_field: str = Field(
+        "text", description="column/key of the text (`text` also accepts `content`)"
+    )
+    shuffle_files: bool = Field(
+        True, description="visit each stream's files in a seeded order that changes every epoch"
+    )
+    open_files: int = Field(2, ge=1, description="files each stream reads in turn")
+    virtual_streams: int | None = Field(
+        None,
+        ge=1,
+        description="data streams of a training run, fixed at its first start (docs/data.md); "
+        "None: one per row of the global batch",
+    )
     pad_to_max_length: bool = True
     max_encoder_seq_length: int = Field(12288, ge=1, description="bytes per row in patch mode")
     enable_byte_ngrams: bool = False
@@ -150,15 +163,20 @@ class DataArgs(BaseModel):
         )
 
     def _sequence_state(
-        self, source: str, index: int, rank: int, world: int
+        self, source: str, rank: int, world: int, files_cache: dict[str, list[str]]
     ) -> SequenceIteratorState:
-        files = self.files_of(source)
+        if source not in files_cache:
+            files_cache[source] = self.files_of(source)
+        files = files_cache[source]
         shards = assign_shards(files, rank, world, file_formats(files, self.file_format))
         file_state = FileIteratorState(
             shards=shards,
             storage_options=self.fsspec_options() or None,
             arrow_batch_size=self.arrow_batch_size,
             skip_bad_records=self.skip_bad_records,
+            text_field=self.text_field,
+            open_files=self.open_files,
+            order_seed=self.seed if self.shuffle_files else None,
         )
         preprocess = PreprocessIteratorState(
             source=LoopingIteratorState(file_state=file_state),
@@ -179,16 +197,23 @@ class DataArgs(BaseModel):
             rng_state = numpy_rng_state(rng)
         return SequenceIteratorState(args=sequence_args, source=preprocess, rng_state=rng_state)
 
-    def initial_state(self, dp_rank: int, dp_world_size: int) -> PackingIteratorState:
-        """The state of a fresh pipeline for this rank (no prefetcher)."""
+    def initial_state(
+        self,
+        dp_rank: int,
+        dp_world_size: int,
+        files_cache: dict[str, list[str]] | None = None,
+    ) -> PackingIteratorState:
+        """The state of a fresh pipeline for this rank (no prefetcher); `files_cache` keeps each
+        source's file list between calls (one listing for many virtual streams)."""
+        files_cache = {} if files_cache is None else files_cache
         if not 0 <= dp_rank < dp_world_size:
             raise ConfigError(
                 f"dp_rank {dp_rank} is outside a data-parallel world of {dp_world_size}"
             )
         weights = self.source_weights()
         sources = {
-            name: self._sequence_state(name, i, dp_rank, dp_world_size)
-            for i, name in enumerate(sorted(weights))
+            name: self._sequence_state(name, dp_rank, dp_world_size, files_cache)
+            for name in sorted(weights)
         }
         sampling = SamplingIteratorState(
             rng_state=numpy_rng_state(
@@ -233,6 +258,7 @@ class DataArgs(BaseModel):
             storage_options=options or None,
             arrow_batch_size=self.arrow_batch_size,
             skip_bad_records=self.skip_bad_records,
+            text_field=self.text_field,
         )
         patches = self.packing_mode == "patches"
         preprocess = PreprocessIteratorState(
@@ -274,6 +300,10 @@ class DataArgs(BaseModel):
                 raise ConfigError(
                     f"data state: expected a packing or multiprocess state, got '{base.type}'"
                 )
+        return self.wrap_prefetch(base)
+
+    def wrap_prefetch(self, base: PackingIteratorState) -> StatefulIterator:
+        """`base` built, in a background prefetching process when `load_async`."""
         if self.load_async:
             return MultiprocessIteratorState(base=base, prefetch_size=self.prefetch_size).build()
         return base.build()

@@ -2,8 +2,8 @@
 
 Reads every file of every training source (data.sources / data.dataset_files) and every
 validation file (`*.val.jsonl` beside the training files, plus each `--val` path or glob), and
-checks what training would otherwise find hours later: the file opens (an Arrow IPC file has its
-footer), it has a text column, every record is valid JSON and UTF-8 with a string text, and an
+checks what training would otherwise find hours later: the file opens (an Arrow IPC or Parquet
+file has its footer, a `.zst`/`.gz` stream is complete), it has a text column, every record is valid JSON and UTF-8 with a string text, and an
 `entropies` list has one value per token. Prints a summary table; exits 1 if anything is wrong
 (2 for a config error).
 """
@@ -18,14 +18,16 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from bytelatent.data.iterators.file import (
-    TEXT_KEYS,
+    SAMPLE_ID_KEYS,
     _ArrowColumns,
     _ArrowReader,
     _BadRecord,
     _document,
     _record_from_json,
     open_fs,
+    text_keys,
 )
+from bytelatent.data.iterators.formats import BadFile, CompressedLines, ParquetReader
 from bytelatent.data.sources import file_formats, source_files
 from bytelatent.errors import DataError, UserError
 
@@ -63,34 +65,64 @@ def _entropy_problem(doc, tokenizer) -> str | None:
     return None
 
 
-def check_jsonl(report: FileReport, options: dict | None, tokenizer) -> None:
+def _lines(report: FileReport, options: dict | None):
+    """(row, line) of a plain or compressed JSONL file; a broken stream is reported and ends it."""
     fs, fs_path = open_fs(report.path, options)
-    with fs.open(fs_path, "rb") as f:
-        for row, line in enumerate(f):
-            if not line.strip():
-                continue
-            report.records += 1
-            try:
-                doc = _document(_record_from_json(line), report.path, row)
-            except (_BadRecord, ValueError, TypeError) as exc:
-                report.bad(f"row {row}: {exc}")
-                continue
-            problem = _entropy_problem(doc, tokenizer)
-            if problem:
-                report.bad(f"row {row}: {problem}")
-
-
-def check_arrow(report: FileReport, options: dict | None, tokenizer) -> None:
+    if report.format == "json":
+        with fs.open(fs_path, "rb") as f:
+            yield from enumerate(f)
+        return
+    reader = CompressedLines(report.path, report.format, fs, fs_path)
+    row = 0
     try:
-        reader = _ArrowReader(report.path, options)
-    except _BadRecord as exc:
+        while line := reader.readline():
+            yield row, line
+            row += 1
+    except BadFile as exc:
+        report.bad(f"{exc}; the last good line is line {row}")
+    finally:
+        reader.close()
+
+
+def check_jsonl(report: FileReport, options: dict | None, tokenizer, keys=("text",)) -> None:
+    for row, line in _lines(report, options):
+        if not line.strip():
+            continue
+        report.records += 1
+        try:
+            doc = _document(_record_from_json(line), report.path, row, keys)
+        except (_BadRecord, ValueError, TypeError) as exc:
+            report.bad(f"row {row}: {exc}")
+            continue
+        problem = _entropy_problem(doc, tokenizer)
+        if problem:
+            report.bad(f"row {row}: {problem}")
+
+
+def _open_table(report: FileReport, options: dict | None, keys: tuple[str, ...]):
+    if report.format == "arrow":
+        return _ArrowReader(report.path, options)
+    fs, fs_path = open_fs(report.path, options)
+    return ParquetReader(report.path, fs, fs_path, keys, SAMPLE_ID_KEYS)
+
+
+def check_arrow(report: FileReport, options: dict | None, tokenizer, keys=("text",)) -> None:
+    """Arrow IPC and Parquet files: footer, text column type, then every batch / row group."""
+    try:
+        reader = _open_table(report, options, keys)
+    except (_BadRecord, BadFile) as exc:
         report.bad(str(exc))
         return
+    except DataError as exc:
+        report.bad(str(exc).removeprefix(f"{report.path}: "))
+        return
+    index = 0
     try:
         names = reader.schema.names
-        text_key = next((k for k in TEXT_KEYS if k in names), None)
+        text_key = next((k for k in keys if k in names), None)
         if text_key is None:
-            report.bad(f"no 'text' or 'content' column (columns: {names})")
+            wanted = " or ".join(repr(k) for k in keys)
+            report.bad(f"no {wanted} column (columns: {names})")
             return
         if not pa.types.is_string(reader.schema.field(text_key).type) and not (
             pa.types.is_large_string(reader.schema.field(text_key).type)
@@ -99,16 +131,18 @@ def check_arrow(report: FileReport, options: dict | None, tokenizer) -> None:
             return
         index, row = 0, 0
         while (batch := reader.batch(index)) is not None:
-            _check_arrow_batch(report, batch, index, row, tokenizer)
+            _check_arrow_batch(report, batch, index, row, tokenizer, keys)
             row += batch.num_rows
             index += 1
-    except _BadRecord as exc:
+    except (_BadRecord, BadFile) as exc:
         report.bad(f"record batch {index}: {exc}")
     finally:
         reader.close()
 
 
-def _check_arrow_batch(report: FileReport, batch, index: int, first_row: int, tokenizer) -> None:
+def _check_arrow_batch(
+    report: FileReport, batch, index: int, first_row: int, tokenizer, keys: tuple[str, ...]
+) -> None:
     report.records += batch.num_rows
     try:
         batch.validate(full=True)  # invalid UTF-8, bad offsets
@@ -117,11 +151,11 @@ def _check_arrow_batch(report: FileReport, batch, index: int, first_row: int, to
         return
     if batch.num_rows == 0:
         return
-    columns = _ArrowColumns(batch, 0, batch.num_rows, report.path)
+    columns = _ArrowColumns(batch, 0, batch.num_rows, report.path, keys)
     for local in range(batch.num_rows):
         row = first_row + local
         try:
-            doc = _document(columns.record(local), report.path, row)
+            doc = _document(columns.record(local), report.path, row, keys)
         except _BadRecord as exc:
             report.bad(f"row {row}: {exc}")
             continue
@@ -130,18 +164,24 @@ def _check_arrow_batch(report: FileReport, batch, index: int, first_row: int, to
             report.bad(f"row {row}: {problem}")
 
 
-def check_file(report: FileReport, options: dict | None, tokenizer) -> FileReport:
+def check_file(
+    report: FileReport, options: dict | None, tokenizer, text_field: str = "text"
+) -> FileReport:
     fs, fs_path = open_fs(report.path, options)
     try:
         size = fs.size(fs_path)
     except FileNotFoundError:
         report.bad("file not found")
         return report
+    except OSError as exc:  # a symlink loop, no permission, ...
+        report.bad(f"cannot open ({exc.strerror or exc})")
+        return report
     if size == 0:
         report.bad("empty file (0 bytes)")
         return report
     try:
-        (check_arrow if report.format == "arrow" else check_jsonl)(report, options, tokenizer)
+        check = check_arrow if report.format in ("arrow", "parquet") else check_jsonl
+        check(report, options, tokenizer, text_keys(text_field))
     except (OSError, DataError) as exc:
         report.bad(f"unreadable ({exc})")
     if report.records == 0 and report.ok:
@@ -227,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     storage = args.data.fsspec_options() or None
     formats = file_formats([path for _, path in files], args.data.file_format)
     reports = [
-        check_file(FileReport(role, path, fmt), storage, tokenizer)
+        check_file(FileReport(role, path, fmt), storage, tokenizer, args.data.text_field)
         for (role, path), fmt in _progress(list(zip(files, formats)), "checking data")
     ]
     print_table(reports)

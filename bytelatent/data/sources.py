@@ -6,8 +6,10 @@ A source name `S` (a key of data.sources) resolves, in this order, to:
 2. the files matching `S` when it is a glob (relative to root_dir unless absolute or a URL);
 3. the file `S` itself;
 4. a directory `S`: its `*.arrow` files (if any `.complete` markers exist there, only marked ones),
+   else its `*.parquet` files (FineWeb), else its `*.jsonl.zst` / `*.jsonl.gz` files (DCLM),
    else its `*.chunk.*.jsonl` files (the reference layout `{root}/{S}/{S}.chunk.NN.jsonl`), else its
    `*.jsonl` files except `*.val.jsonl` (validation files live beside the training chunks).
+   `data.file_format` (arrow, parquet, json) picks one kind when a folder holds several.
 Files are sorted naturally (`shard_2` before `shard_10`). Anything missing is a DataError that
 names the path.
 """
@@ -15,6 +17,7 @@ names the path.
 from __future__ import annotations
 
 import logging
+import os
 import re
 
 from bytelatent.data.iterators.file import FileFormat, file_format_of, open_fs
@@ -74,9 +77,28 @@ def _directory_files(directory: str, storage_options: dict | None, file_format: 
         arrows = _complete_arrow(names, everything, directory, require_markers=False)
         if arrows or file_format == "arrow":
             return arrows
+    if file_format in ("auto", "parquet"):
+        parquet = [p for p in names if p.endswith((".parquet", ".pq"))]
+        if parquet or file_format == "parquet":
+            return parquet
+    compressed = [p for p in names if p.endswith((".jsonl.zst", ".jsonl.zstd", ".jsonl.gz"))]
+    if compressed and file_format == "auto":
+        return [p for p in compressed if ".val.jsonl" not in p]
     jsonl = [p for p in names if p.endswith(".jsonl")]
     chunks = [p for p in jsonl if re.search(r"\.chunk\.\d+\.jsonl$", p)]
     return chunks or [p for p in jsonl if not p.endswith(".val.jsonl")]
+
+
+def _raise_if_unreadable(source: str, location: str) -> None:
+    """A local path that exists but cannot be read (a symlink loop, no permission): say so."""
+    if "://" in location or not os.path.lexists(location):
+        return
+    try:
+        os.stat(location)
+    except OSError as exc:
+        raise DataError(
+            f"data source '{source}': {location}: cannot open ({exc.strerror or exc})"
+        ) from None
 
 
 def source_files(
@@ -114,20 +136,23 @@ def source_files(
     if fs.isfile(fs_path):
         return [location]
     if not fs.isdir(fs_path):
+        _raise_if_unreadable(source, location)
         hint = "check data.root_dir and data.sources"
         if source == DEFAULT_CORPUS:
             hint = f"build the default corpus with: python -m bytelatent.data.prepare --out {location}"
         raise DataError(f"data source '{source}': {location} does not exist ({hint})")
     files = _directory_files(location, storage_options, file_format)
     if not files:
-        raise DataError(f"data source '{source}': no .arrow or .jsonl files in {location}")
+        raise DataError(
+            f"data source '{source}': no .arrow, .parquet, .jsonl(.zst/.gz) files in {location}"
+        )
     return sorted(files, key=natural_key)
 
 
 def file_formats(paths: list[str], file_format: str) -> list[FileFormat]:
     """Reader format of each file: forced by data.file_format, else from the extension."""
-    if file_format == "arrow":
-        return ["arrow"] * len(paths)
-    if file_format in ("json", "jsonl"):
-        return ["json"] * len(paths)
+    if file_format in ("arrow", "parquet"):
+        return [file_format] * len(paths)
+    if file_format in ("json", "jsonl"):  # plain JSONL; compression still follows the extension
+        return [f if f in ("zst", "gz") else "json" for f in map(file_format_of, paths)]
     return [file_format_of(p) for p in paths]

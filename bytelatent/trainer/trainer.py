@@ -20,6 +20,7 @@ from bytelatent.args import TrainArgs
 from bytelatent.checkpoint.manager import CheckpointManager
 from bytelatent.config.redact import redacted_dump, redacted_yaml
 from bytelatent.data.batch import Batch
+from bytelatent.data.elastic import build_train_data, resume_data_state
 from bytelatent.distributed.clip import clip_grad_norm_
 from bytelatent.distributed.env import DistEnv
 from bytelatent.distributed.mesh import build_mesh, dp_rank_and_size, tp_rank_and_size
@@ -121,8 +122,8 @@ class Trainer:
         # Launches an eval job on every complete eval save, and those a previous run still owes.
         self.async_evals = AsyncEvalLauncher.for_training(args, env.rank, self.checkpoints)
         self.async_evals.launch_owed()
-        self.data = args.data.build_from_rank(
-            self.dp_rank, self.dp_size, state=self.state.data_state
+        self.data = build_train_data(  # virtual streams: bytelatent/data/elastic.py
+            args.data, self.dp_rank, self.dp_size, args.grad_acc_steps, self.state.data_state
         )
         config = {**redacted_dump(args), "n_params": self.n_params}
         self.metrics = MetricLogger.build(
@@ -156,15 +157,11 @@ class Trainer:
         if path is not None:
             train_state = self.checkpoints.load(self.model, self.optimizer, path)
             self.state = TrainState.model_validate(train_state)
-            if (
-                self.checkpoints.last_load is not None
-                and self.checkpoints.last_load.dp_size_changed
-            ):
-                # Data states are per dp rank; with another dp size each rank starts its shard afresh.
-                logger.warning(
-                    "data-parallel size changed since %s: data loaders restart their shards", path
-                )
-                self.state.data_state = None
+            # another dp size: every virtual data stream continues on its new rank
+            self.state.data_state = resume_data_state(
+                self.args.data, self.checkpoints, path, self.state.data_state,
+                self.dp_rank, self.dp_size, self.args.grad_acc_steps,
+            )  # fmt: skip
             self.scheduler.load_state_dict(self.state.scheduler)
             self.actions.load_state_dict(self.state.actions)
             restore_rng_state(self.state.rng)

@@ -6,10 +6,9 @@ What is guaranteed when the data-parallel size changes, and tested here:
   step-10 checkpoint on the new layout and on the layout that wrote it, then taking one step on
   the same fixed global batch, gives the same loss before and after that step;
 * the step counter and the LR schedule continue bitwise (same lr at every later step);
-* the data loader cannot continue the old per-rank streams (each rank's stream and shard
-  assignment depend on the data-parallel size), so every rank starts its stream afresh for the
-  new layout; the first resumed step therefore trains on the first batch of a fresh pipeline,
-  and its loss equals, bitwise, the probe's loss on exactly that batch.
+* the data loader continues the same global sequence of global batches (its virtual streams
+  are handed to the new ranks, bytelatent/data/elastic.py), so every resumed step's loss equals
+  the uninterrupted source run's loss at that step (to 1e-4: only the reduction order differs).
 
 The global batch is the same on both layouts (`data.batch_size` is halved on 2 ranks).
 """
@@ -45,9 +44,9 @@ def test_resume_on_other_dp_size(runner, references, src: int, dst: int) -> None
 
     assert on_dst["step"] == on_src["step"] == 10
     assert on_dst["lr"] == on_src["lr"] == source_lr[10]
-    assert records[0]["loss"] == on_dst["loss_before"], (
-        "first resumed step did not train on a fresh pipeline's batch"
-    )
+    source_loss = {r["global_step"]: r["loss"] for r in read_metrics(source)}
+    for r in records:  # the same global batches as the uninterrupted run
+        assert abs(r["loss"] - source_loss[r["global_step"]]) <= 1e-4, (r, source_loss)
     for key in ("loss_before", "loss_after"):
         assert abs(on_dst[key] - on_src[key]) <= TOLERANCE, (key, on_dst, on_src)
     # The probe's step must move the loss, or loss_after would not test the optimizer state.

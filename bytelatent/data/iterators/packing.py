@@ -29,10 +29,12 @@ from bytelatent.data.batch import Batch
 from bytelatent.data.iterators.base import IteratorState, StatefulIterator
 from bytelatent.data.iterators.sampling import SamplingIteratorState
 from bytelatent.data.iterators.sequence import Sequence, SequenceIteratorState
+from bytelatent.data.iterators.streams import StreamsIteratorState
 from bytelatent.tokenizers.constants import BOE_ID
 
 SequenceSourceState = Annotated[
-    SamplingIteratorState | SequenceIteratorState, Field(discriminator="type")
+    SamplingIteratorState | SequenceIteratorState | StreamsIteratorState,
+    Field(discriminator="type"),
 ]
 
 

@@ -13,6 +13,7 @@ from bytelatent.data.iterators.packing import PackingIteratorState
 from bytelatent.data.iterators.preprocess import PreprocessIteratorState
 from bytelatent.data.iterators.sampling import SamplingIteratorState
 from bytelatent.data.iterators.sequence import SequenceIteratorState
+from bytelatent.data.iterators.streams import StreamsIteratorState
 from bytelatent.errors import DataError
 
 AnyState = Annotated[
@@ -21,6 +22,7 @@ AnyState = Annotated[
     | PreprocessIteratorState
     | SequenceIteratorState
     | SamplingIteratorState
+    | StreamsIteratorState
     | PackingIteratorState
     | MultiprocessIteratorState,
     Field(discriminator="type"),
