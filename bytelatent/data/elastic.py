@@ -15,8 +15,8 @@ another size each rank starts a fresh pipeline (data is repeated, as before, wit
 
 from __future__ import annotations
 
-import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from bytelatent.data.args import DataArgs
@@ -119,41 +119,27 @@ def build_train_data(
     return data.wrap_prefetch(base)
 
 
-def _read_all(checkpoints: Any, path: str, saved_dp_size: int) -> list[dict | None]:
-    """The data state of every rank that wrote the checkpoint at `path`."""
-    from bytelatent.checkpoint import fs as cfs  # noqa: PLC0415 - only at an elastic resume
-    from bytelatent.checkpoint.manager import train_state_name  # noqa: PLC0415
-
-    states = []
-    for rank in range(saved_dp_size):
-        file = cfs.join(path, train_state_name(rank))
-        try:
-            states.append(json.loads(cfs.read_text(checkpoints.fs, file)).get("data_state"))
-        except (OSError, ValueError) as exc:
-            raise DataError(f"{file}: cannot read its data state ({exc})") from exc
-    return states
-
-
 def resume_data_state(
     data: DataArgs,
-    checkpoints: Any,
     path: str,
     state: dict | None,
+    saved_dp_size: int,
+    read_saved_states: Callable[[], list[dict | None]],
     dp_rank: int,
     dp_size: int,
     grad_acc_steps: int,
 ) -> dict | None:
     """This rank's data state after loading the checkpoint at `path` (the module docstring's rules).
 
-    `state` is the data state of the train_state file the manager returned; `checkpoints` is the
-    CheckpointManager (its `last_load.saved_dp_size` and filesystem are used)."""
-    last = getattr(checkpoints, "last_load", None)
-    saved_dp_size = getattr(last, "saved_dp_size", None) or dp_size
+    `state` is the data state of the train_state file the manager returned; `saved_dp_size` the
+    dp size that wrote the checkpoint; `read_saved_states()` returns the data state of every rank
+    that wrote it (called only when the streams must be re-sharded; the trainer reads the files,
+    so that data/ does not depend on the checkpoint layout)."""
     base = _base(state)
     if base is None:
         return None
     if not isinstance(base.source, StreamsIteratorState):
-        if saved_dp_size == dp_size and not getattr(last, "dp_size_changed", False):
+        if saved_dp_size == dp_size:
             return state  # a per-rank state of an older version, at its own size
         logger.warning(
             "%s holds per-rank data states (an older version) for dp_size=%s, now %d: "
@@ -168,7 +154,7 @@ def resume_data_state(
     if saved_dp_size == dp_size and s.stream_ids == streams_of_rank(s.n_streams, dp_rank, dp_size):
         return state
     by_stream: dict[int, Any] = {}
-    for saved in _read_all(checkpoints, path, saved_dp_size):
+    for saved in read_saved_states():
         source = _base(saved).source
         if source.position != 0:
             raise DataError(f"{path}: a data state is not at a step boundary; cannot re-shard it")

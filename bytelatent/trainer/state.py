@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import random
 from typing import Any
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
+
+from bytelatent.checkpoint import fs as cfs
+from bytelatent.checkpoint.manager import train_state_name
+from bytelatent.errors import DataError
 
 
 def _tensor_to_b64(t: torch.Tensor) -> str:
@@ -59,3 +64,15 @@ class TrainState(BaseModel):
     actions: dict[str, Any] = {}  # each action's state (bytelatent.trainer.actions)
     # {"relative_steps": N, "stop_step": S} while a relative_steps run is under way (loop_controls)
     relative_target: dict[str, int] | None = None
+
+
+def read_data_states(fs: Any, path: str, saved_dp_size: int) -> list[dict | None]:
+    """The data state of every dp rank that wrote the checkpoint at `path` (elastic resume)."""
+    states = []
+    for rank in range(saved_dp_size):
+        file = cfs.join(path, train_state_name(rank))
+        try:
+            states.append(json.loads(cfs.read_text(fs, file)).get("data_state"))
+        except (OSError, ValueError) as exc:
+            raise DataError(f"{file}: cannot read its data state ({exc})") from exc
+    return states

@@ -48,7 +48,12 @@ from bytelatent.trainer.optim import build_optimizer
 from bytelatent.trainer.patch_stats import PatchLengthStats
 from bytelatent.trainer.probe import build_probe
 from bytelatent.trainer.profiling import build_profiler
-from bytelatent.trainer.state import TrainState, capture_rng_state, restore_rng_state
+from bytelatent.trainer.state import (
+    TrainState,
+    capture_rng_state,
+    read_data_states,
+    restore_rng_state,
+)
 
 logger = logging.getLogger("bytelatent")
 
@@ -158,8 +163,10 @@ class Trainer:
             train_state = self.checkpoints.load(self.model, self.optimizer, path)
             self.state = TrainState.model_validate(train_state)
             # another dp size: every virtual data stream continues on its new rank
+            saved_dp_size = self.checkpoints.last_load.saved_dp_size or self.dp_size
             self.state.data_state = resume_data_state(
-                self.args.data, self.checkpoints, path, self.state.data_state,
+                self.args.data, path, self.state.data_state, saved_dp_size,
+                lambda: read_data_states(self.checkpoints.fs, path, saved_dp_size),
                 self.dp_rank, self.dp_size, self.args.grad_acc_steps,
             )  # fmt: skip
             self.scheduler.load_state_dict(self.state.scheduler)

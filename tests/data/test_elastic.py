@@ -3,7 +3,6 @@ checkpoint's data states re-shard exactly onto another dp size (bytelatent/data/
 
 import json
 from collections import Counter
-from types import SimpleNamespace
 
 import pytest
 from fsspec.implementations.local import LocalFileSystem
@@ -11,6 +10,7 @@ from fsspec.implementations.local import LocalFileSystem
 from bytelatent.data.args import DataArgs
 from bytelatent.data.elastic import build_train_data, resume_data_state
 from bytelatent.errors import ConfigError
+from bytelatent.trainer.state import read_data_states
 
 STEPS, SAVE_AT = 5, 2
 
@@ -51,17 +51,15 @@ def save(folder, iterators) -> None:
 
 
 def resume(folder, data, dp_size: int, grad_acc_steps: int, saved_dp_size: int):
-    checkpoints = SimpleNamespace(
-        fs=LocalFileSystem(),
-        last_load=SimpleNamespace(saved_dp_size=saved_dp_size, dp_size_changed=True),
-    )
     iterators = []
     for rank in range(dp_size):
         own = folder / f"train_state_{rank if rank < saved_dp_size else 0:05d}.json"
         saved = json.loads(own.read_text())["data_state"]
         state = resume_data_state(
-            data, checkpoints, str(folder), saved, rank, dp_size, grad_acc_steps
-        )
+            data, str(folder), saved, saved_dp_size,
+            lambda: read_data_states(LocalFileSystem(), str(folder), saved_dp_size),
+            rank, dp_size, grad_acc_steps,
+        )  # fmt: skip
         iterators.append(build_train_data(data, rank, dp_size, grad_acc_steps, state))
     return iterators
 
@@ -146,8 +144,10 @@ def test_old_per_rank_states_resume_at_their_own_size(corpus, tmp_path):
     next(old)
     state = old.get_state().model_dump(mode="json")
     expected = next(old)
-    same = SimpleNamespace(last_load=SimpleNamespace(saved_dp_size=2, dp_size_changed=False))
-    kept = resume_data_state(data, same, str(tmp_path), state, 1, 2, 1)
+
+    def unused():
+        raise AssertionError("an old per-rank state is never re-sharded")
+
+    kept = resume_data_state(data, str(tmp_path), state, 2, unused, 1, 2, 1)
     assert kept == state and next(build_train_data(data, 1, 2, 1, kept)).equals(expected)
-    other = SimpleNamespace(last_load=SimpleNamespace(saved_dp_size=2, dp_size_changed=True))
-    assert resume_data_state(data, other, str(tmp_path), state, 0, 1, 2) is None
+    assert resume_data_state(data, str(tmp_path), state, 2, unused, 0, 1, 2) is None
