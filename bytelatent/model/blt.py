@@ -27,6 +27,7 @@ from torch import nn
 
 from bytelatent.errors import ConfigError
 from bytelatent.model.attention import resolve_backend, self_attn_mask
+from bytelatent.model.global_init import GlobalInitArgs
 from bytelatent.model.hashing import (
     HASH_PRIMES,
     compute_hash_embeddings,
@@ -34,6 +35,7 @@ from bytelatent.model.hashing import (
 )
 from bytelatent.model.layers import INIT_STD_FACTORS
 from bytelatent.model.local_models import GlobalTransformer, LocalDecoder, LocalEncoder
+from bytelatent.model.rope_scaling import RopeScalingArgs
 from bytelatent.model.patch_utils import (
     build_cross_mask,
     check_patch_lengths,
@@ -91,6 +93,8 @@ class ByteLatentTransformerArgs(BaseModel):
     attn_bias_type: str | None = "causal"
     max_seqlen: int = 1024
     init_base_std: float | None = None
+    rope_scaling: RopeScalingArgs | None = None  # global transformer only (Llama 3 checkpoints)
+    global_init: GlobalInitArgs | None = None  # pretrained global weights (docs/byteify.md)
     # local models
     dim_local_encoder: int = 512
     dim_local_decoder: int = 512
@@ -320,6 +324,7 @@ class ByteLatentTransformerArgs(BaseModel):
                 "max_seqlen": self.max_seqlen,
                 "attn_bias_type": self.attn_bias_type,
                 "init_base_std": self.init_base_std,
+                "rope_scaling": self.rope_scaling,
             }
             keys = "dim/n_layers/n_heads/n_kv_heads_global"
         else:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from torch import nn
 
 from bytelatent.model.attention import BACKENDS, resolve_backend, self_attn_mask
+from bytelatent.model.rope_scaling import RopeScalingArgs
 from bytelatent.model.layers import (
     INIT_STD_FACTORS,
     RMSNorm,
@@ -43,6 +44,7 @@ class BaseTransformerArgs(BaseModel):
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_use_fp32_in_outer_product: bool = False
+    rope_scaling: RopeScalingArgs | None = None  # Llama 3 frequency scaling (rope_scaling.py)
     init_base_std: float | None = None
     init_std_factor: str = "disabled"
     max_seqlen: int = 1024
@@ -131,6 +133,7 @@ class LMTransformer(nn.Module):
             head_dim=head_dim,
             max_seqlen=args.max_seqlen,
             use_fp32_outer=args.rope_use_fp32_in_outer_product,
+            scaling=args.rope_scaling,
         )
         self.layers = nn.ModuleList(TransformerBlock(args) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, eps=args.norm_eps)
