@@ -50,10 +50,10 @@ def load_sample(
     source: str, sample_bytes: int, entropy_model: str | None = None, device: str = "auto"
 ) -> list[SampleDocument]:
     """Whole documents from `source` until `sample_bytes` tokens, each with its entropies."""
+    from bytelatent.data.args import DataArgs
     from bytelatent.data.patcher import PatcherArgs
-    from bytelatent.tokenizers.args import TokenizerArgs
 
-    tokenizer = TokenizerArgs().build()
+    tokenizer = DataArgs().tokenizer_for_data().build()  # BOS/EOS as the training pipeline adds
     model_patcher = None
     if entropy_model is not None:
         model_patcher = PatcherArgs(

@@ -42,7 +42,7 @@ def save_tiny_llama(
         rope_theta=theta,
         rope_scaling=dict(rope_scaling) if rope_scaling else None,
         max_position_embeddings=256,
-        initializer_range=0.2,  # large enough for attention patterns to matter
+        initializer_range=0.1,  # attention patterns matter; outputs stay O(1)
     )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config)
@@ -56,7 +56,7 @@ def save_tiny_llama(
 
 def blt_args(path: Path | None, gqa: bool = True, rope_scaling=None, theta=10000.0, **kw):
     """A small BLT whose global transformer has the tiny Llama's shape (no input projection)."""
-    return ByteLatentTransformerArgs(
+    fields = dict(
         dim=64,
         n_layers=2,
         n_heads=4,
@@ -75,8 +75,8 @@ def blt_args(path: Path | None, gqa: bool = True, rope_scaling=None, theta=10000
         n_heads_local_decoder=4,
         max_encoder_seq_length=128,
         global_init={"path": str(path)} if path else None,
-        **kw,
     )
+    return ByteLatentTransformerArgs(**{**fields, **kw})
 
 
 def built(args: ByteLatentTransformerArgs) -> ByteLatentTransformer:
@@ -100,8 +100,8 @@ def test_llama3_rope_scaling_matches_transformers():
     # row 1 holds cos/sin of angle = 1 * frequency
     ours_freqs = torch.atan2(ours[1, :, 1, 0], ours[1, :, 0, 0])
     torch.testing.assert_close(ours_freqs, hf_freqs.float(), rtol=1e-6, atol=1e-7)
-    low, medium, high = (plain[1, :, 1, 0] != ours[1, :, 1, 0]).tolist()[:3]
-    assert not low and medium and high  # every band of the rule is exercised
+    high_band, medium_band, low_band = (plain[1, :, 1, 0] != ours[1, :, 1, 0]).tolist()[:3]
+    assert not high_band and medium_band and low_band  # every band of the rule is exercised
 
 
 @pytest.mark.parametrize(
@@ -114,7 +114,7 @@ def test_global_transformer_equals_hf_llama(tmp_path, gqa, rope_scaling, theta):
     args = blt_args(folder, gqa, rope_scaling, theta)
     model = built(args)
     assert load_hf_llama(model, args) == 2 * 9
-    hf = transformers.LlamaModel.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    hf = transformers.LlamaModel.from_pretrained(folder).eval()
     hf.norm = torch.nn.Identity()  # our global transformer ends without a norm
     h = torch.randn(2, 48, 64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
