@@ -1,6 +1,6 @@
 """Byteify end to end: a tiny random Llama -> the debug BLT's global transformer, frozen for 20
 steps (bitwise the converted HF weights, loss falls), then 20 steps at lr_scale 0.1 change it;
-resuming at the unfreeze step is bitwise the uninterrupted run."""
+resuming before, at and after the unfreeze step is bitwise the uninterrupted run."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def train(args_list: list[str]) -> tuple[Trainer, dict]:
     return trainer, global_weights(trainer.model)
 
 
-def test_frozen_global_keeps_hf_weights_then_trains_and_resumes_bitwise(
+def test_frozen_global_keeps_hf_weights_then_unfrozen_changes_them(
     tmp_path, corpus_root, monkeypatch
 ):
     monkeypatch.chdir(REPO)
@@ -97,8 +97,8 @@ def test_frozen_global_keeps_hf_weights_then_trains_and_resumes_bitwise(
         assert torch.equal(at_20[name], tensor), name  # frozen: bitwise the HF weights
     losses = [row["loss"] for row in metrics(dump)]
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.3, losses
-    frozen_state = [p for p in first.model.global_transformer.parameters()]
-    assert not any(p in first.optimizer.state for p in frozen_state)  # no AdamW state
+    frozen = list(first.model.global_transformer.layers.parameters())
+    assert not any(p in first.optimizer.state for p in frozen)  # no AdamW state
     assert "group=0:global_transformer.layers.*" in (dump / "model-info.txt").read_text()
 
     resumed, at_40 = train(argv(dump, corpus_root, llama))  # resumes at 20: the HF folder unused
@@ -106,11 +106,27 @@ def test_frozen_global_keeps_hf_weights_then_trains_and_resumes_bitwise(
     changed = [n for n in expected if not torch.equal(at_40[n], expected[n])]
     assert changed == list(expected), "unfrozen global weights must move"
 
-    _, straight = train(argv(tmp_path / "straight", corpus_root, llama))
-    for name in expected:
-        assert torch.equal(at_40[name], straight[name]), name  # resume at the unfreeze is bitwise
+
+@pytest.mark.slow
+def test_resume_before_at_and_after_the_unfreeze_is_bitwise(tmp_path, corpus_root, monkeypatch):
+    monkeypatch.chdir(REPO)
+    llama = tmp_path / "llama"
+    save_llama(llama)
+    dump = tmp_path / "run"
+    for stop in (15, 20, 30):  # resumes at 15 (frozen), 20 (the unfreeze), 30 (AdamW state)
+        train(argv(dump, corpus_root, llama, f"max_steps={stop}", "checkpoint.dump.every=5"))
+    chained, at_40 = train(argv(dump, corpus_root, llama))
+    straight, straight_40 = train(argv(tmp_path / "straight", corpus_root, llama))
+    for name in at_40:
+        assert torch.equal(at_40[name], straight_40[name]), name
+    for a, b in zip(chained.model.parameters(), straight.model.parameters()):
+        assert torch.equal(a, b)
+        state_a, state_b = chained.optimizer.state[a], straight.optimizer.state[b]
+        assert state_a.keys() == state_b.keys()
+        assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)
 
 
+@pytest.mark.slow
 def test_mismatched_checkpoint_fails_in_one_line_before_training(tmp_path, corpus_root):
     llama = tmp_path / "llama"
     save_llama(llama)
