@@ -3,7 +3,7 @@
 Builds the tiny-Llama-shaped BLT of test_hf_llama on a 2-rank gloo mesh (LAYOUT: fsdp or tp),
 loads the HF weights into the sharded global transformer, and checks: the full tensors equal the
 single-process conversion; with the global group frozen a step gives its parameters no gradients
-and issues fewer reduce-scatters; once unfrozen they get gradients again. Rank 0 writes OUT.
+and reduce-scatters nothing for their FSDP units; once unfrozen they get gradients again. Rank 0 writes OUT.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import traceback
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from bytelatent.checkpoint.hf_llama import load_hf_llama
@@ -62,13 +61,15 @@ def main(llama: str, out: str, layout: str) -> None:
     load_hf_llama(model, args)
     loaded = full(model)
     counter = [0]
-    original = dist.reduce_scatter_tensor
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group  # one call per FSDP unit
+
+    original = _fsdp_param_group.foreach_reduce
 
     def counting(*a, **kw):
         counter[0] += 1
         return original(*a, **kw)
 
-    dist.reduce_scatter_tensor = counting
+    _fsdp_param_group.foreach_reduce = counting
     groups = [{"params": "global_transformer.*", "freeze_until_step": 1}]
     optimizer, scheduler = build_optimizer(model, OptimArgs(groups=groups), 10, "cpu")
     frozen_grads = step(model, optimizer, scheduler, counter)
