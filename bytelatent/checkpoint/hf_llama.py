@@ -123,7 +123,11 @@ def architecture_mismatches(cfg: dict[str, Any], model_args: Any) -> list[str]:
 
 def _rope_scaling_mismatches(hf: dict[str, Any] | None, ours: Any) -> list[str]:
     if hf is None:
-        return [] if ours is None else [f"model.rope_scaling={ours.model_dump()} but rope_scaling=null"]
+        return (
+            []
+            if ours is None
+            else [f"model.rope_scaling={ours.model_dump()} but rope_scaling=null"]
+        )
     kind = hf.get("rope_type", hf.get("type"))
     if kind != "llama3":
         return [f"rope_scaling.rope_type={kind!r} is not supported (only llama3)"]
@@ -147,7 +151,9 @@ def weight_files(path: str) -> list[str]:
     elif fs.exists(join(path, SINGLE_FILE)):
         names = [SINGLE_FILE]
     else:
-        raise CheckpointError(f"{path}: neither {INDEX_FILE} nor {SINGLE_FILE}; not a HF safetensors folder")
+        raise CheckpointError(
+            f"{path}: neither {INDEX_FILE} nor {SINGLE_FILE}; not a HF safetensors folder"
+        )
     files = [join(path, name) for name in names]
     for file in files:
         if not fs.exists(file):

@@ -57,7 +57,9 @@ def load_sample(
     model_patcher = None
     if entropy_model is not None:
         model_patcher = PatcherArgs(
-            realtime_patching=True, entropy_model_checkpoint_dir=entropy_model, patching_device=device
+            realtime_patching=True,
+            entropy_model_checkpoint_dir=entropy_model,
+            patching_device=device,
         ).build()
     sample, total = [], 0
     for doc in _documents(source):
@@ -191,7 +193,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--target-mean", type=float, required=True, help="bytes per patch")
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--entropies", help="preprocessed entropy shards (a folder, local or s3://)")
+    source.add_argument(
+        "--entropies", help="preprocessed entropy shards (a folder, local or s3://)"
+    )
     source.add_argument("--entropy-model", help="entropy model checkpoint folder (with --text)")
     parser.add_argument("--text", help="documents for --entropy-model: a file, folder or glob")
     parser.add_argument("--monotonicity", action="store_true")

@@ -35,7 +35,6 @@ from bytelatent.model.hashing import (
 )
 from bytelatent.model.layers import INIT_STD_FACTORS
 from bytelatent.model.local_models import GlobalTransformer, LocalDecoder, LocalEncoder
-from bytelatent.model.rope_scaling import RopeScalingArgs
 from bytelatent.model.patch_utils import (
     build_cross_mask,
     check_patch_lengths,
@@ -45,6 +44,7 @@ from bytelatent.model.patch_utils import (
     patch_ids_from_lengths,
     pool_patches,
 )
+from bytelatent.model.rope_scaling import RopeScalingArgs
 from bytelatent.model.transformer import BaseTransformerArgs
 from bytelatent.tokenizers.constants import EOS_ID, OFFSET, VOCAB_SIZE
 

@@ -30,7 +30,9 @@ class RopeScalingArgs(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> RopeScalingArgs:
         if self.factor <= 0 or self.original_max_position_embeddings < 1:
-            raise ValueError("rope_scaling: factor and original_max_position_embeddings must be > 0")
+            raise ValueError(
+                "rope_scaling: factor and original_max_position_embeddings must be > 0"
+            )
         if not 0 < self.low_freq_factor < self.high_freq_factor:
             raise ValueError(
                 f"rope_scaling: need 0 < low_freq_factor ({self.low_freq_factor}) < "

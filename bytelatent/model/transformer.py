@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from torch import nn
 
 from bytelatent.model.attention import BACKENDS, resolve_backend, self_attn_mask
-from bytelatent.model.rope_scaling import RopeScalingArgs
 from bytelatent.model.layers import (
     INIT_STD_FACTORS,
     RMSNorm,
@@ -24,6 +23,7 @@ from bytelatent.model.layers import (
     block_head_counts,
     init_std_factor,
 )
+from bytelatent.model.rope_scaling import RopeScalingArgs
 from bytelatent.tokenizers.constants import EOS_ID, VOCAB_SIZE
 
 ATTN_BIAS_TYPES = (None, "causal", "block_causal", "local_block_causal")

@@ -106,7 +106,12 @@ def test_llama3_rope_scaling_matches_transformers():
 
 @pytest.mark.parametrize(
     "gqa, rope_scaling, theta",
-    [(True, SCALING, 10000.0), (False, None, 500000.0), (True, None, 10000.0), (False, SCALING, 10000.0)],
+    [
+        (True, SCALING, 10000.0),
+        (False, None, 500000.0),
+        (True, None, 10000.0),
+        (False, SCALING, 10000.0),
+    ],
 )
 def test_global_transformer_equals_hf_llama(tmp_path, gqa, rope_scaling, theta):
     folder = save_tiny_llama(tmp_path / "llama", gqa, rope_scaling, theta)
@@ -136,7 +141,7 @@ def test_without_the_layout_conversion_parity_fails(tmp_path, monkeypatch):
     hf.norm = torch.nn.Identity()
     h = torch.randn(1, 32, 64)
     with torch.no_grad():
-        diff = (model.global_transformer(h, None, "sdpa") - hf(inputs_embeds=h).last_hidden_state)
+        diff = model.global_transformer(h, None, "sdpa") - hf(inputs_embeds=h).last_hidden_state
     assert diff.abs().max() > 1e-3
 
 

@@ -19,7 +19,9 @@ def entropy_jsonl(path, n_docs: int = 30, seed: int = 0) -> None:
             text = "".join(rng.choice(list("abcdef ghij.\n"), size=int(rng.integers(200, 900))))
             n = len(text.encode()) + 2
             walk = np.abs(np.cumsum(rng.normal(0, 0.4, n))) % 3.0
-            f.write(json.dumps({"sample_id": str(i), "text": text, "entropies": walk.tolist()}) + "\n")
+            f.write(
+                json.dumps({"sample_id": str(i), "text": text, "entropies": walk.tolist()}) + "\n"
+            )
 
 
 def threshold_of(out: str) -> float:
