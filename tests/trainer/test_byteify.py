@@ -138,3 +138,42 @@ def test_mismatched_checkpoint_fails_in_one_line_before_training(tmp_path, corpu
     line = res.stderr.strip().splitlines()[-1]
     assert line.startswith("checkpoint error:") and "model.dim=32 but hidden_size=48" in line
     assert not (dump / "metrics.jsonl").exists()
+
+
+def test_blt_from_llama_global_layers_have_llama_3_2_1b_shape():
+    from bytelatent.checkpoint.hf_llama import architecture_mismatches
+
+    args = parse_args(
+        TrainArgs,
+        [f"config={REPO / 'configs/blt_from_llama.yaml'}", "dump_dir=x", "data.root_dir=x"]
+        + ["data.sources={s: 1.0}", "data.preprocess_dir=x"],
+    )
+    with torch.device("meta"):
+        model = build_model(args)
+    layers = sum(p.numel() for p in model.global_transformer.layers.parameters())
+    # Llama-3.2-1B: 1,235,814,400 parameters - 262,668,288 embedding - 2,048 final norm
+    assert layers == 973_144_064
+    assert model.global_transformer.token_embedding_projection is None
+    llama_3_2_1b = {  # config.json of meta-llama/Llama-3.2-1B (the fields the check reads)
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "factor": 32.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+    }
+    assert architecture_mismatches(llama_3_2_1b, args.model) == []
