@@ -9,8 +9,8 @@ every document with the ``Patcher`` exactly as training does (one document at a 
 ``include_next_token=False``; ``--monotonicity`` and ``--max-patch-length`` as in
 ``data.patcher_args``), and bisects the global threshold until the mean patch length (bytes per
 patch over the sample) is the target. Prints ``threshold=<value>`` on a line of its own, then the
-patch-length distribution at that threshold and at neighbouring ones (``--png`` draws it; needs
-the ``plot`` extra). With ``--monotonicity`` the value is the threshold on the entropy rise
+patch-length distribution at that threshold and at the thresholds for the target +-0.5 and +-1
+byte, which shows how sensitive the choice is (``--png`` draws it; needs the ``plot`` extra). With ``--monotonicity`` the value is the threshold on the entropy rise
 (``data.patcher_args.monotonicity=true``).
 
 Training rows are cut from a stream of packed documents, so a patch crossing a row boundary is
@@ -28,7 +28,7 @@ import torch
 
 from bytelatent.errors import ConfigError, DataError, UserError
 
-NEIGHBOUR_FACTORS = (0.8, 0.9, 1.0, 1.1, 1.2)
+NEIGHBOUR_OFFSETS = (-1.0, -0.5, 0.5, 1.0)  # bytes per patch around the target
 
 
 @dataclass
@@ -112,7 +112,8 @@ def find_threshold(
     target_mean: float,
     monotonicity: bool = False,
     max_patch_length: int | None = None,
-    iterations: int = 60,
+    iterations: int = 50,
+    tolerance: float = 1e-4,
 ) -> tuple[float, float]:
     """(threshold, mean patch length there): bisection, the mean grows with the threshold."""
 
@@ -135,7 +136,7 @@ def find_threshold(
             lo, mean_lo = mid, mean
         else:
             hi, mean_hi = mid, mean
-        if hi - lo < 1e-7:
+        if hi - lo < 1e-7 or abs(mean - target_mean) < tolerance * target_mean:
             break
     if abs(mean_lo - target_mean) < abs(mean_hi - target_mean):
         return lo, mean_lo
@@ -187,6 +188,26 @@ def write_png(rows: list[tuple[float, np.ndarray]], path: str, chosen: float) ->
     plt.close(fig)
 
 
+def _neighbours(sample: list[SampleDocument], args: argparse.Namespace) -> list[float]:
+    """Thresholds for target means +-0.5 and +-1 byte (those this sample can reach)."""
+    out = []
+    for offset in NEIGHBOUR_OFFSETS:
+        if args.target_mean + offset < 1:
+            continue
+        try:
+            threshold, _ = find_threshold(
+                sample,
+                args.target_mean + offset,
+                args.monotonicity,
+                args.max_patch_length,
+                tolerance=5e-3,  # the neighbours only show the sensitivity
+            )
+        except ConfigError:
+            continue
+        out.append(threshold)
+    return out
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bytelatent.data.patch_size", description=__doc__.split("\n\n")[0]
@@ -225,11 +246,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"threshold={threshold!r}")
         n_bytes = sum(d.tokens.shape[1] for d in sample)
         print(f"sample: {len(sample)} documents, {n_bytes} bytes; mean patch length {mean:.4f}")
-        thresholds = [threshold * f for f in NEIGHBOUR_FACTORS]  # the factor 1.0 keeps it exact
-        rows = [
+        thresholds = [threshold] + _neighbours(sample, args)
+        rows = sorted(
             (t, patch_lengths(sample, t, args.monotonicity, args.max_patch_length))
             for t in thresholds
-        ]
+        )
         print(table(rows))
         if args.png:
             write_png(rows, args.png, threshold)

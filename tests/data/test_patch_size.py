@@ -45,7 +45,7 @@ def test_cli_threshold_gives_the_target_mean_with_the_training_patcher(
     sample = load_sample(str(shard), 10**9)
     mean = patch_lengths(sample, threshold, monotonicity, max_len).mean()
     assert mean == pytest.approx(3.5, rel=0.02)
-    assert "3-4" in out and len(out.splitlines()) >= 7  # header + 5 thresholds
+    assert "3-4" in out and len(out.splitlines()) >= 7  # header + target and 4 neighbours
     if max_len:
         assert patch_lengths(sample, threshold, monotonicity, max_len).max() <= max_len
 
