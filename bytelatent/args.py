@@ -110,6 +110,10 @@ class TrainArgs(BaseModel):
     def _check_blt_run(self) -> None:
         if self.model is None:
             raise ValueError("model: must be set unless train_entropy_model=true")
+        if self.model.global_init is not None and self.checkpoint.init_ckpt_path:
+            raise ValueError(
+                "model.global_init and checkpoint.init_ckpt_path both initialise weights; set one"
+            )
         if self.data.patcher_args.patching_mode == "byte" and not self.data.add_patches:
             return
         enc_len = self.model.max_encoder_seq_length

@@ -55,6 +55,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "bytelatent.generate",
         "bytelatent.print_config",
         "bytelatent.data.check",
+        "bytelatent.data.patch_size",
         "bytelatent.config.from_reference",
         "apps",
     ),

@@ -160,6 +160,8 @@ def check_hf_representable(args: Any) -> list[str]:
         refuse("encoder_ngram_to_size_str", "HF has no frequency n-gram tables")
     if args.pm_size:
         refuse("pm_size", "HF's output layer has exactly vocab_size rows")
+    if getattr(args, "rope_scaling", None) is not None:
+        refuse("rope_scaling", "HF's BLT global transformer has no llama3 RoPE scaling")
     if not args.use_rope:
         refuse("use_rope", "HF's local models always use RoPE")
     if args.cross_attn_window_encoder is not None or args.cross_attn_window_decoder is not None:

@@ -16,9 +16,11 @@ from pydantic import (
     model_validator,
 )
 
+from bytelatent.model.global_init import GlobalInitArgs
 from bytelatent.model.hashing import HASH_PRIMES
 from bytelatent.model.layers import INIT_STD_FACTORS
 from bytelatent.model.patch_utils import parse_pooling
+from bytelatent.model.rope_scaling import RopeScalingArgs
 from bytelatent.model.transformer import BaseTransformerArgs
 from bytelatent.tokenizers.constants import EOS_ID, VOCAB_SIZE
 
@@ -67,6 +69,8 @@ class ByteLatentTransformerArgs(BaseModel):
     attn_bias_type: str | None = "causal"
     max_seqlen: int = 1024
     init_base_std: float | None = None
+    rope_scaling: RopeScalingArgs | None = None  # global transformer only (Llama 3 checkpoints)
+    global_init: GlobalInitArgs | None = None  # pretrained global weights (docs/byteify.md)
     # local models
     dim_local_encoder: int = 512
     dim_local_decoder: int = 512
@@ -319,6 +323,7 @@ class ByteLatentTransformerArgs(BaseModel):
                 "max_seqlen": self.max_seqlen,
                 "attn_bias_type": self.attn_bias_type,
                 "init_base_std": self.init_base_std,
+                "rope_scaling": self.rope_scaling,
             }
             keys = "dim/n_layers/n_heads/n_kv_heads_global"
         else:

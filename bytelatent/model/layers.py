@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bytelatent.model.attention import AttnMask, attend
+from bytelatent.model.rope_scaling import RopeScalingArgs, scale_frequencies
 
 INIT_STD_FACTORS = ("disabled", "current_depth", "global_depth", "dim_ratio")
 
@@ -102,10 +103,16 @@ class _RMSNormFunction(torch.autograd.Function):
 
 
 def precompute_freqs_cis(
-    head_dim: int, end: int, theta: float = 10000.0, use_fp32_outer: bool = False
+    head_dim: int,
+    end: int,
+    theta: float = 10000.0,
+    use_fp32_outer: bool = False,
+    scaling: RopeScalingArgs | None = None,
 ) -> torch.Tensor:
-    """RoPE rotation matrices [[cos,-sin],[sin,cos]] of shape [end, head_dim // 2, 2, 2] (fp32)."""
+    """RoPE rotation matrices [[cos,-sin],[sin,cos]] of shape [end, head_dim // 2, 2, 2] (fp32);
+    ``scaling``: Llama 3 frequency scaling (rope_scaling.py)."""
     freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
+    freqs = scale_frequencies(freqs, scaling)
     positions = torch.arange(end, device=freqs.device)
     if use_fp32_outer:
         positions = positions.to(torch.float32)
@@ -118,23 +125,29 @@ class RotaryEmbedding(nn.Module):
     """Holds the RoPE table as a non-persistent buffer ``freqs_cis`` (recomputed, never saved)."""
 
     def __init__(
-        self, theta: float, head_dim: int, max_seqlen: int, use_fp32_outer: bool = False
+        self,
+        theta: float,
+        head_dim: int,
+        max_seqlen: int,
+        use_fp32_outer: bool = False,
+        scaling: RopeScalingArgs | None = None,
     ) -> None:
         super().__init__()
         self.theta = theta
         self.head_dim = head_dim
         self.max_seqlen = max_seqlen
         self.use_fp32_outer = use_fp32_outer
+        self.scaling = scaling
         self.register_buffer(
             "freqs_cis",
-            precompute_freqs_cis(head_dim, max_seqlen, theta, use_fp32_outer),
+            precompute_freqs_cis(head_dim, max_seqlen, theta, use_fp32_outer, scaling),
             persistent=False,
         )
 
     def reset_parameters(self) -> None:
         """Recompute the table in place (after to_empty or loading a state dict)."""
         table = precompute_freqs_cis(
-            self.head_dim, self.max_seqlen, self.theta, self.use_fp32_outer
+            self.head_dim, self.max_seqlen, self.theta, self.use_fp32_outer, self.scaling
         )
         with torch.no_grad():
             self.freqs_cis.copy_(table.to(self.freqs_cis.device))

@@ -272,6 +272,7 @@ class GlobalTransformer(nn.Module):
             head_dim=head_dim,
             max_seqlen=block_args.max_seqlen,
             use_fp32_outer=block_args.rope_use_fp32_in_outer_product,
+            scaling=block_args.rope_scaling,
         )
         in_dim = args.global_input_dim()
         self.token_embedding_projection = (

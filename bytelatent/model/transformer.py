@@ -23,6 +23,7 @@ from bytelatent.model.layers import (
     block_head_counts,
     init_std_factor,
 )
+from bytelatent.model.rope_scaling import RopeScalingArgs
 from bytelatent.tokenizers.constants import EOS_ID, VOCAB_SIZE
 
 ATTN_BIAS_TYPES = (None, "causal", "block_causal", "local_block_causal")
@@ -43,6 +44,7 @@ class BaseTransformerArgs(BaseModel):
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_use_fp32_in_outer_product: bool = False
+    rope_scaling: RopeScalingArgs | None = None  # Llama 3 frequency scaling (rope_scaling.py)
     init_base_std: float | None = None
     init_std_factor: str = "disabled"
     max_seqlen: int = 1024
@@ -131,6 +133,7 @@ class LMTransformer(nn.Module):
             head_dim=head_dim,
             max_seqlen=args.max_seqlen,
             use_fp32_outer=args.rope_use_fp32_in_outer_product,
+            scaling=args.rope_scaling,
         )
         self.layers = nn.ModuleList(TransformerBlock(args) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, eps=args.norm_eps)

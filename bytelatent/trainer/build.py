@@ -32,6 +32,18 @@ def build_parallel_model(args: TrainArgs, mesh: DeviceMesh | None) -> torch.nn.M
     return parallelize_model(model, mesh, args.distributed)
 
 
+def init_global_from_pretrained(model: torch.nn.Module, args: TrainArgs) -> bool:
+    """Copy `model.global_init`'s weights into the (materialised, maybe sharded) global
+    transformer; False when the run has none. Called for fresh runs only: a resumed run's
+    weights come from its own checkpoint."""
+    if args.train_entropy_model or args.model is None or args.model.global_init is None:
+        return False
+    from bytelatent.checkpoint.hf_llama import load_hf_llama  # safetensors: the `hf` extra
+
+    load_hf_llama(model, args.model)
+    return True
+
+
 def model_flops_per_byte(args: TrainArgs) -> float:
     """Training FLOPs (forward + backward) per input byte, for throughput and MFU."""
     if args.train_entropy_model:

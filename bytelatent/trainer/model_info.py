@@ -34,6 +34,7 @@ from torch.distributed.tensor import DTensor
 from bytelatent.args import TrainArgs
 from bytelatent.distributed.mesh import tp_rank_and_size
 from bytelatent.distributed.parallelize import checkpoint_blocks, fsdp_units
+from bytelatent.trainer.optim import group_label
 
 GIB = 2**30
 MODEL_INFO = "model-info.txt"
@@ -260,12 +261,14 @@ def render(
         f"activation_checkpointing={args.distributed.activation_checkpointing}):",
         *(f"  {k:<16} {v / GIB:10.3f} GiB" for k, v in memory_items(mem)),
         "",
-        "parameters (name, shape, dtype, count, local shape, local count, placement):",
+        "parameters (name, shape, dtype, count, local shape, local count, placement, optim group):",
     ]
+    groups = args.optim.groups
     for r in rows:
         lines.append(
             f"  {r.name:<{name_w}}  {_fmt_shape(r.shape):<16} {str(r.dtype).removeprefix('torch.'):<9}"
             f" {r.numel:>14,}  {_fmt_shape(r.local_shape):<16} {r.local_numel:>14,}  {r.placement}"
+            f"  group={group_label(r.name, groups)}"
         )
     return "\n".join(lines) + "\n", total, mem
 

@@ -1,7 +1,16 @@
-"""AdamW and learning-rate schedules (constant, linear, cosine, inv_sqrt, wsd) with linear warmup."""
+"""AdamW and learning-rate schedules (constant, linear, cosine, inv_sqrt, wsd) with linear warmup.
+
+``optim.groups`` splits the parameters into AdamW groups by glob over their names (as in our
+checkpoints; the first matching group wins, the rest form the default group): each group has its
+own learning-rate scale and weight decay, and may be frozen for its first ``freeze_until_step``
+optimizer steps. The schedule multiplies every group's lr. Freezing is ``requires_grad=False``:
+no gradients (hence no FSDP reduce-scatter for the group's units), no AdamW state until the
+group's first real update; the scheduler sets the flags, so they follow resumes.
+"""
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from functools import partial
 from typing import Literal
@@ -9,6 +18,19 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch.optim.lr_scheduler import LambdaLR
+
+from bytelatent.errors import ConfigError
+
+
+class ParamGroupArgs(BaseModel):
+    """One AdamW parameter group: `params` is a glob over parameter names (fnmatch, `*` crosses dots)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    params: str
+    lr_scale: float = Field(1.0, ge=0.0)
+    weight_decay: float | None = Field(None, ge=0.0, description="None: optim.weight_decay")
+    freeze_until_step: int = Field(0, ge=0, description="no updates in optimizer steps 1..N")
 
 
 class OptimArgs(BaseModel):
@@ -34,6 +56,7 @@ class OptimArgs(BaseModel):
     fused: bool | None = None
     # Non-finite guard: stop after this many consecutive skipped updates (0: never stop, only skip).
     max_skipped_steps: int = Field(5, ge=0)
+    groups: list[ParamGroupArgs] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _check(self) -> OptimArgs:
@@ -139,12 +162,92 @@ def lr_factor_fn(args: OptimArgs, n_steps: int):
     return lambda step: fn(step + 1)
 
 
+DEFAULT_GROUP = "default"
+
+
+def group_index(name: str, groups: list[ParamGroupArgs]) -> int | None:
+    """Index of the first group whose glob matches `name`; None for the default group."""
+    for index, group in enumerate(groups):
+        if fnmatch.fnmatchcase(name, group.params):
+            return index
+    return None
+
+
+def group_label(name: str, groups: list[ParamGroupArgs]) -> str:
+    """How model-info.txt names a parameter's group."""
+    index = group_index(name, groups)
+    return DEFAULT_GROUP if index is None else f"{index}:{groups[index].params}"
+
+
+def _param_groups(model: torch.nn.Module, args: OptimArgs) -> tuple[list[dict], list[int]]:
+    """AdamW param-group dicts and each one's freeze_until_step (the default group last)."""
+    members: list[list[torch.Tensor]] = [[] for _ in range(len(args.groups) + 1)]
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            index = group_index(name, args.groups)
+            members[len(args.groups) if index is None else index].append(param)
+    param_groups, freeze = [], []
+    for index, params in enumerate(members):
+        spec = args.groups[index] if index < len(args.groups) else ParamGroupArgs(params="*")
+        if not params:
+            if index < len(args.groups):
+                raise ConfigError(
+                    f"optim.groups[{index}].params={spec.params!r} matches no parameter "
+                    "(names as in model-info.txt, e.g. 'global_transformer.*')"
+                )
+            continue
+        wd = args.weight_decay if spec.weight_decay is None else spec.weight_decay
+        param_groups.append({"params": params, "lr": args.lr * spec.lr_scale, "weight_decay": wd})
+        freeze.append(spec.freeze_until_step)
+    return param_groups, freeze
+
+
+class GroupScheduler(LambdaLR):
+    """LambdaLR (one factor for every group) that also freezes groups for their first steps.
+
+    After `k` optimizer steps a group with freeze_until_step=N has requires_grad = (k >= N), so
+    it is frozen for steps 1..N. The flags are data of the step count: set at construction, on
+    every `step()` and on `load_state_dict()`.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, lr_lambda, freeze_until: list[int]):
+        self.freeze_until = list(freeze_until)
+        super().__init__(optimizer, lr_lambda)
+
+    def step(self, epoch: int | None = None) -> None:
+        super().step(epoch)
+        self.apply_freezing(self.last_epoch)
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state.pop("freeze_until", None)  # the config decides, not the checkpoint
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict({k: v for k, v in state_dict.items() if k != "freeze_until"})
+        self.apply_freezing(self.last_epoch)
+
+    def apply_freezing(self, steps_done: int, has_state: bool = False) -> None:
+        """Flags for the next step; `has_state`: flags of the groups that have AdamW state after
+        `steps_done` steps (updated at least once), which is what a checkpoint of that step holds."""
+        for group, until in zip(self.optimizer.param_groups, self.freeze_until):
+            trainable = steps_done > until if has_state else steps_done >= until
+            for param in group["params"]:
+                param.requires_grad_(trainable)
+
+    def prepare_resume(self, step: int | None) -> None:
+        """Before loading a checkpoint of `step`: make the optimizer's state layout match it."""
+        if step is not None and any(self.freeze_until):
+            self.apply_freezing(step, has_state=True)
+
+
 def build_optimizer(model: torch.nn.Module, args: OptimArgs, n_steps: int, device_type: str):
-    """AdamW over all trainable parameters (as the reference) plus its LambdaLR schedule."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    """AdamW over all trainable parameters (as the reference; split by `optim.groups`) plus its
+    schedule, a `GroupScheduler`."""
+    param_groups, freeze_until = _param_groups(model, args)
     fused = args.fused if args.fused is not None else device_type in ("cuda", "cpu")
     optimizer = torch.optim.AdamW(
-        params,
+        param_groups,
         lr=args.lr,
         betas=(args.beta1, args.beta2),
         eps=args.epsilon,
@@ -152,5 +255,5 @@ def build_optimizer(model: torch.nn.Module, args: OptimArgs, n_steps: int, devic
         fused=fused,
         foreach=None if fused else True,
     )
-    scheduler = LambdaLR(optimizer, lr_factor_fn(args, n_steps))
+    scheduler = GroupScheduler(optimizer, lr_factor_fn(args, n_steps), freeze_until)
     return optimizer, scheduler

@@ -18,6 +18,20 @@ PATCH_LEN_UPPER = (1, 2, 4, 8, 16, 32, 64)
 PATCH_LEN_BINS = ("1", "2", "3-4", "5-8", "9-16", "17-32", "33-64", "65+")
 
 
+def _real_patch_lengths(batch: Batch) -> np.ndarray:
+    """Nonzero patch lengths without the row padding that the packer adds to each row's last
+    patch (mask False after a row's bytes): otherwise rows that end at `seq_len` patches before
+    `max_encoder_seq_length` bytes would inflate the mean."""
+    lengths = batch.patch_lengths
+    padding = (~batch.mask).sum(axis=1)
+    if padding.any():
+        lengths = lengths.copy()
+        last = (lengths > 0).sum(axis=1) - 1  # nonzero patches come first
+        rows = np.arange(len(lengths))
+        lengths[rows, last] = np.maximum(lengths[rows, last] - padding, 0)
+    return lengths[lengths > 0]  # 0: right padding of the patch dimension
+
+
 class PatchLengthStats:
     """Accumulates patch lengths between log steps; `pop()` returns the metrics and resets."""
 
@@ -29,7 +43,7 @@ class PatchLengthStats:
         for batch in batches:
             if batch.patch_lengths is None:
                 continue
-            lengths = batch.patch_lengths[batch.patch_lengths > 0]  # 0: right padding
+            lengths = _real_patch_lengths(batch)
             bins = np.searchsorted(PATCH_LEN_UPPER, lengths, side="left")
             self._hist += np.bincount(bins, minlength=len(PATCH_LEN_BINS))
             self._bytes += int(lengths.sum())

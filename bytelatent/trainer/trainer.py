@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from bytelatent.args import TrainArgs
-from bytelatent.checkpoint.manager import CheckpointManager
+from bytelatent.checkpoint.manager import CheckpointManager, parse_step
 from bytelatent.config.redact import redacted_dump, redacted_yaml
 from bytelatent.data.batch import Batch
 from bytelatent.data.elastic import build_train_data, resume_data_state
@@ -33,7 +33,11 @@ from bytelatent.distributed.signals import PreemptionFlag, requeue_slurm_job, un
 from bytelatent.eval.validate import Validator
 from bytelatent.launch.async_eval import AsyncEvalLauncher
 from bytelatent.trainer.actions import Actions, Stop, with_nonfinite_stop
-from bytelatent.trainer.build import build_parallel_model, model_flops_per_byte
+from bytelatent.trainer.build import (
+    build_parallel_model,
+    init_global_from_pretrained,
+    model_flops_per_byte,
+)
 from bytelatent.trainer.guard import NonFiniteGuard
 from bytelatent.trainer.loop_controls import resolve_stop_step
 from bytelatent.trainer.metrics import (
@@ -160,6 +164,7 @@ class Trainer:
     def _resume_or_warm_start(self) -> None:
         path = self.checkpoints.resume_path()
         if path is not None:
+            self.scheduler.prepare_resume(parse_step(path))  # frozen groups have no AdamW state
             train_state = self.checkpoints.load(self.model, self.optimizer, path)
             self.state = TrainState.model_validate(train_state)
             # another dp size: every virtual data stream continues on its new rank
@@ -179,6 +184,8 @@ class Trainer:
                 self.model, ckpt.init_ckpt_path, ckpt.init_ckpt_strict, ckpt.init_ckpt_rename
             )
             logger.info("initialised model weights from %s", ckpt.init_ckpt_path)
+        elif init_global_from_pretrained(self.model, self.args):
+            logger.info("global transformer initialised from %s", self.args.model.global_init.path)
 
     # ---------------------------------------------------------------- loop
     def train(self) -> dict | None:

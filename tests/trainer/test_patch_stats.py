@@ -35,3 +35,14 @@ def test_byte_mode_batches_log_nothing():
         ]
     )
     assert stats.pop() == {}
+
+
+def test_row_padding_in_the_last_patch_is_not_counted():
+    # rows of L=8 bytes + next token: row 0 has 6 real tokens + 2 padding in its last patch
+    x = np.zeros((2, 8), dtype=np.int64)
+    mask = np.ones((2, 8), dtype=bool)
+    mask[0, 6:] = False
+    pl = np.array([[1, 3, 5, 0], [1, 4, 4, 0]], dtype=np.int64)
+    stats = PatchLengthStats()
+    stats.add([Batch(x=x, y=x, mask=mask, patch_lengths=pl)])
+    assert stats.pop()["patch_len_mean"] == (1 + 3 + 3 + 1 + 4 + 4) / 6

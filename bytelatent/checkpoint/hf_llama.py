@@ -1,0 +1,253 @@
+"""Hugging Face ``LlamaForCausalLM`` decoder layers -> the BLT global transformer ("byteify").
+
+An adapter at the edge, like ``checkpoint/hf.py``: a name/layout map plus a shape check that names
+every mismatch; the model code does not know where its weights came from.
+
+* ``check_hf_llama(model_args)`` reads ``config.json`` (and the shard index) and raises one
+  ``CheckpointError`` line listing every architecture mismatch (``model.dim`` vs ``hidden_size``,
+  layers, heads, ``n_kv_heads_global``, head_dim, FFN width, ``norm_eps``, ``rope_theta``,
+  ``rope_scaling``) or the first missing file. Runs before anything is built or trained.
+* ``load_hf_llama(model, model_args)`` copies the decoder layers into ``global_transformer`` one
+  shard file at a time (local files are read one tensor at a time), on every layout: each rank
+  cuts its own FSDP/TP shard from the full tensor, no communication.
+
+Layout: HF rotates q/k with "rotate half" (feature j pairs with j + head_dim/2), ours rotates
+interleaved pairs (2i, 2i+1), so q_proj/k_proj rows are permuted per head; everything else is a
+rename. HF's ``embed_tokens``, final ``norm`` and ``lm_head`` are not used (the global transformer
+reads patch representations and ends without a norm).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from fsspec.implementations.local import LocalFileSystem
+from torch import nn
+
+from bytelatent.checkpoint.fs import get_fs, join
+from bytelatent.errors import CheckpointError
+from bytelatent.model.layers import block_head_counts, ffn_hidden_dim
+
+logger = logging.getLogger("bytelatent")
+
+CONFIG_FILE = "config.json"
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+PREFIX = "global_transformer.layers"
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.weight$")
+_NAMES = {  # HF LlamaDecoderLayer names -> our TransformerBlock names
+    "self_attn.q_proj": "attention.wq",
+    "self_attn.k_proj": "attention.wk",
+    "self_attn.v_proj": "attention.wv",
+    "self_attn.o_proj": "attention.wo",
+    "mlp.gate_proj": "feed_forward.w1",
+    "mlp.up_proj": "feed_forward.w3",
+    "mlp.down_proj": "feed_forward.w2",
+    "input_layernorm": "attention_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
+_UNUSED = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
+
+
+# ---------------------------------------------------------------------------------- config
+def read_hf_config(path: str) -> dict[str, Any]:
+    fs = get_fs(path)
+    file = join(path, CONFIG_FILE)
+    if not fs.exists(file):
+        raise CheckpointError(f"{file}: missing; model.global_init.path must be a HF model folder")
+    try:
+        with fs.open(file, "r") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{file}: not valid JSON ({err})") from None
+
+
+def _rope(cfg: dict[str, Any]) -> tuple[float | None, dict[str, Any] | None]:
+    """(rope_theta, llama3-style rope_scaling or None) from transformers 4.x or 5.x configs."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict):  # transformers >= 5
+        kind = params.get("rope_type", "default")
+        return params.get("rope_theta"), None if kind == "default" else params
+    scaling = cfg.get("rope_scaling")
+    return cfg.get("rope_theta", 10000.0), scaling or None
+
+
+def architecture_mismatches(cfg: dict[str, Any], model_args: Any) -> list[str]:
+    """One entry per field where the HF config and ``model`` (BLT args) disagree."""
+    kind, arch = cfg.get("model_type"), cfg.get("architectures") or []
+    if kind != "llama" or (arch and "LlamaForCausalLM" not in arch):
+        return [
+            f"model_type={kind!r} architectures={arch}: format hf_llama reads LlamaForCausalLM folders"
+        ]
+    block = model_args.global_block_args()
+    head_dim, n_heads, n_kv_heads = block_head_counts(block)
+    hf_heads = cfg.get("num_attention_heads")
+    hf_hidden = cfg.get("hidden_size")
+    pairs = [
+        ("model.dim", block.dim, "hidden_size", hf_hidden),
+        ("model.n_layers", block.n_layers, "num_hidden_layers", cfg.get("num_hidden_layers")),
+        ("model.n_heads", n_heads, "num_attention_heads", hf_heads),
+        (
+            "model.n_kv_heads_global",
+            n_kv_heads,
+            "num_key_value_heads",
+            cfg.get("num_key_value_heads", hf_heads),
+        ),
+        (
+            "model.head_dim",
+            head_dim,
+            "head_dim",
+            cfg.get("head_dim") or (hf_hidden // hf_heads if hf_hidden and hf_heads else None),
+        ),
+        (
+            "model.ffn_dim_multiplier/multiple_of (FFN width)",
+            ffn_hidden_dim(block.dim, block.multiple_of, block.ffn_dim_multiplier),
+            "intermediate_size",
+            cfg.get("intermediate_size"),
+        ),
+        ("model.norm_eps", block.norm_eps, "rms_norm_eps", cfg.get("rms_norm_eps")),
+        ("model.rope_theta", block.rope_theta, "rope_theta", _rope(cfg)[0]),
+    ]
+    out = [f"{ours}={mine} but {theirs}={hf}" for ours, mine, theirs, hf in pairs if mine != hf]
+    out += _rope_scaling_mismatches(_rope(cfg)[1], block.rope_scaling)
+    for key, expected in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
+        if cfg.get(key, expected) != expected:
+            out.append(f"{key}={cfg[key]!r} is not supported (our blocks need {expected!r})")
+    return out
+
+
+def _rope_scaling_mismatches(hf: dict[str, Any] | None, ours: Any) -> list[str]:
+    if hf is None:
+        return (
+            []
+            if ours is None
+            else [f"model.rope_scaling={ours.model_dump()} but rope_scaling=null"]
+        )
+    kind = hf.get("rope_type", hf.get("type"))
+    if kind != "llama3":
+        return [f"rope_scaling.rope_type={kind!r} is not supported (only llama3)"]
+    if ours is None:
+        return [f"model.rope_scaling=null but rope_scaling={hf}; copy it into model.rope_scaling"]
+    fields = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    return [
+        f"model.rope_scaling.{name}={getattr(ours, name)} but rope_scaling.{name}={hf.get(name)}"
+        for name in fields
+        if getattr(ours, name) != hf.get(name)
+    ]
+
+
+def weight_files(path: str) -> list[str]:
+    """The safetensors files of the folder (from the shard index), each checked to exist."""
+    fs = get_fs(path)
+    index = join(path, INDEX_FILE)
+    if fs.exists(index):
+        with fs.open(index, "r") as f:
+            names = sorted(set(json.load(f).get("weight_map", {}).values()))
+    elif fs.exists(join(path, SINGLE_FILE)):
+        names = [SINGLE_FILE]
+    else:
+        raise CheckpointError(
+            f"{path}: neither {INDEX_FILE} nor {SINGLE_FILE}; not a HF safetensors folder"
+        )
+    files = [join(path, name) for name in names]
+    for file in files:
+        if not fs.exists(file):
+            raise CheckpointError(f"{file}: missing (listed in {INDEX_FILE})")
+    return files
+
+
+def check_hf_llama(model_args: Any) -> list[str]:
+    """Raise CheckpointError on any mismatch or missing file; returns the weight files."""
+    path = model_args.global_init.path
+    mismatches = architecture_mismatches(read_hf_config(path), model_args)
+    if mismatches:
+        raise CheckpointError(
+            f"model.global_init {path}/{CONFIG_FILE} does not match the global transformer: "
+            + "; ".join(mismatches)
+        )
+    return weight_files(path)
+
+
+# ---------------------------------------------------------------------------------- weights
+def hf_to_ours(hf_name: str) -> str | None:
+    """Our parameter name for a HF decoder-layer weight; None for the unused top-level ones."""
+    match = _LAYER.match(hf_name)
+    if match is None or match.group(2) not in _NAMES:
+        if hf_name in _UNUSED or hf_name.endswith("rotary_emb.inv_freq"):
+            return None
+        raise CheckpointError(f"{hf_name}: unexpected tensor in a LlamaForCausalLM checkpoint")
+    return f"{PREFIX}.{match.group(1)}.{_NAMES[match.group(2)]}.weight"
+
+
+def rotate_half_to_interleaved(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """q/k projection rows: per head, HF feature j (j < d/2) -> 2j, j + d/2 -> 2j + 1."""
+    rows, cols = weight.shape
+    head_dim = rows // n_heads
+    return weight.view(n_heads, 2, head_dim // 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def _read_tensors(file: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of one safetensors file; local files tensor by tensor, remote whole."""
+    from safetensors import safe_open
+    from safetensors.torch import load as load_bytes
+
+    fs = get_fs(file)
+    if isinstance(fs, LocalFileSystem):
+        with safe_open(fs._strip_protocol(file), framework="pt") as handle:
+            for name in handle.keys():
+                yield name, handle.get_tensor(name)
+        return
+    with fs.open(file, "rb") as f:
+        tensors = load_bytes(f.read())  # one shard in memory at a time
+    yield from tensors.items()
+
+
+def _copy_into(param: torch.Tensor, full: torch.Tensor) -> None:
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    full = full.to(device=param.device, dtype=param.dtype)
+    if isinstance(param, DTensor):  # every rank holds the full tensor: cut the local shard
+        shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+        param.to_local().copy_(shard.to_local())
+    else:
+        param.copy_(full)
+
+
+@torch.no_grad()
+def load_hf_llama(model: nn.Module, model_args: Any) -> int:
+    """Copy the HF decoder layers into ``model.global_transformer``; returns tensors copied."""
+    files = check_hf_llama(model_args)
+    _, n_heads, n_kv_heads = block_head_counts(model_args.global_block_args())
+    params = {n: p for n, p in model.named_parameters() if n.startswith(PREFIX + ".")}
+    done: set[str] = set()
+    for file in files:
+        for hf_name, tensor in _read_tensors(file):
+            name = hf_to_ours(hf_name)
+            if name is None:
+                continue
+            if name not in params:
+                raise CheckpointError(f"{file}: {hf_name} has no place in the global transformer")
+            if name.endswith("attention.wq.weight"):
+                tensor = rotate_half_to_interleaved(tensor, n_heads)
+            elif name.endswith("attention.wk.weight"):
+                tensor = rotate_half_to_interleaved(tensor, n_kv_heads)
+            if tuple(tensor.shape) != tuple(params[name].shape):
+                raise CheckpointError(
+                    f"{file}: {hf_name} has shape {tuple(tensor.shape)}, "
+                    f"{name} needs {tuple(params[name].shape)}"
+                )
+            _copy_into(params[name], tensor)
+            done.add(name)
+    missing = sorted(set(params) - done)
+    if missing:
+        raise CheckpointError(
+            f"{model_args.global_init.path}: no weights for {len(missing)} global transformer "
+            f"parameters, e.g. {missing[0]}"
+        )
+    logger.info("global transformer: %d tensors from %s", len(done), model_args.global_init.path)
+    return len(done)
