@@ -123,7 +123,7 @@ def test_global_transformer_equals_hf_llama(tmp_path, gqa, rope_scaling, theta):
     hf.norm = torch.nn.Identity()  # our global transformer ends without a norm
     h = torch.randn(2, 48, 64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        ours = model.global_transformer(h, None, "sdpa")
+        ours = model.global_transformer(h, None)
         theirs = hf(inputs_embeds=h).last_hidden_state
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
     assert (ours - h).abs().mean() > 0.1  # the layers did something
@@ -141,7 +141,7 @@ def test_without_the_layout_conversion_parity_fails(tmp_path, monkeypatch):
     hf.norm = torch.nn.Identity()
     h = torch.randn(1, 32, 64)
     with torch.no_grad():
-        diff = model.global_transformer(h, None, "sdpa") - hf(inputs_embeds=h).last_hidden_state
+        diff = model.global_transformer(h, None) - hf(inputs_embeds=h).last_hidden_state
     assert diff.abs().max() > 1e-3
 
 
