@@ -83,7 +83,6 @@ def evaluate(args: StandaloneEvalArgs, env) -> dict:
     from bytelatent.distributed.mesh import build_mesh, dp_group
     from bytelatent.distributed.parallelize import parallelize_model
     from bytelatent.eval.validate import Validator, append_jsonl, summary_line
-    from bytelatent.model.blt import ByteLatentTransformerArgs
 
     # Pure FSDP over all ranks (whatever layout trained it), with the training numerics.
     distributed = args.distributed.model_copy(
@@ -92,12 +91,11 @@ def evaluate(args: StandaloneEvalArgs, env) -> dict:
     )  # fmt: skip
     device = torch.device(args.device) if args.device else env.device
     validator = Validator(
-        args.eval, args.data, distributed=distributed, blt=False, device=device,
+        args.eval, args.data, distributed=distributed, device=device,
         dp_rank=env.rank, dp_size=env.world_size,
         progress=args.eval.progress if args.eval.progress is not None else sys.stderr.isatty(),
     )  # fmt: skip
-    model, model_args, _ = load_any_checkpoint(args.ckpt, device)
-    validator.blt = isinstance(model_args, ByteLatentTransformerArgs)
+    model, _, _ = load_any_checkpoint(args.ckpt, device)
     mesh = build_mesh(distributed, env.world_size, device.type)
     if mesh is not None:
         model = parallelize_model(model, mesh, distributed)

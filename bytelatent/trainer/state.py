@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 
 def _tensor_to_b64(t: torch.Tensor) -> str:
@@ -51,7 +51,6 @@ class TrainState(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     step: int = 0  # optimizer steps taken
-    acc_step: int = 0  # micro-batches into the current step (0 at every step boundary)
     data_state: dict[str, Any] | None = None  # the data iterator's state after the last batch used
     scheduler: dict[str, Any] = {}
     rng: dict[str, Any] = {}
@@ -59,3 +58,11 @@ class TrainState(BaseModel):
     actions: dict[str, Any] = {}  # each action's state (bytelatent.trainer.actions)
     # {"relative_steps": N, "stop_step": S} while a relative_steps run is under way (loop_controls)
     relative_target: dict[str, int] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_acc_step(cls, data: Any) -> Any:
+        # Older checkpoints stored `acc_step`, always 0 at a save (saves fall between steps).
+        if isinstance(data, dict) and "acc_step" in data:
+            data = {k: v for k, v in data.items() if k != "acc_step"}
+        return data
