@@ -16,7 +16,14 @@ from bytelatent.config.help import (
     wants_help,
 )
 from bytelatent.distributed.lifecycle import Process
+from bytelatent.distributed.mesh import build_mesh
 from bytelatent.errors import UserError
+from bytelatent.trainer.build import build_parallel_model
+from bytelatent.trainer.metrics import setup_logging
+from bytelatent.trainer.model_info import MODEL_INFO, summary_line, write_model_info
+from bytelatent.trainer.resume_check import changes_line, check_resume, complete_line
+from bytelatent.trainer.run_lock import hold_run_lock
+from bytelatent.trainer.trainer import Trainer
 
 logger = logging.getLogger("bytelatent")
 
@@ -60,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if wants_help(argv):
             topic = help_topic(argv)
-            print(help_text() if topic is None else section_help(TrainArgs, topic, "bytelatent.train"), end="")
+            page = help_text() if topic is None else section_help(TrainArgs, topic, "bytelatent.train")
+            print(page, end="")
             return 0
         if not argv:
             print(USAGE, file=sys.stderr)
@@ -75,12 +83,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def dry_run(args: TrainArgs) -> int:
     """Build the model on meta with this world size's parallelism plan, describe it, exit 0."""
-    # Lazy: the trainer stack (distributed, checkpoint, eval) loads only once the config is valid.
-    from bytelatent.distributed.mesh import build_mesh
-    from bytelatent.trainer.build import build_parallel_model
-    from bytelatent.trainer.metrics import setup_logging
-    from bytelatent.trainer.model_info import MODEL_INFO, summary_line, write_model_info
-
     with Process(args.distributed, env_vars=args.env) as proc:
         env = proc.start()
         setup_logging(None, env.rank)  # console only: a dry run leaves the run's train.log alone
@@ -96,12 +98,6 @@ def dry_run(args: TrainArgs) -> int:
 
 def run(args: TrainArgs) -> int:
     """Check there is work to do, take the run lock, train; always leave through `Process`."""
-    # Lazy: the trainer stack (distributed, checkpoint, eval) loads only once the config is valid.
-    from bytelatent.trainer.metrics import setup_logging
-    from bytelatent.trainer.resume_check import changes_line, check_resume, complete_line
-    from bytelatent.trainer.run_lock import hold_run_lock
-    from bytelatent.trainer.trainer import Trainer
-
     with Process(args.distributed, env_vars=args.env) as proc:
         env = proc.start()
         # Read-only: a run with nothing to do, or a checkpoint it cannot load, writes nothing.

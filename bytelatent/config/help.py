@@ -106,3 +106,22 @@ def top_level_lines(model: type[BaseModel]) -> list[str]:
 
 def section_lines(model: type[BaseModel]) -> list[str]:
     return [f"  {name:<15} {field.description or ''}".rstrip() for name, field in sections(model).items()]
+
+
+def entry_help(argv: list[str], *, usage: str, model: type[BaseModel], doc: str = "") -> str | None:
+    """The `--help` page of an entry point when `argv` asks for one (`--help SECTION`: that
+    section's keys), else None. Raises ConfigError for an unknown section."""
+    if not wants_help(argv):
+        return None
+    program = usage.split("python -m ", 1)[-1].split(" ", 1)[0]
+    topic = help_topic(argv)
+    if topic is not None:
+        return section_help(model, topic, program)
+    parts = [usage, ""]
+    if doc.strip():
+        parts += [doc.strip(), ""]
+    parts += ["Keys (key = default):", *top_level_lines(model)]
+    if sections(model):
+        parts += ["", "Sections (`--help SECTION` lists a section's keys; `--help all` every key):"]
+        parts += section_lines(model)
+    return "\n".join(parts) + "\n"

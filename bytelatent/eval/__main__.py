@@ -125,30 +125,35 @@ def _remove_lease(path: str | None) -> None:
         cfs.rm(fs, path, recursive=False)
 
 
+USAGE = "usage: python -m bytelatent.eval ckpt=DIR dump_dir=OUT [key=value ...]"
+
+
 def main(argv: list[str] | None = None) -> int:
+    from bytelatent.config.help import entry_help
+    from bytelatent.distributed.lifecycle import Process
+
     argv = sys.argv[1:] if argv is None else argv
     lease = next((a.split("=", 1)[1] for a in argv if a.startswith("lease=")), None)
-    env = None
-    code = 0
     try:
+        if (page := entry_help(argv, usage=USAGE, model=StandaloneEvalArgs, doc=__doc__)) is not None:
+            print(page, end="")
+            return 0
         args = parse_standalone_args(argv)
-        from bytelatent.distributed.env import setup_distributed
-
-        env = setup_distributed(args.distributed)
-        logging.basicConfig(level=logging.INFO if env.rank == 0 else logging.WARNING,
-                            format="%(levelname)s %(asctime)s - %(message)s")  # fmt: skip
-        evaluate(args, env)
     except UserError as e:
         print(e.one_line(), file=sys.stderr)
-        code = 2
-    finally:
-        if env is None or env.rank == 0:
-            _remove_lease(lease)  # also when parsing failed: nobody reads the checkpoint now
-    if env is not None and env.world_size > 1:
-        from bytelatent.distributed.env import cleanup_and_exit
-
-        cleanup_and_exit(code)
-    return code
+        _remove_lease(lease)  # nobody reads the checkpoint now
+        return 2
+    proc = Process(args.distributed)
+    with proc:
+        try:
+            env = proc.start()
+            logging.basicConfig(level=logging.INFO if env.rank == 0 else logging.WARNING,
+                                format="%(levelname)s %(asctime)s - %(message)s")  # fmt: skip
+            evaluate(args, env)
+        finally:
+            if proc.env is None or proc.env.rank == 0:
+                _remove_lease(lease)  # however the eval ended
+    return proc.code
 
 
 if __name__ == "__main__":

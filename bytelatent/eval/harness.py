@@ -243,11 +243,18 @@ def run(args: HarnessArgs) -> dict[str, Any]:
     return results
 
 
+HARNESS_USAGE = "usage: python -m bytelatent.eval.harness ckpt=DIR tasks=[name,...] [key=value ...]"
+
+
 def main(argv: list[str] | None = None) -> int:
     from bytelatent.config import parse_args
+    from bytelatent.config.help import entry_help
 
     argv = sys.argv[1:] if argv is None else argv
     try:
+        if (page := entry_help(argv, usage=HARNESS_USAGE, model=HarnessArgs, doc=__doc__)) is not None:
+            print(page, end="")
+            return 0
         args = parse_args(HarnessArgs, argv)
         results = run(args)
     except UserError as exc:
