@@ -114,15 +114,50 @@ def test_interval_metrics_report_useful_work_and_padding(tmp_path, monkeypatch):
     assert m["loss"] == pytest.approx(1.0) and m["step_time_s"] == 1.5 and m["lr"] == 0.1
 
 
+def _attended_pairs(q, k, attn_mask, is_causal) -> int:
+    b, h, sq, _ = q.shape
+    sk = k.shape[2]
+    if attn_mask is not None:
+        allowed = attn_mask if attn_mask.dtype == torch.bool else attn_mask > float("-inf")
+        return int(allowed.expand(b, h, sq, sk).sum())
+    if is_causal:  # top-left aligned, as torch's is_causal
+        return b * h * sum(min(i + 1, sk) for i in range(sq))
+    return b * h * sq * sk
+
+
+def _cpu_attention_flops(q, k, v, dropout_p=0.0, is_causal=False, *_, attn_mask=None, **__):
+    """q·kᵀ and p·v over the (query, key) pairs the mask allows: the model-FLOPs convention of
+    model/flops.py (torch has no formula for the CPU kernel; its GPU ones count whole rectangles)."""
+    return 2 * _attended_pairs(q, k, attn_mask, is_causal) * (q.shape[-1] + v.shape[-1])
+
+
+def _cpu_attention_backward_flops(grad_out, q, k, v, out, lse, dropout_p=0.0, is_causal=False,
+                                  *_, attn_mask=None, **__):  # fmt: skip
+    """Twice the forward (gradients of q, k, v and the scores; the kernel's recompute excluded)."""
+    return 2 * _cpu_attention_flops(q, k, v, dropout_p, is_causal, attn_mask=attn_mask)
+
+
+_cpu_attention_flops._get_raw = True  # FlopCounterMode passes the tensors (the mask is needed)
+_cpu_attention_backward_flops._get_raw = True
+CPU_ATTENTION = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention_flops,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_attention_backward_flops,
+}
+
+
 @pytest.mark.parametrize("config", ["debug", "entropy_debug"])
 def test_analytic_flops_of_a_debug_step_match_flop_counter(tmp_path, monkeypatch, corpus_root, config):
+    """The FLOPs the trainer reports for one step of the debug configs against torch's count of
+    the same step (matmuls as torch counts them; CPU attention over the pairs its mask allows)."""
     monkeypatch.chdir(REPO)
     args = args_for(tmp_path, f"config=configs/{config}.yaml", f"data.root_dir={corpus_root}",
                     "data.load_async=false", "distributed.model_dtype=fp32")  # fmt: skip
     model = build_model(args)
     init_model_weights(model, seed=0)
     batch = next(args.data.build_from_rank(0, 1))
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
         batch_loss_sum(model, batch, torch.device("cpu")).backward()
+    counted = counter.get_flop_counts()["Global"]
+    assert counted.get(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, 0) > 0
     analytic = FlopsCounter(args).executed(BatchSizes.of(batch))
     assert analytic == pytest.approx(counter.get_total_flops(), rel=0.10)
