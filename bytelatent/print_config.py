@@ -9,7 +9,6 @@ import sys
 
 from bytelatent.errors import UserError
 
-
 USAGE = "usage: python -m bytelatent.print_config config=FILE.yaml [key=value ...]"
 
 

@@ -67,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if wants_help(argv):
             topic = help_topic(argv)
-            page = help_text() if topic is None else section_help(TrainArgs, topic, "bytelatent.train")
+            page = (
+                help_text() if topic is None else section_help(TrainArgs, topic, "bytelatent.train")
+            )
             print(page, end="")
             return 0
         if not argv:

@@ -68,7 +68,9 @@ def key_lines(model: type[BaseModel], prefix: str = "") -> list[str]:
         nested = section_model(field.annotation)
         if nested is not None:
             note = "  (optional section, unset by default)" if _default(field) == "null" else ""
-            lines.append(f"  {key}:{note}" + (f"  {field.description}" if field.description else ""))
+            lines.append(
+                f"  {key}:{note}" + (f"  {field.description}" if field.description else "")
+            )
             lines += key_lines(nested, key + ".")
             continue
         default = _default(field)
@@ -105,7 +107,10 @@ def top_level_lines(model: type[BaseModel]) -> list[str]:
 
 
 def section_lines(model: type[BaseModel]) -> list[str]:
-    return [f"  {name:<15} {field.description or ''}".rstrip() for name, field in sections(model).items()]
+    return [
+        f"  {name:<15} {field.description or ''}".rstrip()
+        for name, field in sections(model).items()
+    ]
 
 
 def entry_help(argv: list[str], *, usage: str, model: type[BaseModel], doc: str = "") -> str | None:

@@ -135,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     lease = next((a.split("=", 1)[1] for a in argv if a.startswith("lease=")), None)
     try:
-        if (page := entry_help(argv, usage=USAGE, model=StandaloneEvalArgs, doc=__doc__)) is not None:
+        if (
+            page := entry_help(argv, usage=USAGE, model=StandaloneEvalArgs, doc=__doc__)
+        ) is not None:
             print(page, end="")
             return 0
         args = parse_standalone_args(argv)

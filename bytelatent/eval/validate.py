@@ -40,8 +40,8 @@ from bytelatent.distributed.env import DistributedArgs
 from bytelatent.distributed.parallelize import forward_context
 from bytelatent.errors import ConfigError, DataError
 from bytelatent.eval.args import EvalArgs
-from bytelatent.model.loss import forward_logits, masked_cross_entropy_sum
 from bytelatent.eval.tasks import EvalContext, get_task, register_task, task_args
+from bytelatent.model.loss import forward_logits, masked_cross_entropy_sum
 from bytelatent.trainer.metrics import LN2
 
 logger = logging.getLogger("bytelatent")

@@ -114,7 +114,5 @@ class NoProbe:
         pass
 
 
-def build_probe(
-    model: nn.Module, freq: int | None, dump_dir: str, rank: int
-) -> Probe | NoProbe:
+def build_probe(model: nn.Module, freq: int | None, dump_dir: str, rank: int) -> Probe | NoProbe:
     return Probe(model, freq, dump_dir, rank) if freq else NoProbe()

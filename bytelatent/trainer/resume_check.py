@@ -79,13 +79,19 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 def config_changes(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
     """(key, saved value, current value) for every key that differs; absent keys read as None."""
     old, new = flatten(saved), flatten(current)
-    return [(k, old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
+    return [
+        (k, old.get(k), new.get(k))
+        for k in sorted(old.keys() | new.keys())
+        if old.get(k) != new.get(k)
+    ]
 
 
 def check_resume(args: TrainArgs) -> ResumeCheck:
     """Where this run would resume, whether it is complete, and what changed since the save."""
     ckpt = args.checkpoint
-    manager = CheckpointManager(ckpt.model_copy(update={"async_save": False}), dump_dir=args.dump_dir)
+    manager = CheckpointManager(
+        ckpt.model_copy(update={"async_save": False}), dump_dir=args.dump_dir
+    )
     path = ckpt.load_path or manager.latest_complete()
     if path is None:
         return ResumeCheck(path=None)  # fresh, or a warm start (init_ckpt_path): nothing to compare
@@ -131,8 +137,12 @@ def refuse_shape_changes(args: TrainArgs, saved: dict, check: ResumeCheck) -> No
         return
     old = dict((k, o) for k, o, _ in check.changes)
     new = dict((k, n) for k, _, n in check.changes)
-    named = ", ".join(f"{k}={_short(new[k])} (checkpoint: {_short(old[k])})" for k in model_keys[:_SHOWN_CHANGES])
-    more = f" and {len(model_keys) - _SHOWN_CHANGES} more" if len(model_keys) > _SHOWN_CHANGES else ""
+    named = ", ".join(
+        f"{k}={_short(new[k])} (checkpoint: {_short(old[k])})" for k in model_keys[:_SHOWN_CHANGES]
+    )
+    more = (
+        f" and {len(model_keys) - _SHOWN_CHANGES} more" if len(model_keys) > _SHOWN_CHANGES else ""
+    )
     raise ConfigError(
         f"{named}{more}: changes the model's parameter shapes, so {check.path} cannot be "
         "resumed; restore the value or use another dump_dir"

@@ -33,8 +33,8 @@ from bytelatent.model.loss import batch_loss_sum
 from bytelatent.trainer.actions import Actions, Stop, with_nonfinite_stop
 from bytelatent.trainer.build import build_parallel_model
 from bytelatent.trainer.guard import NonFiniteGuard
-from bytelatent.trainer.loop_controls import resolve_stop_step
 from bytelatent.trainer.interval import IntervalMetrics, StepOutput
+from bytelatent.trainer.loop_controls import resolve_stop_step
 from bytelatent.trainer.metrics import MetricLogger, peak_flops_per_device
 from bytelatent.trainer.model_info import write_model_info
 from bytelatent.trainer.optim import build_optimizer
@@ -101,10 +101,18 @@ class Trainer:
         self.metrics.set_summary({"n_params": self.n_params})
         dist_args = args.distributed
         peak_flops = peak_flops_per_device(
-            self.device, args.logging.peak_tflops, dist_args.model_dtype, dist_args.matmul_allow_tf32
+            self.device,
+            args.logging.peak_tflops,
+            dist_args.model_dtype,
+            dist_args.matmul_allow_tf32,
         )
         self.interval = IntervalMetrics(
-            self.device, FlopsCounter(args), peak_flops, env.world_size, self.dp_size, self._dp_group
+            self.device,
+            FlopsCounter(args),
+            peak_flops,
+            env.world_size,
+            self.dp_size,
+            self._dp_group,
         )
         self.timings = self.interval.timings  # eval and saves add `with self.timings.measure(...)`
         self.profiler = build_profiler(args.profiling, args.dump_dir, env.rank, self.device)

@@ -7,10 +7,8 @@ import re
 import subprocess
 import sys
 import time
-import typing
 from pathlib import Path
 
-import pydantic
 import pytest
 import torch
 

@@ -76,7 +76,9 @@ def test_a_model_shape_change_is_refused_naming_the_key(tmp_path, chdir_repo, ca
     before = snapshot(dump)
     assert main([*argv, "entropy_model.dim=64"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("config error: entropy_model.dim=64 (checkpoint: 32)")
+    assert len(err) == 1 and err[0].startswith(
+        "config error: entropy_model.dim=64 (checkpoint: 32)"
+    )
     assert "cannot be resumed" in err[0]
     assert snapshot(dump) == before
 
@@ -108,10 +110,16 @@ def test_resume_with_a_changed_lr_trains_and_reports_it(tmp_path, corpus_root):
             f"data.root_dir={corpus_root}", "logging.freq=1"]  # fmt: skip
     assert run_cli("bytelatent.train", [*argv, "steps=2"]).returncode == 0
     again = run_cli("bytelatent.train", [*argv, "steps=2"])
-    assert again.returncode == 0 and again.stdout.strip().endswith("raise steps or use another dump_dir")
+    assert again.returncode == 0 and again.stdout.strip().endswith(
+        "raise steps or use another dump_dir"
+    )
     config = (dump / "config.yaml").read_text()
     res = run_cli("bytelatent.train", [*argv, "steps=3", "optim.lr=0.005"])
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "config differs from" in res.stdout and "optim.lr" in res.stdout and "steps 2 -> 3" in res.stdout
+    assert (
+        "config differs from" in res.stdout
+        and "optim.lr" in res.stdout
+        and "steps 2 -> 3" in res.stdout
+    )
     assert [r["global_step"] for r in metrics(dump)] == [1, 2, 3]
     assert (dump / "config.yaml").read_text() != config  # the run that trained wrote its config

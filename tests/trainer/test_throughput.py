@@ -146,7 +146,9 @@ CPU_ATTENTION = {
 
 
 @pytest.mark.parametrize("config", ["debug", "entropy_debug"])
-def test_analytic_flops_of_a_debug_step_match_flop_counter(tmp_path, monkeypatch, corpus_root, config):
+def test_analytic_flops_of_a_debug_step_match_flop_counter(
+    tmp_path, monkeypatch, corpus_root, config
+):
     """The FLOPs the trainer reports for one step of the debug configs against torch's count of
     the same step (matmuls as torch counts them; CPU attention over the pairs its mask allows)."""
     monkeypatch.chdir(REPO)
