@@ -122,7 +122,8 @@ def run(args: TrainArgs) -> int:
             if trainer is not None:  # an exception on the way out marks the wandb run failed
                 failed = sys.exc_info()[1]
                 trainer.close(2 if isinstance(failed, UserError) else 1 if failed else proc.code)
-            lock.release()
+            if lock is not None:  # held by rank 0 only
+                lock.release()
     return proc.code
 
 
