@@ -3,9 +3,10 @@
     metrics.add(out, batches, data_time)      # every step: device tensors and host numbers, no sync
     m = metrics.compute(step, lr=..., ...)    # a log step: one host copy, float64 all-reduce, reset
 
-Throughput counts real tokens only (`bytes_per_s`, `flops_per_s` and `mfu` are useful work;
-`padding_frac` is the share of tokens that were padding); step times include the device work a
-step queued (`throughput.StepClock`).
+Throughput counts real tokens only (`bytes_per_s`, `flops_per_s` and `mfu` are useful work);
+`padding_frac` is the share of positions that were padding, `padding_flops_frac` the share of the
+executed FLOPs spent on padding (positions and a BLT's padded patch columns); step times include
+the device work a step queued (`throughput.StepClock`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from bytelatent.trainer.patch_stats import PatchLengthStats
 from bytelatent.trainer.throughput import BatchSizes, FlopsCounter, StepClock
 
 # Host-side sums of an interval, all-reduced together in float64 at the log step.
-_HOST_SUMS = ("n_targets", "n_bytes", "tokens", "real_tokens", "useful_flops")
+_HOST_SUMS = ("n_targets", "n_bytes", "tokens", "real_tokens", "useful_flops", "executed_flops")
 
 
 @dataclass
@@ -71,6 +72,7 @@ class IntervalMetrics:
             self.sums["tokens"] += sizes.tokens
             self.sums["real_tokens"] += sizes.real_tokens
             self.sums["useful_flops"] += self.flops.useful(sizes)
+            self.sums["executed_flops"] += self.flops.executed(sizes)
         self.steps += 1
         self.data_time += data_time
         self.patch_stats.add(batches)
@@ -98,6 +100,8 @@ class IntervalMetrics:
             "bytes_per_s": s["real_tokens"] / elapsed,
             "flops_per_s": s["useful_flops"] / elapsed,
             "padding_frac": 1.0 - s["real_tokens"] / max(s["tokens"], 1.0),
+            # compute spent on padding: padded positions and, in BLTs, padded patch columns
+            "padding_flops_frac": 1.0 - s["useful_flops"] / max(s["executed_flops"], 1.0),
             "step_time_s": step_time / self.steps,
             "data_time_s": self.data_time / self.steps,
             "peak_mem_gib": peak_memory_gib(self.device),

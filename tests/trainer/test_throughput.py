@@ -109,6 +109,7 @@ def test_interval_metrics_report_useful_work_and_padding(tmp_path, monkeypatch):
     m = interval.compute(1, lr=0.1)
     assert m["bytes_per_s"] == pytest.approx(11 / 2.0)  # real tokens over step + data time
     assert m["padding_frac"] == pytest.approx(5 / 16)
+    assert m["padding_flops_frac"] == pytest.approx(5 / 16)  # an LM: FLOPs scale with positions
     assert m["flops_per_s"] == pytest.approx(flops.useful(BatchSizes.of(batch)) / 2.0)
     assert m["mfu"] == pytest.approx(m["flops_per_s"] / 1e12)
     assert m["loss"] == pytest.approx(1.0) and m["step_time_s"] == 1.5 and m["lr"] == 0.1
