@@ -18,7 +18,12 @@ import torch
 import torch.distributed as dist
 
 from bytelatent.data.batch import Batch
-from bytelatent.trainer.metrics import Timings, bits_per_byte, peak_memory_gib
+from bytelatent.trainer.metrics import (
+    Timings,
+    bits_per_byte,
+    peak_flops_per_device,
+    peak_memory_gib,
+)
 from bytelatent.trainer.patch_stats import PatchLengthStats
 from bytelatent.trainer.throughput import BatchSizes, FlopsCounter, StepClock
 
@@ -52,6 +57,15 @@ class IntervalMetrics:
         self.timings = Timings()  # timing/* metrics; e.g. `with metrics.timings.measure("eval_s")`
         self.patch_stats = PatchLengthStats()  # patch_len_* metrics of BLT runs, host-side
         self._reset()
+
+    @classmethod
+    def for_run(cls, args, env, dp_size: int, dp_group: Callable[[], object]) -> IntervalMetrics:
+        """From `TrainArgs` and the `DistEnv`: FLOPs of the run's model, the peak for its dtype."""
+        d = args.distributed
+        peak = peak_flops_per_device(
+            env.device, args.logging.peak_tflops, d.model_dtype, d.matmul_allow_tf32
+        )
+        return cls(env.device, FlopsCounter(args), peak, env.world_size, dp_size, dp_group)
 
     def _reset(self) -> None:
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)

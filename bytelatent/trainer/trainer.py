@@ -35,14 +35,13 @@ from bytelatent.trainer.build import build_parallel_model
 from bytelatent.trainer.guard import NonFiniteGuard
 from bytelatent.trainer.interval import IntervalMetrics, StepOutput
 from bytelatent.trainer.loop_controls import resolve_stop_step
-from bytelatent.trainer.metrics import MetricLogger, peak_flops_per_device
+from bytelatent.trainer.metrics import MetricLogger
 from bytelatent.trainer.model_info import write_model_info
 from bytelatent.trainer.optim import build_optimizer
 from bytelatent.trainer.probe import build_probe
 from bytelatent.trainer.profiling import build_profiler
 from bytelatent.trainer.resume_check import complete_line
 from bytelatent.trainer.state import TrainState, capture_rng_state, restore_rng_state
-from bytelatent.trainer.throughput import FlopsCounter
 
 logger = logging.getLogger("bytelatent")
 
@@ -99,21 +98,7 @@ class Trainer:
             args.logging, args.dump_dir, env.rank, args.name, config, start_step=self.state.step
         )
         self.metrics.set_summary({"n_params": self.n_params})
-        dist_args = args.distributed
-        peak_flops = peak_flops_per_device(
-            self.device,
-            args.logging.peak_tflops,
-            dist_args.model_dtype,
-            dist_args.matmul_allow_tf32,
-        )
-        self.interval = IntervalMetrics(
-            self.device,
-            FlopsCounter(args),
-            peak_flops,
-            env.world_size,
-            self.dp_size,
-            self._dp_group,
-        )
+        self.interval = IntervalMetrics.for_run(args, env, self.dp_size, self._dp_group)
         self.timings = self.interval.timings  # eval and saves add `with self.timings.measure(...)`
         self.profiler = build_profiler(args.profiling, args.dump_dir, env.rank, self.device)
         self.probe = build_probe(self.model, args.probe_freq, args.dump_dir, env.rank)
