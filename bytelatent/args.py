@@ -37,11 +37,11 @@ class TrainArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = "bytelatent"
+    name: str = Field("bytelatent", description="run name (wandb, SLURM job name)")
     dump_dir: str = Field(..., description="where config.yaml, metrics.jsonl, train.log and checkpoints go")
-    seed: int = 42
-    debug_dynamo: bool = False
-    grad_acc_steps: int = Field(1, ge=1)
+    seed: int = Field(42, description="torch seed for weight init and dropout")
+    debug_dynamo: bool = Field(False, description="verbose torch.compile (dynamo) logging")
+    grad_acc_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
     gc_collect_freq: int = Field(1000, ge=0, description="0 leaves Python's GC automatic")
     steps: int = Field(1000, ge=1, description="LR-schedule horizon and loop end")
     max_steps: int | None = Field(None, ge=1, description="stop early at this step (schedule keeps `steps`)")
@@ -51,23 +51,56 @@ class TrainArgs(BaseModel):
     probe_freq: int | None = Field(
         None, ge=1, description="module output stats and grad norms every N steps to dump_dir/probe/"
     )
-    train_entropy_model: bool = False
+    train_entropy_model: bool = Field(
+        False, description="train the byte LM of `entropy_model` instead of the BLT of `model`"
+    )
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads on CPU (default: torch's)")
     dry_run: bool = Field(
         False, description="build the model on meta, write model-info.txt, print its size; no training"
     )
 
-    data: DataArgs = Field(default_factory=DataArgs)
-    optim: OptimArgs = Field(default_factory=OptimArgs)
-    model: ByteLatentTransformerArgs | None = Field(default_factory=ByteLatentTransformerArgs)
-    entropy_model: LMTransformerArgs | None = None
-    distributed: DistributedArgs = Field(default_factory=DistributedArgs)
-    env: EnvVars = Field(default_factory=lambda: dict(DEFAULT_ENV))
-    checkpoint: CheckpointArgs = Field(default_factory=CheckpointArgs)
-    logging: LoggingArgs = Field(default_factory=LoggingArgs)
-    profiling: ProfilerArgs = Field(default_factory=ProfilerArgs)
-    run_lock: RunLockArgs = Field(default_factory=RunLockArgs)
-    eval: EvalArgs = Field(default_factory=EvalArgs)
+    data: DataArgs = Field(
+        default_factory=DataArgs,
+        description="corpus, sources and mixture weights, tokenizer, patcher, batch and sequence sizes",
+    )
+    optim: OptimArgs = Field(
+        default_factory=OptimArgs,
+        description="AdamW, gradient clipping, learning-rate schedule and warmup",
+    )
+    model: ByteLatentTransformerArgs | None = Field(
+        default_factory=ByteLatentTransformerArgs,
+        description="BLT shape: global (latent) transformer, local encoder/decoder, cross-attention, hashes",
+    )
+    entropy_model: LMTransformerArgs | None = Field(
+        None, description="byte LM shape, used with train_entropy_model=true"
+    )
+    distributed: DistributedArgs = Field(
+        default_factory=DistributedArgs,
+        description="mesh (dp_replicate x dp_shard x tp), FSDP, dtypes, activation checkpointing",
+    )
+    env: EnvVars = Field(
+        default_factory=lambda: dict(DEFAULT_ENV),
+        description="environment variables exported before the process group starts",
+    )
+    checkpoint: CheckpointArgs = Field(
+        default_factory=CheckpointArgs,
+        description="where and how often to save, retention, resume and warm start",
+    )
+    logging: LoggingArgs = Field(
+        default_factory=LoggingArgs, description="log frequency, console line, peak FLOP/s for MFU"
+    )
+    profiling: ProfilerArgs = Field(
+        default_factory=ProfilerArgs,
+        description="torch.profiler trace window (start step, active steps, CUDA memory snapshot)",
+    )
+    run_lock: RunLockArgs = Field(
+        default_factory=RunLockArgs,
+        description="one run per dump_dir: the lock's heartbeat and when a dead holder's lock is stale",
+    )
+    eval: EvalArgs = Field(
+        default_factory=EvalArgs,
+        description="validation bpb in the loop / before training, eval tasks, async eval jobs",
+    )
     actions: list[ActionArgs] = Field(
         default_factory=list, description="run after each log step and evaluation, e.g. early_stop"
     )

@@ -116,14 +116,21 @@ def run(args: GenerateArgs) -> int:
     return 0
 
 
+USAGE = "usage: python -m bytelatent.generate ckpt=DIR prompt=TEXT [key=value ...]"
+
+
 def main(argv: list[str] | None = None) -> int:
     from bytelatent.config import parse_args
+    from bytelatent.config.help import entry_help
 
     argv = sys.argv[1:] if argv is None else argv
     # a prompt is text, not YAML: "def f(x):" must not become a mapping
     prompts = [a.removeprefix("prompt=") for a in argv if a.startswith("prompt=")]
     rest = [a for a in argv if not a.startswith("prompt=")]
     try:
+        if (page := entry_help(argv, usage=USAGE, model=GenerateArgs, doc=__doc__)) is not None:
+            print(page, end="")
+            return 0
         if len(prompts) > 1:
             raise DataError("give prompt=... once (use prompts_file=in.jsonl for several)")
         args = parse_args(GenerateArgs, rest)

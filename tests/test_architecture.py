@@ -48,6 +48,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "bytelatent.trainer.build",
         "bytelatent.trainer.loop_controls",
         "bytelatent.trainer.model_info",
+        "bytelatent.trainer.resume_check",
     ),
     "entry points": (
         "bytelatent",

@@ -114,10 +114,6 @@ class DistEnv:
     device: torch.device
     backend: str | None  # None: single process, no process group
 
-    @property
-    def is_master(self) -> bool:
-        return self.rank == 0
-
 
 def _default_device(local_rank: int) -> tuple[torch.device, str]:
     if torch.cuda.is_available():

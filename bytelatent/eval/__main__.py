@@ -23,19 +23,20 @@ from pydantic import BaseModel, ConfigDict, Field
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.checkpoint.manager import parse_step
 from bytelatent.checkpoint.pretrained import load_any_checkpoint, read_params
+from bytelatent.config.help import entry_help
 from bytelatent.config.parser import (
     merge_config_trees,
     parse_dotlist,
     validation_error_to_config_error,
 )
 from bytelatent.data.args import DataArgs
-from bytelatent.distributed.env import DistributedArgs, cleanup_and_exit, setup_distributed
+from bytelatent.distributed.env import DistributedArgs
+from bytelatent.distributed.lifecycle import Process
 from bytelatent.distributed.mesh import build_mesh, dp_group
 from bytelatent.distributed.parallelize import parallelize_model
 from bytelatent.errors import ConfigError, UserError
 from bytelatent.eval.args import EvalArgs
 from bytelatent.eval.validate import Validator, append_jsonl, summary_line
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
 
 logger = logging.getLogger("bytelatent")
 RESULTS_FILE = "results.json"
@@ -88,12 +89,11 @@ def evaluate(args: StandaloneEvalArgs, env) -> dict:
     )  # fmt: skip
     device = torch.device(args.device) if args.device else env.device
     validator = Validator(
-        args.eval, args.data, distributed=distributed, blt=False, device=device,
+        args.eval, args.data, distributed=distributed, device=device,
         dp_rank=env.rank, dp_size=env.world_size,
         progress=args.eval.progress if args.eval.progress is not None else sys.stderr.isatty(),
     )  # fmt: skip
-    model, model_args, _ = load_any_checkpoint(args.ckpt, device)
-    validator.blt = isinstance(model_args, ByteLatentTransformerArgs)
+    model, _, _ = load_any_checkpoint(args.ckpt, device)
     mesh = build_mesh(distributed, env.world_size, device.type)
     if mesh is not None:
         model = parallelize_model(model, mesh, distributed)
@@ -121,26 +121,34 @@ def _remove_lease(path: str | None) -> None:
         cfs.rm(fs, path, recursive=False)
 
 
+USAGE = "usage: python -m bytelatent.eval ckpt=DIR dump_dir=OUT [key=value ...]"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     lease = next((a.split("=", 1)[1] for a in argv if a.startswith("lease=")), None)
-    env = None
-    code = 0
     try:
+        if (
+            page := entry_help(argv, usage=USAGE, model=StandaloneEvalArgs, doc=__doc__)
+        ) is not None:
+            print(page, end="")
+            return 0
         args = parse_standalone_args(argv)
-        env = setup_distributed(args.distributed)
-        logging.basicConfig(level=logging.INFO if env.rank == 0 else logging.WARNING,
-                            format="%(levelname)s %(asctime)s - %(message)s")  # fmt: skip
-        evaluate(args, env)
     except UserError as e:
         print(e.one_line(), file=sys.stderr)
-        code = 2
-    finally:
-        if env is None or env.rank == 0:
-            _remove_lease(lease)  # also when parsing failed: nobody reads the checkpoint now
-    if env is not None and env.world_size > 1:
-        cleanup_and_exit(code)
-    return code
+        _remove_lease(lease)  # nobody reads the checkpoint now
+        return 2
+    proc = Process(args.distributed)
+    with proc:
+        try:
+            env = proc.start()
+            logging.basicConfig(level=logging.INFO if env.rank == 0 else logging.WARNING,
+                                format="%(levelname)s %(asctime)s - %(message)s")  # fmt: skip
+            evaluate(args, env)
+        finally:
+            if proc.env is None or proc.env.rank == 0:
+                _remove_lease(lease)  # however the eval ended
+    return proc.code
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from bytelatent.checkpoint.pretrained import load_any_checkpoint
+from bytelatent.config.help import entry_help
 from bytelatent.config.parser import parse_args
 from bytelatent.data.patcher import Patcher, PatcherArgs, PatchingMode
 from bytelatent.errors import ConfigError, UserError
@@ -250,9 +251,15 @@ def run(args: HarnessArgs) -> dict[str, Any]:
     return results
 
 
+HARNESS_USAGE = "usage: python -m bytelatent.eval.harness ckpt=DIR tasks=[name,...] [key=value ...]"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
+        if (page := entry_help(argv, usage=HARNESS_USAGE, model=HarnessArgs, doc=__doc__)) is not None:
+            print(page, end="")
+            return 0
         args = parse_args(HarnessArgs, argv)
         results = run(args)
     except UserError as exc:

@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from bytelatent.data.args import DATASET_FILES_SOURCE, DataArgs
 from bytelatent.data.batch import Batch
@@ -42,6 +41,7 @@ from bytelatent.distributed.parallelize import forward_context
 from bytelatent.errors import ConfigError, DataError
 from bytelatent.eval.args import EvalArgs
 from bytelatent.eval.tasks import EvalContext, get_task, register_task, task_args
+from bytelatent.model.loss import forward_logits, masked_cross_entropy_sum
 from bytelatent.trainer.metrics import LN2
 
 logger = logging.getLogger("bytelatent")
@@ -155,11 +155,11 @@ def validation_bpb(ctx: EvalContext) -> dict[str, float]:
         )  # fmt: skip
         n_targets = n_bytes = 0
         for batch in _progress(ctx, batches, name):
-            logits = ctx.forward(batch)
-            y = torch.from_numpy(batch.y).to(ctx.device)
-            mask = torch.from_numpy(batch.mask).to(ctx.device)
-            ce = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none")
-            sums[i, 0] += (ce * mask.flatten()).sum().double()
+            y, mask = torch.from_numpy(batch.y), torch.from_numpy(batch.mask)
+            loss_sum = masked_cross_entropy_sum(
+                ctx.forward(batch), y.to(ctx.device), mask.to(ctx.device)
+            )
+            sums[i, 0] += loss_sum.double()
             n_targets += int(batch.mask.sum())
             n_bytes += ctx.tokenizer.n_bytes(batch.y, batch.mask)
         sums[i, 1] += n_targets
@@ -192,18 +192,13 @@ register_task("bpb", validation_bpb)
 
 # ------------------------------------------------------------------------------ Validator
 def model_forward(
-    model: torch.nn.Module, mesh: Any, distributed: DistributedArgs, device: torch.device,
-    blt: bool,
-) -> Any:  # fmt: skip
+    model: torch.nn.Module, mesh: Any, distributed: DistributedArgs, device: torch.device
+) -> Any:
     """Batch -> logits, exactly as the training forward runs it (autocast, patch lengths)."""
 
     def forward(batch: Batch) -> torch.Tensor:
-        x = torch.from_numpy(batch.x).to(device)
         with forward_context(mesh, distributed, device.type):
-            if blt and batch.patch_lengths is not None:
-                patch_lengths = torch.from_numpy(batch.patch_lengths).to(device)
-                return model(x, patch_lengths=patch_lengths)
-            return model(x)
+            return forward_logits(model, batch, device)
 
     return forward
 
@@ -232,13 +227,13 @@ class Validator:
     """Runs `eval.tasks` on a model and records the results; built once, called by the loop."""
 
     def __init__(
-        self, args: EvalArgs, data: DataArgs, *, distributed: DistributedArgs, blt: bool,
+        self, args: EvalArgs, data: DataArgs, *, distributed: DistributedArgs,
         device: torch.device, mesh: Any = None, dp_rank: int = 0, dp_size: int = 1,
         dp_group: Any = None, metrics_file: str | None = None, progress: bool = False,
         resolve: bool = True,
     ) -> None:  # fmt: skip
         self.args, self.data = args, data
-        self.distributed, self.blt, self.device, self.mesh = distributed, blt, device, mesh
+        self.distributed, self.device, self.mesh = distributed, device, mesh
         self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
         self.metrics_file = metrics_file
         self.progress = progress
@@ -253,7 +248,7 @@ class Validator:
         from bytelatent.distributed.mesh import dp_group
 
         return cls(
-            args.eval, args.data, distributed=args.distributed, blt=not args.train_entropy_model,
+            args.eval, args.data, distributed=args.distributed,
             device=env.device, mesh=mesh, dp_rank=dp_rank, dp_size=dp_size,
             dp_group=dp_group(mesh),
             metrics_file=os.path.join(args.dump_dir, EVAL_METRICS_FILE) if env.rank == 0 else None,
@@ -276,7 +271,7 @@ class Validator:
         try:
             ctx = EvalContext(
                 model=model,
-                forward=model_forward(model, self.mesh, self.distributed, self.device, self.blt),
+                forward=model_forward(model, self.mesh, self.distributed, self.device),
                 step=step, eval_args=self.args, data_args=self.data, tokenizer=self.tokenizer,
                 validation_sources=self.sources, device=self.device, dp_rank=self.dp_rank,
                 dp_size=self.dp_size, dp_group=self.dp_group, fsdp=self.mesh is not None,

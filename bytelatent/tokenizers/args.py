@@ -41,7 +41,3 @@ class TokenizerArgs(BaseModel):
             raise ConfigError(
                 f"tokenizer_args.init_kwargs: model file not found: {exc.filename or exc}"
             ) from exc
-
-    def is_byte_level(self) -> bool:
-        """True when every token is one byte (bpb's byte count is then the number of targets)."""
-        return self.name in ("blt", "bytes")

@@ -1,4 +1,4 @@
-"""Build the model a `TrainArgs` describes (on whatever device is current) and its FLOP count."""
+"""Build the model a `TrainArgs` describes (on whatever device is current)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from bytelatent.args import TrainArgs
 from bytelatent.distributed.parallelize import parallelize_model
 from bytelatent.model.blt import ByteLatentTransformer
-from bytelatent.model.flops import blt_flops_per_byte, lm_flops_per_token
 from bytelatent.model.transformer import LMTransformer
 
 
@@ -43,21 +42,3 @@ def init_global_from_pretrained(model: torch.nn.Module, args: TrainArgs) -> bool
     load_hf_llama(model, args.model)
     return True
 
-
-def model_flops_per_byte(args: TrainArgs) -> float:
-    """Training FLOPs (forward + backward) per input byte, for throughput and MFU."""
-    if args.train_entropy_model:
-        m = args.entropy_model
-        with torch.device("meta"):
-            model = LMTransformer(m)
-        n_non_embedding = model.num_params(exclude_embeddings=True)
-        return lm_flops_per_token(
-            n_non_embedding, m.n_layers, m.dim, args.data.seq_len, m.sliding_window
-        )
-    patcher = args.data.patcher_args
-    # Nominal patch size: exact for static/byte patching, the configured average otherwise.
-    mean_patch = 1.0 if patcher.patching_mode == "byte" else float(patcher.patch_size)
-    # seq_len here is bytes per row (data.seq_len counts patches in patch mode)
-    return blt_flops_per_byte(
-        args.model, mean_patch_size=mean_patch, seq_len=args.data.max_encoder_seq_length
-    )

@@ -69,20 +69,49 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is KiB on Linux
 
 
-# Dense bf16 tensor-core peaks (TFLOP/s) by device-name substring, from the vendors' datasheets.
-GPU_PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 70.0}
+# Dense (no sparsity) peaks in TFLOP/s per device, from the vendors' datasheets, keyed by the exact
+# name torch.cuda.get_device_name reports: "H100" alone would give an H100 PCIe the SXM peak.
+# Columns: bf16/fp16 tensor cores, tf32 tensor cores, fp32 without tensor cores.
+GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "NVIDIA H200": {"bf16": 989.4, "tf32": 494.7, "fp32": 66.9},
+    "NVIDIA H200 NVL": {"bf16": 835.5, "tf32": 417.5, "fp32": 60.0},
+    "NVIDIA H100 80GB HBM3": {"bf16": 989.4, "tf32": 494.7, "fp32": 66.9},  # SXM5
+    "NVIDIA H100 PCIe": {"bf16": 756.5, "tf32": 378.0, "fp32": 51.2},
+    "NVIDIA H100 NVL": {"bf16": 835.5, "tf32": 417.5, "fp32": 60.0},
+    "NVIDIA A100-SXM4-80GB": {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5},
+    "NVIDIA A100-SXM4-40GB": {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5},
+    "NVIDIA A100 80GB PCIe": {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5},
+    "NVIDIA A100-PCIE-40GB": {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5},
+    "NVIDIA L40S": {"bf16": 362.05, "tf32": 183.0, "fp32": 91.6},
+    "NVIDIA A10G": {"bf16": 70.0, "tf32": 35.0, "fp32": 31.2},
+}
 
 
-def peak_flops_per_device(device: torch.device, configured_tflops: float | None) -> float | None:
-    """FLOP/s of one device for MFU, or None when unknown (CPU peaks depend on the machine)."""
+def peak_column(model_dtype: str, allow_tf32: bool) -> str:
+    """Which peak a run's matmuls can reach: bf16/fp16 tensor cores, tf32, or plain fp32."""
+    if model_dtype in ("bf16", "fp16"):
+        return "bf16"
+    return "tf32" if allow_tf32 else "fp32"
+
+
+def peak_flops_per_device(
+    device: torch.device,
+    configured_tflops: float | None,
+    model_dtype: str = "bf16",
+    allow_tf32: bool = False,
+) -> float | None:
+    """FLOP/s of one device for MFU, or None when unknown (CPU peaks depend on the machine; a GPU
+    missing from the table is named once so that `logging.peak_tflops` can be set)."""
     if configured_tflops:
         return configured_tflops * 1e12
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, tflops in GPU_PEAK_BF16_TFLOPS.items():
-            if key in name:
-                return tflops * 1e12
-    return None
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    peaks = GPU_PEAK_TFLOPS.get(name)
+    if peaks is None:
+        logger.warning("no peak FLOP/s known for %r: no mfu; set logging.peak_tflops", name)
+        return None
+    return peaks[peak_column(model_dtype, allow_tf32)] * 1e12
 
 
 class JsonlSink:
@@ -205,24 +234,6 @@ class Timings:
         out = {**self._pending, "timing/steps_per_s": steps / max(now - self._last_log, 1e-9)}
         self._pending, self._last_log = {}, now
         return out
-
-
-class Timer:
-    """Wall-clock accumulator for step and data time within a log interval."""
-
-    def __init__(self):
-        self.data = 0.0
-        self.step = 0.0
-        self._t = time.perf_counter()
-
-    def lap(self) -> float:
-        now = time.perf_counter()
-        dt, self._t = now - self._t, now
-        return dt
-
-    def reset(self) -> None:
-        self.data = 0.0
-        self.step = 0.0
 
 
 def console_line(m: dict) -> str:

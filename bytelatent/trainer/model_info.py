@@ -33,7 +33,8 @@ from torch.distributed.tensor import DTensor
 
 from bytelatent.args import TrainArgs
 from bytelatent.distributed.mesh import tp_rank_and_size
-from bytelatent.distributed.parallelize import checkpoint_blocks, fsdp_units
+from bytelatent.distributed.parallelize import checkpoint_blocks, forward_context, fsdp_units
+from bytelatent.model.loss import batch_loss_sum
 from bytelatent.trainer.optim import group_label
 
 GIB = 2**30
@@ -314,10 +315,6 @@ def measured_activation_bytes(model: nn.Module, args: TrainArgs, batch) -> int:
     """Bytes of the tensors autograd saves in one forward + loss on `batch` (a real, materialised
     model; parameters and their views excluded, each storage once). Checks the estimate above in
     tests and bench/model_info_activations.py; checkpointed blocks' recomputation is not seen."""
-    import torch.nn.functional as F
-
-    from bytelatent.distributed.parallelize import forward_context
-
     saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -326,13 +323,7 @@ def measured_activation_bytes(model: nn.Module, args: TrainArgs, batch) -> int:
         return t
 
     device = next(model.parameters()).device
-    x, y = torch.from_numpy(batch.x).to(device), torch.from_numpy(batch.y).to(device)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with forward_context(None, args.distributed, device.type):
-            if batch.patch_lengths is not None and not args.train_entropy_model:
-                logits = model(x, patch_lengths=torch.from_numpy(batch.patch_lengths).to(device))
-            else:
-                logits = model(x)
-        F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none").sum()
+        batch_loss_sum(model, batch, device, forward_context(None, args.distributed, device.type))
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     return sum(n for ptr, n in saved.items() if ptr not in params)

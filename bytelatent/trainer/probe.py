@@ -99,5 +99,20 @@ class Probe:
         return dict(zip(values.keys(), stacked))
 
 
-def build_probe(model: nn.Module, freq: int | None, dump_dir: str, rank: int) -> Probe | None:
-    return Probe(model, freq, dump_dir, rank) if freq else None
+class NoProbe:
+    """`probe_freq` unset: the same calls, doing nothing."""
+
+    active = False
+
+    def begin(self, step: int) -> None:
+        pass
+
+    def record_grads(self) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
+def build_probe(model: nn.Module, freq: int | None, dump_dir: str, rank: int) -> Probe | NoProbe:
+    return Probe(model, freq, dump_dir, rank) if freq else NoProbe()

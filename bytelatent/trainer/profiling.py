@@ -1,6 +1,6 @@
 """`profiling.*`: a torch.profiler window of a few steps, written as a chrome trace.
 
-Off by default and then free: `build_profiler` returns None and the loop skips it. The window
+Off by default and then free: `build_profiler` returns a `NoProfiler` whose calls do nothing. The window
 counts steps of this process, not global steps, so a resumed or requeued job profiles too and
 the first steps (compilation, allocator warm-up) stay out of the trace.
 
@@ -86,7 +86,17 @@ class Profiler:
         self._stop()
 
 
+class NoProfiler:
+    """`profiling.run=false`: the same calls, doing nothing."""
+
+    def step_done(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def build_profiler(
     args: ProfilerArgs, dump_dir: str, rank: int, device: torch.device
-) -> Profiler | None:
-    return Profiler(args, dump_dir, rank, device) if args.run else None
+) -> Profiler | NoProfiler:
+    return Profiler(args, dump_dir, rank, device) if args.run else NoProfiler()

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.checkpoint.manager import train_state_name
@@ -56,7 +56,6 @@ class TrainState(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     step: int = 0  # optimizer steps taken
-    acc_step: int = 0  # micro-batches into the current step (0 at every step boundary)
     data_state: dict[str, Any] | None = None  # the data iterator's state after the last batch used
     scheduler: dict[str, Any] = {}
     rng: dict[str, Any] = {}
@@ -65,6 +64,13 @@ class TrainState(BaseModel):
     # {"relative_steps": N, "stop_step": S} while a relative_steps run is under way (loop_controls)
     relative_target: dict[str, int] | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_acc_step(cls, data: Any) -> Any:
+        # Older checkpoints stored `acc_step`, always 0 at a save (saves fall between steps).
+        if isinstance(data, dict) and "acc_step" in data:
+            data = {k: v for k, v in data.items() if k != "acc_step"}
+        return data
 
 def read_data_states(fs: Any, path: str, saved_dp_size: int) -> list[dict | None]:
     """The data state of every dp rank that wrote the checkpoint at `path` (elastic resume)."""

@@ -10,11 +10,9 @@ import gc
 import logging
 import os
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from bytelatent.args import TrainArgs
 from bytelatent.checkpoint.manager import CheckpointManager, parse_step
@@ -32,26 +30,18 @@ from bytelatent.distributed.parallelize import (
 from bytelatent.distributed.signals import PreemptionFlag, requeue_slurm_job, under_slurm
 from bytelatent.eval.validate import Validator
 from bytelatent.launch.async_eval import AsyncEvalLauncher
+from bytelatent.model.loss import batch_loss_sum
 from bytelatent.trainer.actions import Actions, Stop, with_nonfinite_stop
-from bytelatent.trainer.build import (
-    build_parallel_model,
-    init_global_from_pretrained,
-    model_flops_per_byte,
-)
+from bytelatent.trainer.build import build_parallel_model, init_global_from_pretrained
 from bytelatent.trainer.guard import NonFiniteGuard
+from bytelatent.trainer.interval import IntervalMetrics, StepOutput
 from bytelatent.trainer.loop_controls import resolve_stop_step
-from bytelatent.trainer.metrics import (
-    MetricLogger,
-    Timings,
-    bits_per_byte,
-    peak_flops_per_device,
-    peak_memory_gib,
-)
+from bytelatent.trainer.metrics import MetricLogger
 from bytelatent.trainer.model_info import write_model_info
 from bytelatent.trainer.optim import build_optimizer
-from bytelatent.trainer.patch_stats import PatchLengthStats
 from bytelatent.trainer.probe import build_probe
 from bytelatent.trainer.profiling import build_profiler
+from bytelatent.trainer.resume_check import complete_line
 from bytelatent.trainer.state import (
     TrainState,
     capture_rng_state,
@@ -60,31 +50,6 @@ from bytelatent.trainer.state import (
 )
 
 logger = logging.getLogger("bytelatent")
-
-
-@dataclass
-class StepOutput:
-    loss_sum: torch.Tensor  # Σ CE in nats over this rank's target bytes (float64, on device)
-    n_targets: int  # this rank's target tokens (the loss is a mean over these)
-    n_bytes: int  # bytes those targets stand for (equal to n_targets for byte tokenizers)
-    grad_norm: torch.Tensor
-
-
-class Interval:
-    """Sums over one logging interval, kept on device so the hot path never syncs with the host."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.reset()
-
-    def reset(self) -> None:
-        self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        self.n_targets = 0
-        self.n_bytes = 0
-        self.n_input_bytes = 0
-        self.steps = 0
-        self.step_time = 0.0
-        self.data_time = 0.0
 
 
 class Trainer:
@@ -139,13 +104,12 @@ class Trainer:
             args.logging, args.dump_dir, env.rank, args.name, config, start_step=self.state.step
         )
         self.metrics.set_summary({"n_params": self.n_params})
-        self.timings = Timings()  # timing/* metrics; eval adds `with self.timings.measure("eval_s")`
+        self.interval = IntervalMetrics.for_run(args, env, self.dp_size, self._dp_group)
+        self.timings = self.interval.timings  # eval and saves add `with self.timings.measure(...)`
         self.profiler = build_profiler(args.profiling, args.dump_dir, env.rank, self.device)
         self.probe = build_probe(self.model, args.probe_freq, args.dump_dir, env.rank)
-        self.flops_per_byte = model_flops_per_byte(args)
-        self.peak_flops = peak_flops_per_device(self.device, args.logging.peak_tflops)
-        self.patch_stats = PatchLengthStats()  # patch_len_* metrics of BLT runs, host-side
         self.preemption = PreemptionFlag().install()
+        self.last: dict | None = None  # the last logged metrics
         self._last_saved_step = self.state.step if self.state.step > 0 else -1
         self._steps_run = 0  # optimizer steps taken by this process
         self.timings.record("init_or_restore_s", time.perf_counter() - init_start)
@@ -190,44 +154,44 @@ class Trainer:
     # ---------------------------------------------------------------- loop
     def train(self) -> dict | None:
         """Train until `stop_step` or preemption; returns the last logged metrics."""
+        if self.state.step >= self.stop_step:  # resume_check looked at a save that failed to verify
+            logger.info(complete_line(self.args, self.state.step))
+            return None  # config.yaml stays the one of the run that trained
         if self.env.rank == 0:  # secret-looking values (tokens, keys, passwords) redacted
             with open(os.path.join(self.args.dump_dir, "config.yaml"), "w") as f:
                 f.write(redacted_yaml(self.args))
         if self.args.gc_collect_freq > 0:
             gc.disable()
-        interval, last = Interval(self.device), None
-        self.timings.start_interval()
+        self.interval.start()
         if self.validator.should_run_before_training(self.state.step):
-            if (stop := self.evaluate("before_training")) is not None:
-                self.stop(stop)
-                return last
+            if self.stopped(self.evaluate("before_training")):
+                return self.last
         while self.state.step < self.stop_step:
             t0 = time.perf_counter()
-            if self.probe is not None:
-                self.probe.begin(self.state.step + 1)
+            self.probe.begin(self.state.step + 1)
             batches = self.next_batches()
-            t1 = time.perf_counter()
+            data_time = time.perf_counter() - t0
+            self.interval.clock.start()
             out = self.train_step(batches)
+            self.interval.clock.stop()
             self.state.step += 1
-            self._accumulate(interval, out, batches, t1 - t0, time.perf_counter() - t1)
+            self.state.tokens_seen += out.n_bytes
+            self.interval.add(out, batches, data_time)
             self._after_step(time.perf_counter() - t0)
-            if self.state.step % self.args.logging.freq == 0 or self.state.step == self.stop_step:
-                last = self.log(interval, out)
-                if (stop := self.actions.run(self.state.step, last)) is not None:
-                    self.stop(stop)
-                    return last
-            if self.validator.should_run(self.state.step):
-                if (stop := self.evaluate("loop")) is not None:
-                    self.stop(stop)
-                    return last
+            step = self.state.step
+            if step % self.args.logging.freq == 0 or step == self.stop_step:
+                if self.stopped(self.actions.run(step, self.log(out))):
+                    return self.last
+            if self.validator.should_run(step) and self.stopped(self.evaluate("loop")):
+                return self.last
             self.async_evals.poll()
             if self.preemption.agreed(torch.device("cpu"), self._host_group):
                 self.handle_preemption()
-                return last
+                return self.last
             self.maybe_save()
         self.save("final")
         self.checkpoints.wait()
-        return last
+        return self.last
 
     def _after_step(self, seconds: float) -> None:
         """Per-step chores outside the hot path: GC, probe write-out, profiler window, timings."""
@@ -236,10 +200,8 @@ class Trainer:
             self.timings.record("first_step_s", seconds)  # compilation and warm-up
         if self.args.gc_collect_freq > 0 and self.state.step % self.args.gc_collect_freq == 0:
             gc.collect()
-        if self.probe is not None:
-            self.probe.end()
-        if self.profiler is not None:
-            self.profiler.step_done()
+        self.probe.end()
+        self.profiler.step_done()
 
     def evaluate(self, mode: str) -> Stop | None:
         """Validate the current model (all ranks); the actions see the eval metrics."""
@@ -262,34 +224,20 @@ class Trainer:
         for i, batch in enumerate(batches):
             set_gradient_sync(self.model, i == len(batches) - 1)
             loss_sum += self.forward_backward(batch, scale)
-        if self.probe is not None:
-            self.probe.record_grads()  # a no-op unless this step is probed
+        self.probe.record_grads()  # a no-op unless this step is probed
         grad_norm = clip_grad_norm_(self.model.parameters(), self.args.optim.clip)
         self.guard.step(loss_sum, grad_norm)  # optimizer.step() unless loss/grad norm non-finite
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.state.acc_step = 0
         n_bytes = sum(self.tokenizer.n_bytes(b.y, b.mask) for b in batches)
         return StepOutput(
             loss_sum=loss_sum, n_targets=local_targets, n_bytes=n_bytes, grad_norm=grad_norm
         )
 
     def forward_backward(self, batch: Batch, scale: float) -> torch.Tensor:
-        x = torch.from_numpy(batch.x).to(self.device, non_blocking=True)
-        y = torch.from_numpy(batch.y).to(self.device, non_blocking=True)
-        mask = torch.from_numpy(batch.mask).to(self.device, non_blocking=True)
-        with forward_context(self.mesh, self.args.distributed, self.device.type):
-            if batch.patch_lengths is not None and not self.args.train_entropy_model:
-                patch_lengths = torch.from_numpy(batch.patch_lengths).to(
-                    self.device, non_blocking=True
-                )
-                logits = self.model(x, patch_lengths=patch_lengths)
-            else:
-                logits = self.model(x)
-        ce = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none")
-        loss_sum = (ce * mask.flatten()).sum()
+        context = forward_context(self.mesh, self.args.distributed, self.device.type)
+        loss_sum = batch_loss_sum(self.model, batch, self.device, context)
         (loss_sum * scale).backward()
-        self.state.acc_step += 1
         return loss_sum.detach().double()
 
     def _all_reduce_count(self, n: int) -> int:
@@ -307,58 +255,17 @@ class Trainer:
         return self._dp_group_cache
 
     # ---------------------------------------------------------------- metrics
-    def _accumulate(
-        self, interval: Interval, out: StepOutput, batches, data_time, step_time
-    ) -> None:
-        interval.loss_sum += out.loss_sum
-        interval.n_targets += out.n_targets
-        interval.n_bytes += out.n_bytes
-        interval.n_input_bytes += sum(int(b.x.size) for b in batches)
-        interval.steps += 1
-        interval.data_time += data_time
-        interval.step_time += step_time
-        self.state.tokens_seen += out.n_bytes
-        self.patch_stats.add(batches)
-
-    def log(self, interval: Interval, out: StepOutput) -> dict:
-        sums = torch.tensor(
-            [
-                interval.loss_sum.item(),
-                interval.n_targets,
-                interval.n_bytes,
-                interval.n_input_bytes,
-            ],
-            dtype=torch.float64,
-        )
-        if self.dp_size > 1:  # float64 all-reduce (the reference reduces these in bf16)
-            sums = sums.to(self.device)
-            dist.all_reduce(sums, group=self._dp_group())
-            sums = sums.cpu()
-        loss_sum, n_targets, n_bytes, n_input = sums.tolist()
-        elapsed = max(interval.step_time + interval.data_time, 1e-9)
-        bytes_per_s = n_input / elapsed
-        m = {
-            "global_step": self.state.step,
-            "loss": loss_sum / max(n_targets, 1.0),
-            "bpb": bits_per_byte(loss_sum, n_bytes),
-            "n_bytes": int(n_bytes),
-            "lr": self.scheduler.get_last_lr()[0],
-            "grad_norm": float(out.grad_norm),
-            "bytes_per_s": bytes_per_s,
-            "flops_per_s": bytes_per_s * self.flops_per_byte,
-            "step_time_s": interval.step_time / interval.steps,
-            "data_time_s": interval.data_time / interval.steps,
-            "peak_mem_gib": peak_memory_gib(self.device),
-            "tokens_seen": self.state.tokens_seen,
+    def log(self, out: StepOutput) -> dict:
+        """Close the log interval: the metric record, to every sink; returned for the actions."""
+        self.last = self.interval.compute(
+            self.state.step,
+            lr=self.scheduler.get_last_lr()[0],
+            grad_norm=float(out.grad_norm),
+            tokens_seen=self.state.tokens_seen,
             **self.guard.read(),
-        }
-        if self.peak_flops:
-            m["mfu"] = m["flops_per_s"] / (self.peak_flops * self.env.world_size)
-        m.update(self.timings.pop(interval.steps))
-        m.update(self.patch_stats.pop())
-        self.metrics.log(m)
-        interval.reset()
-        return m
+        )
+        self.metrics.log(self.last)
+        return self.last
 
     # ---------------------------------------------------------------- checkpoints
     def maybe_save(self) -> None:
@@ -395,13 +302,16 @@ class Trainer:
             )
         self._last_saved_step = self.state.step
 
-    def stop(self, stop: Stop) -> None:
-        """End the run because an action asked to: save unless told not to, then leave."""
+    def stopped(self, stop: Stop | None) -> bool:
+        """End the run if an action asked to (saving unless told not to); True when it ended."""
+        if stop is None:
+            return False
         (logger.info if stop.exit_code == 0 else logger.error)("%s", stop.reason)
         self.exit_code = stop.exit_code
         if stop.save:
             self.save("final")
         self.checkpoints.wait()
+        return True
 
     def handle_preemption(self) -> None:
         logger.info("preemption: saving at step %d", self.state.step)
@@ -418,8 +328,7 @@ class Trainer:
 
     def close(self, exit_code: int = 0) -> None:
         self.preemption.uninstall()
-        if self.profiler is not None:
-            self.profiler.close()
+        self.profiler.close()
         self.metrics.close(exit_code)
         self.checkpoints.close()
         self.async_evals.close()

@@ -72,7 +72,7 @@ def test_rank_shares_partition_the_global_stream(train_args, corpus_root, world)
 def test_bpb_is_the_ce_sum_over_the_bytes_of_the_targets(train_args, model, corpus_root):
     args = EvalArgs(validation={"max_batches": 3})
     validator = Validator(args, train_args.data, distributed=DistributedArgs(model_dtype="fp32"),
-                          blt=True, device=torch.device("cpu"))  # fmt: skip
+                          device=torch.device("cpu"))  # fmt: skip
     metrics = validator.run(model, 7, mode="loop")
     loss_sum, n_bytes = 0.0, 0
     files = validator.sources["stdlib"]
@@ -110,13 +110,13 @@ def test_a_registered_task_runs_beside_bpb_with_its_options(train_args, model):
     assert "test_topk" in known_tasks() and {"bpb", "harness", "generation"} <= known_tasks()
     args = EvalArgs(tasks=["bpb", "test_topk"], task_args={"test_topk": {"k": 260}},
                     validation={"max_batches": 1})  # fmt: skip
-    validator = Validator(args, train_args.data, distributed=DistributedArgs(), blt=True,
+    validator = Validator(args, train_args.data, distributed=DistributedArgs(),
                           device=torch.device("cpu"))  # fmt: skip
     metrics = validator.run(model, 0)
     assert metrics["top260/acc"] == 1.0 and "val/bpb" in metrics  # every byte is in the top 260
     bad = EvalArgs(tasks=["test_topk"], task_args={"test_topk": {"kk": 2}})
     with pytest.raises(ConfigError, match="eval.task_args.test_topk.kk"):
-        Validator(bad, train_args.data, distributed=DistributedArgs(), blt=True,
+        Validator(bad, train_args.data, distributed=DistributedArgs(),
                   device=torch.device("cpu"))  # fmt: skip
 
 
@@ -126,7 +126,7 @@ def test_a_task_whose_module_is_missing_is_a_config_error(train_args, monkeypatc
     monkeypatch.setitem(tasks.PROVIDERS, "nowhere", "bytelatent.eval.not_a_module")
     with pytest.raises(ConfigError, match="task 'nowhere' is not available"):
         Validator(EvalArgs(tasks=["nowhere"]), train_args.data, distributed=DistributedArgs(),
-                  blt=True, device=torch.device("cpu"))  # fmt: skip
+                  device=torch.device("cpu"))  # fmt: skip
 
 
 def test_retention_keeps_a_leased_checkpoint_until_its_reader_is_done(tmp_path):

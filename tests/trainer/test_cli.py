@@ -78,10 +78,11 @@ def test_entropy_model_trains_and_bpb_falls(tmp_path, corpus_root):
     assert last < first - 0.5, (first, last)
     assert (dump / "config.yaml").exists() and (dump / "train.log").exists()
     assert (dump / "checkpoints" / f"{30:010d}" / ".complete").exists()
-    # running the same command again resumes from the final checkpoint and trains nothing more
+    # running the same command again finds the run complete, says so, and trains nothing more
     res = run_cli("bytelatent.train", [*TINY_ENTROPY, f"dump_dir={dump}", f"data.root_dir={corpus_root}", "steps=30"])
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "resumed from" in res.stdout and len(metrics(dump)) == 30
+    assert res.stdout.strip() == f"{dump} is complete at step 30 (steps=30); raise steps or use another dump_dir"
+    assert len(metrics(dump)) == 30
 
 
 @pytest.mark.slow

@@ -7,16 +7,15 @@ import re
 import subprocess
 import sys
 import time
-import typing
 from pathlib import Path
 
-import pydantic
 import pytest
 import torch
 
 from bytelatent.args import TrainArgs
 from bytelatent.config import parse_args
-from bytelatent.train import SECTIONS, main
+from bytelatent.config.help import sections as config_sections
+from bytelatent.train import main
 from bytelatent.trainer.build import build_parallel_model
 from bytelatent.trainer.model_info import (
     MODEL_INFO,
@@ -132,27 +131,33 @@ def test_model_info_lists_every_parameter_and_component(tmp_path, monkeypatch):
         assert re.search(rf"^  {component}\s+[\d,]+", text, re.M), component
 
 
-def is_section(annotation) -> bool:
-    """A nested config (an arg model, optional or not) or a list/dict of them."""
-    if typing.get_origin(annotation) in (list, dict):
-        return True
-    members = typing.get_args(annotation) or (annotation,)
-    return any(isinstance(t, type) and issubclass(t, pydantic.BaseModel) for t in members)
-
-
 def test_help_lists_every_config_section(capsys):
     for flag in ("--help", "-h"):
         assert main([flag]) == 0
         out = capsys.readouterr().out
         assert out.startswith("usage: python -m bytelatent.train")
         assert "Examples:" in out and "dry_run" in out
-        sections = [n for n, f in TrainArgs.model_fields.items() if is_section(f.annotation)]
-        assert set(sections) == set(SECTIONS), (sections, list(SECTIONS))
-        for name in sections:
-            assert re.search(rf"^  {name}\s+\S", out, re.M), name
-        top_level = out.split("Top-level keys:")[1].split("Config sections:")[0]
+        sections = list(config_sections(TrainArgs))
+        assert {"data", "model", "optim", "distributed", "checkpoint", "eval"} <= set(sections)
+        for name in sections:  # each with the description of its field
+            description = TrainArgs.model_fields[name].description
+            assert description and re.search(rf"^  {name}\s+{re.escape(description)}", out, re.M), name
+        top_level = out.split("Top-level keys")[1].split("Config sections")[0]
         for name in set(TrainArgs.model_fields) - set(sections):
-            assert re.search(rf"\b{name}\b", top_level), name
+            assert re.search(rf"^  {name} = ", top_level, re.M), name
+
+
+def test_help_section_lists_its_keys_with_defaults(capsys):
+    assert main(["--help", "model"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("model: BLT shape")
+    assert re.search(r"^  model\.dim = 512\b", out, re.M), out[:2000]
+    assert re.search(r"^  model\.cross_attn_k = ", out, re.M)
+    assert main(["--help", "optim"]) == 0
+    assert re.search(r"^  optim\.lr = [\d.e-]+", capsys.readouterr().out, re.M)
+    assert main(["--help", "modle"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("config error: --help modle: not a section") and "model" in err
 
 
 def test_no_arguments_prints_a_usage_hint(capsys):

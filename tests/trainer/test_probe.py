@@ -59,4 +59,12 @@ def test_probe_records_stats_and_grad_norms_only_on_probe_steps(tmp_path):
 
 
 def test_probe_is_off_without_probe_freq(tmp_path):
-    assert build_probe(Tiny(), None, str(tmp_path), 0) is None
+    model = Tiny()
+    probe = build_probe(model, None, str(tmp_path), 0)
+    for step in range(1, 4):
+        probe.begin(step)
+        model(torch.randn(2, 4)).sum().backward()
+        probe.record_grads()
+        probe.end()
+    assert not probe.active and not (tmp_path / "probe").exists()
+    assert not any(m._forward_hooks for m in model.modules())

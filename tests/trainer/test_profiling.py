@@ -10,7 +10,11 @@ from bytelatent.trainer.profiling import ProfilerArgs, build_profiler
 
 
 def test_off_builds_nothing(tmp_path):
-    assert build_profiler(ProfilerArgs(), str(tmp_path), 0, torch.device("cpu")) is None
+    off = build_profiler(ProfilerArgs(), str(tmp_path), 0, torch.device("cpu"))
+    for _ in range(10):  # past the default window (steps 3-4)
+        off.step_done()
+    off.close()
+    assert not (tmp_path / "profiling").exists()
 
 
 def _trace_names(path) -> set[str]:

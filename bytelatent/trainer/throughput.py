@@ -1,0 +1,116 @@
+"""Honest throughput: FLOPs of each batch from its real sizes, and step times that include the
+device work a step queued.
+
+* `BatchSizes`: host-side counts every batch already carries (numpy, no device sync): tokens the
+  model runs on (padding included) and real tokens (those with a target), patches the global
+  model runs on (every column of `patch_lengths`) and real patches (those holding a real byte).
+* `FlopsCounter`: training FLOPs of a batch, `executed` (what the hardware computes, padding
+  included; what `torch.utils.flop_counter` counts, up to the attention convention of
+  `model/flops.py`) and `useful` (the same formula on the real tokens and patches). `mfu` is
+  useful work; `padding_frac` is the share of tokens that are padding.
+* `StepClock`: on CUDA a pair of events around each step, read once at the log step (so queued
+  kernels count in the step that queued them, and the hot path never syncs); on CPU, where work
+  runs synchronously, `time.perf_counter`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from bytelatent.data.batch import Batch
+from bytelatent.model.flops import blt_flops_per_byte, lm_flops_per_token
+from bytelatent.model.transformer import LMTransformer
+
+
+@dataclass
+class BatchSizes:
+    tokens: int  # rows x row length: what the local (byte) layers run on
+    real_tokens: int  # positions with a target (mask True)
+    patches: int  # rows x patch columns: what the global model runs on (0 without patches)
+    real_patches: int  # patches that start at a real position
+
+    @classmethod
+    def of(cls, batch: Batch) -> BatchSizes:
+        real_per_row = batch.mask.sum(axis=1)
+        sizes = cls(int(batch.x.size), int(real_per_row.sum()), 0, 0)
+        if batch.patch_lengths is not None:
+            lengths = batch.patch_lengths
+            starts = np.cumsum(lengths, axis=1) - lengths
+            sizes.patches = int(lengths.size)
+            sizes.real_patches = int(((lengths > 0) & (starts < real_per_row[:, None])).sum())
+        return sizes
+
+
+class FlopsCounter:
+    """Training FLOPs (forward + backward) of a batch, from `BatchSizes`."""
+
+    def __init__(self, args) -> None:  # TrainArgs
+        self.entropy = args.train_entropy_model
+        self.row_len = args.data.max_encoder_seq_length if not self.entropy else args.data.seq_len
+        if self.entropy:
+            m = args.entropy_model
+            with torch.device("meta"):
+                n_non_embedding = LMTransformer(m).num_params(exclude_embeddings=True)
+            self.per_token = lm_flops_per_token(
+                n_non_embedding, m.n_layers, m.dim, args.data.seq_len, m.sliding_window
+            )
+        else:
+            self.model_args = args.model
+            patcher = args.data.patcher_args
+            # Without patch lengths in the batch: one byte per patch in byte mode, else static.
+            self.nominal_patch = (
+                1.0 if patcher.patching_mode == "byte" else float(patcher.patch_size)
+            )
+
+    def _blt(self, tokens: int, patches: float) -> float:
+        if tokens == 0:
+            return 0.0
+        mean_patch = tokens / patches if patches > 0 else self.nominal_patch
+        return tokens * blt_flops_per_byte(self.model_args, mean_patch, self.row_len)
+
+    def executed(self, s: BatchSizes) -> float:
+        if self.entropy:
+            return s.tokens * self.per_token
+        return self._blt(s.tokens, s.patches)
+
+    def useful(self, s: BatchSizes) -> float:
+        if self.entropy:
+            return s.real_tokens * self.per_token
+        return self._blt(s.real_tokens, s.real_patches)
+
+
+class StepClock:
+    """Seconds of the steps between two `pop()`s, device work included."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._seconds = 0.0
+        self._start: float | torch.cuda.Event = 0.0
+
+    def start(self) -> None:
+        if self.cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._start = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._events.append((self._start, end))
+        else:
+            self._seconds += time.perf_counter() - self._start
+
+    def pop(self) -> float:
+        """Total step seconds since the last pop (on CUDA: waits for the last step's work)."""
+        if self._events:
+            self._events[-1][1].synchronize()
+            self._seconds += sum(s.elapsed_time(e) for s, e in self._events) / 1000.0
+        seconds, self._seconds, self._events = self._seconds, 0.0, []
+        return seconds
