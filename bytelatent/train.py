@@ -106,7 +106,7 @@ def dry_run(args) -> int:
         print(e.one_line(), file=sys.stderr)
         code = 2
     sys.stdout.flush()
-    if env is not None and env.world_size > 1:
+    if env is not None and env.backend is not None:  # a process group, 1-rank ones too
         cleanup_and_exit(code)
     return code
 
@@ -143,7 +143,7 @@ def run(args) -> int:
             lock.release()
         for handler in logging.getLogger("bytelatent").handlers:
             handler.flush()
-    if env is not None and env.world_size > 1:
+    if env is not None and env.backend is not None:  # a process group, 1-rank ones too
         cleanup_and_exit(code)  # gloo meshes can abort at interpreter exit otherwise (os._exit)
     return code
 

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if env is None or env.rank == 0:
             _remove_lease(lease)  # also when parsing failed: nobody reads the checkpoint now
-    if env is not None and env.world_size > 1:
+    if env is not None and env.backend is not None:  # a process group, 1-rank ones too
         from bytelatent.distributed.env import cleanup_and_exit
 
         cleanup_and_exit(code)

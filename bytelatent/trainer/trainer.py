@@ -21,7 +21,7 @@ from bytelatent.checkpoint.manager import CheckpointManager
 from bytelatent.config.redact import redacted_dump, redacted_yaml
 from bytelatent.data.batch import Batch
 from bytelatent.distributed.clip import clip_grad_norm_
-from bytelatent.distributed.env import DistEnv
+from bytelatent.distributed.env import DistEnv, host_to_device
 from bytelatent.distributed.mesh import build_mesh, dp_rank_and_size, tp_rank_and_size
 from bytelatent.distributed.parallelize import (
     forward_context,
@@ -264,14 +264,10 @@ class Trainer:
         )
 
     def forward_backward(self, batch: Batch, scale: float) -> torch.Tensor:
-        x = torch.from_numpy(batch.x).to(self.device, non_blocking=True)
-        y = torch.from_numpy(batch.y).to(self.device, non_blocking=True)
-        mask = torch.from_numpy(batch.mask).to(self.device, non_blocking=True)
+        x, y, mask = (host_to_device(a, self.device) for a in (batch.x, batch.y, batch.mask))
         with forward_context(self.mesh, self.args.distributed, self.device.type):
             if batch.patch_lengths is not None and not self.args.train_entropy_model:
-                patch_lengths = torch.from_numpy(batch.patch_lengths).to(
-                    self.device, non_blocking=True
-                )
+                patch_lengths = host_to_device(batch.patch_lengths, self.device)
                 logits = self.model(x, patch_lengths=patch_lengths)
             else:
                 logits = self.model(x)
