@@ -136,6 +136,8 @@ def run(args) -> int:
         if not getattr(e, "quiet", False):
             print(e.one_line(), file=sys.stderr)
         code = 2
+    except RuntimeError as e:
+        code = _peer_failure(e, env, trainer)  # a hung or dead peer: one line, exit 4
     finally:
         if trainer is not None:  # an exception on the way out marks the wandb run failed
             trainer.close(code if sys.exc_info()[1] is None else 1)
@@ -146,6 +148,21 @@ def run(args) -> int:
     if env is not None and env.backend is not None:  # a process group, 1-rank ones too
         cleanup_and_exit(code)  # gloo meshes can abort at interpreter exit otherwise (os._exit)
     return code
+
+
+def _peer_failure(exc: RuntimeError, env, trainer) -> int:
+    """The exit code for a collective that a peer never answered (one line said); else re-raise."""
+    from bytelatent.distributed.faults import PEER_FAILURE_EXIT_CODE, describe_peer_failure
+
+    step = "init" if trainer is None else str(trainer.state.step + 1)
+    line = None
+    if env is not None:
+        line = describe_peer_failure(exc, env.rank, env.world_size, step)
+    if line is None:
+        raise exc
+    print(line, file=sys.stderr, flush=True)
+    logger.error("%s", line)
+    return PEER_FAILURE_EXIT_CODE
 
 
 if __name__ == "__main__":
