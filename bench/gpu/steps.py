@@ -370,25 +370,28 @@ def _opt_state(trainer) -> dict:
 
 
 def step_deterministic(ctx: Ctx) -> dict:
-    """Two identical runs with distributed.deterministic=true: losses and weights bitwise equal."""
-    argv = [*blt_argv(ctx), "distributed.deterministic=true"]
-    n_steps = 2 if ctx.quick else 3
-    runs = []
-    batches = None
-    for name in ("det_a", "det_b"):
-        trainer = make_trainer(ctx, name, argv)
+    """Two identical runs with distributed.deterministic=true: losses and weights bitwise equal;
+    a third run without it gives the mode's cost (step time on vs off)."""
+    n_steps = 2 if ctx.quick else 5
+    runs, batches = {}, None
+    for name, det in (("det_a", True), ("det_b", True), ("nondet", False)):
+        trainer = make_trainer(ctx, name, [*blt_argv(ctx), f"distributed.deterministic={str(det).lower()}"])
         try:
             if batches is None:
-                batches = [trainer.next_batches() for _ in range(n_steps)]
-            losses = [float(trainer.train_step(b).loss_sum) for b in batches]
-            runs.append((losses, _params(trainer.model)))
+                batches = [trainer.next_batches() for _ in range(n_steps + 1)]
+            trainer.train_step(batches[0])  # warm-up, timed steps after it
+            ctx.sync()
+            t0 = time.perf_counter()
+            losses = [float(trainer.train_step(b).loss_sum) for b in batches[1:]]
+            runs[name] = (losses, _params(trainer.model), (time.perf_counter() - t0) / n_steps)
         finally:
             trainer.close()
-    (la, pa), (lb, pb) = runs
+    (la, pa, sa), (lb, pb, sb), (_, _, s_off) = runs["det_a"], runs["det_b"], runs["nondet"]
     diff = _same(pa, pb)
     expect(la == lb, f"losses differ: {la} vs {lb}")
     expect(not diff, f"{len(diff)} parameters differ: {diff[:3]}")
-    return {"steps": n_steps, "losses": la, "bitwise": True}
+    return {"steps": n_steps, "losses": la, "bitwise": True,
+            "step_s_deterministic": round(min(sa, sb), 4), "step_s_default": round(s_off, 4)}
 
 
 def step_throughput(ctx: Ctx) -> dict:

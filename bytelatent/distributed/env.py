@@ -281,6 +281,10 @@ def setup_distributed(args: DistributedArgs) -> DistEnv:
 def _single_process_group(env: DistEnv, args: DistributedArgs) -> DistEnv:
     """A 1-rank process group over an in-memory store (no port, no launcher variables)."""
     backend = "nccl" if env.device.type == "cuda" else "gloo"
+    if os.path.exists("/sys/class/net/lo"):
+        # gloo groups (CPU side groups, async saves) otherwise bind to the hostname's address,
+        # which sandboxes and some nodes do not resolve; one process only needs loopback
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if not dist.is_initialized():
         dist.init_process_group(
             backend=backend,
