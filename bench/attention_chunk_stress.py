@@ -89,7 +89,9 @@ def stress(args, kind: str, dtype: torch.dtype, threads: int) -> dict:
     window = 300 if kind == "local_block_causal" else None
     gen = torch.Generator().manual_seed(1)
     shape = (args.batch, args.heads, args.seqlen, args.head_dim)
-    q, k, v, g = (torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype) for _ in range(4))
+    q, k, v, g = (
+        torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype) for _ in range(4)
+    )
     shared = self_attn_mask(kind, tokens, EOS, window)
     assert shared.chunks is not None, "no chunk plan: use a longer --seqlen"
     ref = brute_force(q, k, v, shared.dense, g)
@@ -131,7 +133,9 @@ def main() -> None:
             proc.start()
     print(f"torch {torch.__version__}, S={args.seqlen}, chunk {SDPA_CHUNK}, load {args.load}, "
           f"poison {args.poison}")  # fmt: skip
-    print("| mask | dtype | threads | repeats | not bitwise | non-finite | out err <256 | >=256 | dq err <256 | >=256 |")
+    print(
+        "| mask | dtype | threads | repeats | not bitwise | non-finite | out err <256 | >=256 | dq err <256 | >=256 |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     try:
         for threads in args.threads:

@@ -38,10 +38,11 @@ STEPS = [
     ("train_step", 90, 60),
     ("fsdp_dcp", 90, 60),
     ("deterministic", 90, 60),
-    ("blt_1b", 150, 60),
-    ("throughput", 180, 90),
+    ("blt_1b", 180, 60),
+    ("throughput", 90, 60),
     ("profiler", 60, 60),
     ("generation", 60, 60),
+    ("throughput_compiled", 180, 10),
 ]
 MAX_OUT_FILES = 8
 
@@ -53,7 +54,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=os.environ.get("OUT") or str(HERE / "out"))
     p.add_argument("--work", default=None, help="scratch folder (default: a temporary one)")
     p.add_argument("--only", default=None, help="comma-separated step names")
-    p.add_argument("--budget", type=float, default=None, help="total seconds (default 540 GPU, 280 quick)")
+    p.add_argument(
+        "--budget", type=float, default=None, help="total seconds (default 540 GPU, 280 quick)"
+    )
     p.add_argument("--step", default=None, help=argparse.SUPPRESS)  # internal: run one step
     return p.parse_args(argv)
 
@@ -82,7 +85,9 @@ def run_child(args: argparse.Namespace) -> int:
     out = Path(args.out)
     started = time.perf_counter()
     try:
-        entry = steps.run(args.step, device=args.device, quick=args.quick, out=out, work=Path(args.work))
+        entry = steps.run(
+            args.step, device=args.device, quick=args.quick, out=out, work=Path(args.work)
+        )
     except steps.CheckFailed as e:
         entry = {"status": "fail", "error": str(e)}
     except steps.Skip as e:
@@ -95,15 +100,31 @@ def run_child(args: argparse.Namespace) -> int:
 
 
 def run_step(args: argparse.Namespace, name: str, limit: float, log) -> dict | None:
-    cmd = [sys.executable, __file__, "--step", name, "--device", args.device, "--out", args.out,
-           "--work", args.work] + (["--quick"] if args.quick else [])
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(
-        [str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    cmd = [
+        sys.executable,
+        __file__,
+        "--step",
+        name,
+        "--device",
+        args.device,
+        "--out",
+        args.out,
+        "--work",
+        args.work,
+    ] + (["--quick"] if args.quick else [])
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep
+        ),
+    )
     log.write(f"\n===== {name} (limit {limit:.0f} s)\n")
     log.flush()
     started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
+    )
     try:
         rc = proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
@@ -114,8 +135,13 @@ def run_step(args: argparse.Namespace, name: str, limit: float, log) -> dict | N
     if recorded(Path(args.out), name):
         return None
     status = "timeout" if rc is None else "error"
-    return {"step": name, "status": status, "rc": rc, "seconds": seconds,
-            "error": tail(Path(args.out) / "log.txt")}
+    return {
+        "step": name,
+        "status": status,
+        "rc": rc,
+        "seconds": seconds,
+        "error": tail(Path(args.out) / "log.txt"),
+    }
 
 
 def tail(path: Path, n: int = 1500) -> str:
@@ -137,9 +163,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage error: unknown step(s) {sorted(unknown)}", file=sys.stderr)
         return 2
     (out / "summary.json").unlink(missing_ok=True)
-    (out / "summary.json").write_text(json.dumps(
-        {"device": args.device, "quick": args.quick, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-         time.gmtime()), "steps": []}, indent=1))
+    (out / "summary.json").write_text(
+        json.dumps(
+            {
+                "device": args.device,
+                "quick": args.quick,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "steps": [],
+            },
+            indent=1,
+        )
+    )
     budget = args.budget or (280.0 if args.quick else 540.0)
     deadline = time.monotonic() + budget
     with open(out / "log.txt", "w") as log:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import os
 import platform
 import shutil
 import subprocess
@@ -71,15 +70,30 @@ def step_env(ctx: Ctx) -> dict:
         "cuda_runtime": torch.version.cuda,
         "cuda_available": torch.cuda.is_available(),
         "threads": torch.get_num_threads(),
-        "packages": _versions(["numpy", "pydantic", "pydantic_core", "omegaconf", "yaml", "pyarrow",
-                               "fsspec", "triton", "xformers"]),
+        "packages": _versions(
+            [
+                "numpy",
+                "pydantic",
+                "pydantic_core",
+                "omegaconf",
+                "yaml",
+                "pyarrow",
+                "fsspec",
+                "triton",
+                "xformers",
+            ]
+        ),
         "torch_compat": compat.report(),
     }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        info |= {"gpu": props.name, "capability": f"{props.major}.{props.minor}",
-                 "gpu_mem_gib": round(props.total_memory / 2**30, 1),
-                 "sms": props.multi_processor_count, "bf16": torch.cuda.is_bf16_supported()}
+        info |= {
+            "gpu": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "gpu_mem_gib": round(props.total_memory / 2**30, 1),
+            "sms": props.multi_processor_count,
+            "bf16": torch.cuda.is_bf16_supported(),
+        }
         if shutil.which("nvidia-smi"):
             smi = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
             info["nvidia_smi"] = smi.stdout.strip()
@@ -127,9 +141,15 @@ def step_attention(ctx: Ctx) -> dict:
             for backend in backends:
                 mask = A.self_attn_mask(kind, tokens, A_EOS, window, backend=backend)
                 for dtype in (torch.float32, torch.bfloat16):
-                    err = _compare(case, ref, dtype, lambda q, k, v: A.attend(q, k, v, mask, backend))
-                    row = {"S": seqlen, "kind": kind, "backend": backend, "dtype": str(dtype)[6:],
-                           **err, "banded": mask.band is not None}
+                    err = _compare(case, ref, dtype, mask, backend)
+                    row = {
+                        "S": seqlen,
+                        "kind": kind,
+                        "backend": backend,
+                        "dtype": str(dtype)[6:],
+                        **err,
+                        "banded": mask.band is not None,
+                    }
                     results.append(row)
                     if max(err.values()) > tol[dtype]:
                         failures.append(row)
@@ -137,10 +157,17 @@ def step_attention(ctx: Ctx) -> dict:
     if ctx.cuda:
         torch.cuda.empty_cache()
     expect(not failures, f"{len(failures)} attention case(s) above tolerance: {failures[:4]}")
-    worst = {d: max(max(r["out"], r["dq"], r["dk"], r["dv"]) for r in results if r["dtype"] == d)
-             for d in ("float32", "bfloat16")}
-    return {"backends": backends, "cases": len(results), "worst_rel_err": worst,
-            "tolerance": {str(k)[6:]: v for k, v in tol.items()}, "results": results}
+    worst = {
+        d: max(max(r["out"], r["dq"], r["dk"], r["dv"]) for r in results if r["dtype"] == d)
+        for d in ("float32", "bfloat16")
+    }
+    return {
+        "backends": backends,
+        "cases": len(results),
+        "worst_rel_err": worst,
+        "tolerance": {str(k)[6:]: v for k, v in tol.items()},
+        "results": results,
+    }
 
 
 A_EOS = 2  # bytelatent.tokenizers.constants.EOS_ID
@@ -162,8 +189,10 @@ def _attention_case(ctx, bsz, heads, kv_heads, q_len, k_len, dim) -> dict:
 
     gen = torch.Generator(device="cpu").manual_seed(q_len * 31 + k_len)
     shape_q, shape_k = (bsz, heads, q_len, dim), (bsz, kv_heads, k_len, dim)
-    case = {n: torch.randn(s, generator=gen, dtype=torch.float64) for n, s in
-            (("q", shape_q), ("k", shape_k), ("v", shape_k), ("g", shape_q))}
+    case = {
+        n: torch.randn(s, generator=gen, dtype=torch.float64)
+        for n, s in (("q", shape_q), ("k", shape_k), ("v", shape_k), ("g", shape_q))
+    }
     return {n: t.to(ctx.device) for n, t in case.items()}
 
 
@@ -183,14 +212,20 @@ def _brute_force(case: dict, allowed) -> dict:
     return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
 
-def _compare(case: dict, ref: dict, dtype, fn) -> dict:
+def _compare(case: dict, ref: dict, dtype, mask, backend: str) -> dict:
+    from bytelatent.model.attention import attend
+
     q, k, v = (case[n].to(dtype).requires_grad_() for n in "qkv")
-    out = fn(q, k, v)
+    out = attend(q, k, v, mask, backend)
     (out.float() * case["g"].float()).sum().backward()
     got = {"out": out, "dq": q.grad, "dk": k.grad, "dv": v.grad}
     # error relative to the largest reference value of each tensor
-    return {n: round(float((got[n].double() - ref[n]).abs().max() / ref[n].abs().max().clamp_min(1e-12)), 7)
-            for n in got}
+    return {
+        n: round(
+            float((got[n].double() - ref[n]).abs().max() / ref[n].abs().max().clamp_min(1e-12)), 7
+        )
+        for n in got
+    }
 
 
 def _cross_cases(ctx: Ctx, backends, tol, failures) -> list[dict]:
@@ -212,9 +247,14 @@ def _cross_cases(ctx: Ctx, backends, tol, failures) -> list[dict]:
     mask = A.AttnMask.from_dense(allowed[:, None])
     for backend in [b for b in backends if b != "flex_attention"]:  # flex: self masks only
         for dtype in (torch.float32, torch.bfloat16):
-            err = _compare(case, ref, dtype, lambda q, k, v: A.attend(q, k, v, mask, backend))
-            row = {"S": f"{q_len}x{k_len}", "kind": "cross+empty_rows", "backend": backend,
-                   "dtype": str(dtype)[6:], **err}
+            err = _compare(case, ref, dtype, mask, backend)
+            row = {
+                "S": f"{q_len}x{k_len}",
+                "kind": "cross+empty_rows",
+                "backend": backend,
+                "dtype": str(dtype)[6:],
+                **err,
+            }
             rows.append(row)
             if max(err.values()) > tol[dtype]:
                 failures.append(row)
@@ -230,23 +270,49 @@ def corpus(ctx: Ctx) -> Path:
     root = ctx.work / "data"
     if not (root / "stdlib").exists():
         mb = "1" if ctx.quick else "8"
-        subprocess.run([sys.executable, "-m", "bytelatent.data.prepare", "--out",
-                        str(root / "stdlib"), "--max-mb", mb], check=True, cwd=REPO)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bytelatent.data.prepare",
+                "--out",
+                str(root / "stdlib"),
+                "--max-mb",
+                mb,
+            ],
+            check=True,
+            cwd=REPO,
+        )
     return root
 
 
 TINY_BLT = [
-    "config=configs/debug.yaml", "model.dim=32", "model.n_layers=1", "model.n_heads=2",
-    "model.dim_local_encoder=32", "model.dim_local_decoder=32", "model.n_heads_local_encoder=2",
-    "model.n_heads_local_decoder=2", "model.cross_attn_nheads=2", "model.n_layers_local_decoder=1",
-    "model.encoder_hash_byte_group_vocab=257", "model.max_encoder_seq_length=256",
-    "model.local_attention_window_len=64", "data.max_encoder_seq_length=256", "data.seq_len=48",
+    "config=configs/debug.yaml",
+    "model.dim=32",
+    "model.n_layers=1",
+    "model.n_heads=2",
+    "model.dim_local_encoder=32",
+    "model.dim_local_decoder=32",
+    "model.n_heads_local_encoder=2",
+    "model.n_heads_local_decoder=2",
+    "model.cross_attn_nheads=2",
+    "model.n_layers_local_decoder=1",
+    "model.encoder_hash_byte_group_vocab=257",
+    "model.max_encoder_seq_length=256",
+    "model.local_attention_window_len=64",
+    "data.max_encoder_seq_length=256",
+    "data.seq_len=48",
     "model.max_seqlen=48",
 ]
 TINY_ENTROPY = [
-    "config=configs/entropy_debug.yaml", "entropy_model.dim=32", "entropy_model.n_layers=1",
-    "entropy_model.n_heads=2", "entropy_model.max_seqlen=128", "entropy_model.sliding_window=64",
-    "data.seq_len=128", "data.batch_size=4",
+    "config=configs/entropy_debug.yaml",
+    "entropy_model.dim=32",
+    "entropy_model.n_layers=1",
+    "entropy_model.n_heads=2",
+    "entropy_model.max_seqlen=128",
+    "entropy_model.sliding_window=64",
+    "data.seq_len=128",
+    "data.batch_size=4",
 ]
 
 
@@ -274,9 +340,18 @@ def make_trainer(ctx: Ctx, name: str, argv: list[str], fresh: bool = True):
         shutil.rmtree(dump, ignore_errors=True)
     dump.mkdir(parents=True, exist_ok=True)
     dtype = "bf16" if ctx.cuda else "fp32"
-    argv = [*argv, f"dump_dir={dump}", f"data.root_dir={corpus(ctx)}", "data.sources={stdlib: 1.0}",
-            "data.load_async=false", f"distributed.model_dtype={dtype}", "logging.freq=1",
-            "checkpoint.dump.every=0", "checkpoint.eval.every=0", "eval.every=0"]
+    argv = [
+        *argv,
+        f"dump_dir={dump}",
+        f"data.root_dir={corpus(ctx)}",
+        "data.sources={stdlib: 1.0}",
+        "data.load_async=false",
+        f"distributed.model_dtype={dtype}",
+        "logging.freq=1",
+        "checkpoint.dump.every=0",
+        "checkpoint.eval.every=0",
+        "eval.every=0",
+    ]
     args = parse_args(TrainArgs, argv)
     return Trainer(args, setup_distributed(args.distributed))
 
@@ -284,8 +359,10 @@ def make_trainer(ctx: Ctx, name: str, argv: list[str], fresh: bool = True):
 def _params(model) -> dict:
     from torch.distributed.tensor import DTensor
 
-    return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu().clone()
-            for n, p in model.named_parameters()}
+    return {
+        n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu().clone()
+        for n, p in model.named_parameters()
+    }
 
 
 def _same(a: dict, b: dict) -> list[str]:
@@ -335,12 +412,19 @@ def step_fsdp_dcp(ctx: Ctx) -> dict:
     """FSDP2 on one device (a 1-rank mesh), an async DCP save, and a resume bitwise."""
     from torch.distributed.tensor import DTensor
 
-    argv = [*entropy_argv(ctx), "steps=3", "distributed.single_device_fsdp=true",
-            "checkpoint.async_save=true"]
+    argv = [
+        *entropy_argv(ctx),
+        "steps=3",
+        "distributed.single_device_fsdp=true",
+        "checkpoint.async_save=true",
+    ]
     first = make_trainer(ctx, "fsdp", argv)
     try:
         expect(first.mesh is not None, "single_device_fsdp=true built no mesh")
-        expect(all(isinstance(p, DTensor) for p in first.model.parameters()), "parameters are not DTensors")
+        expect(
+            all(isinstance(p, DTensor) for p in first.model.parameters()),
+            "parameters are not DTensors",
+        )
         first.train()
         saved = _params(first.model)
         saved_opt = _opt_state(first)
@@ -375,7 +459,9 @@ def step_deterministic(ctx: Ctx) -> dict:
     n_steps = 2 if ctx.quick else 5
     runs, batches = {}, None
     for name, det in (("det_a", True), ("det_b", True), ("nondet", False)):
-        trainer = make_trainer(ctx, name, [*blt_argv(ctx), f"distributed.deterministic={str(det).lower()}"])
+        trainer = make_trainer(
+            ctx, name, [*blt_argv(ctx), f"distributed.deterministic={str(det).lower()}"]
+        )
         try:
             if batches is None:
                 batches = [trainer.next_batches() for _ in range(n_steps + 1)]
@@ -390,23 +476,37 @@ def step_deterministic(ctx: Ctx) -> dict:
     diff = _same(pa, pb)
     expect(la == lb, f"losses differ: {la} vs {lb}")
     expect(not diff, f"{len(diff)} parameters differ: {diff[:3]}")
-    return {"steps": n_steps, "losses": la, "bitwise": True,
-            "step_s_deterministic": round(min(sa, sb), 4), "step_s_default": round(s_off, 4)}
+    return {
+        "steps": n_steps,
+        "losses": la,
+        "bitwise": True,
+        "step_s_deterministic": round(min(sa, sb), 4),
+        "step_s_default": round(s_off, 4),
+    }
 
 
 def step_throughput(ctx: Ctx) -> dict:
-    """Bytes/s of the debug BLT and the 100M entropy model, compile off and on."""
+    """Bytes/s of the debug BLT and the 100M entropy model, eager."""
+    return _throughput(ctx, compiled=False)
+
+
+def step_throughput_compiled(ctx: Ctx) -> dict:
+    """The same with per-block torch.compile (GPU only: inductor on CPU needs minutes)."""
+    if ctx.quick:
+        raise Skip("compile is measured on the GPU run only")
+    return _throughput(ctx, compiled=True)
+
+
+def _throughput(ctx: Ctx, compiled: bool) -> dict:
     rows = []
-    compiles = (False,) if ctx.quick else (False, True)
     for model, argv in (("blt_debug", blt_argv(ctx)), ("entropy", entropy_argv(ctx))):
-        for compiled in compiles:
-            name = f"{model}{'_compiled' if compiled else ''}"
-            trainer = make_trainer(ctx, name, [*argv, f"distributed.compile={str(compiled).lower()}"])
-            try:
-                rows.append({"model": name, "n_params": trainer.n_params, **_time_steps(ctx, trainer)})
-            finally:
-                trainer.close()
-    return {"rows": rows}
+        flag = f"distributed.compile={str(compiled).lower()}"
+        trainer = make_trainer(ctx, f"{model}_{compiled}", [*argv, flag])
+        try:
+            rows.append({"model": model, "n_params": trainer.n_params, **_time_steps(ctx, trainer)})
+        finally:
+            trainer.close()
+    return {"compile": compiled, "rows": rows}
 
 
 def _time_steps(ctx: Ctx, trainer, warmup: int = 2, steps: int | None = None) -> dict:
@@ -424,8 +524,12 @@ def _time_steps(ctx: Ctx, trainer, warmup: int = 2, steps: int | None = None) ->
     ctx.sync()
     seconds = time.perf_counter() - t0
     n_bytes = sum(int(x.x.size) for b in batches for x in b)
-    return {"bytes_per_s": round(n_bytes / seconds, 1), "step_s": round(seconds / steps, 4),
-            "warmup_s": round(warm_s, 2), "peak_mem_gib": _peak_mem(ctx)}
+    return {
+        "bytes_per_s": round(n_bytes / seconds, 1),
+        "step_s": round(seconds / steps, 4),
+        "warmup_s": round(warm_s, 2),
+        "peak_mem_gib": _peak_mem(ctx),
+    }
 
 
 def _peak_mem(ctx: Ctx) -> float | None:
@@ -440,27 +544,50 @@ def step_blt_1b(ctx: Ctx) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
     matmul = _matmul_tflops(ctx)
-    argv = ["config=configs/blt_1b.yaml", "data.preprocess_dir=null",
-            "data.patcher_args.patching_mode=space", "distributed.single_device_fsdp=true"]
+    argv = [
+        "config=configs/blt_1b.yaml",
+        "data.preprocess_dir=null",
+        "data.patcher_args.patching_mode=space",
+        "distributed.single_device_fsdp=true",
+    ]
     if ctx.quick:
-        argv += ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.dim_local_encoder=32",
-                 "model.dim_local_decoder=32", "model.n_heads_local_encoder=2",
-                 "model.n_heads_local_decoder=2", "model.cross_attn_nheads=2",
-                 "model.n_layers_local_decoder=2", "model.encoder_hash_byte_group_vocab=1001",
-                 "data.seq_len=64", "model.max_seqlen=64", "data.max_encoder_seq_length=512",
-                 "model.max_encoder_seq_length=512", "data.batch_size=2"]
+        argv += [
+            "model.dim=64",
+            "model.n_layers=2",
+            "model.n_heads=4",
+            "model.dim_local_encoder=32",
+            "model.dim_local_decoder=32",
+            "model.n_heads_local_encoder=2",
+            "model.n_heads_local_decoder=2",
+            "model.cross_attn_nheads=2",
+            "model.n_layers_local_decoder=2",
+            "model.encoder_hash_byte_group_vocab=1001",
+            "data.seq_len=64",
+            "model.max_seqlen=64",
+            "data.max_encoder_seq_length=512",
+            "model.max_encoder_seq_length=512",
+            "data.batch_size=2",
+        ]
     else:
         argv += ["data.batch_size=2", "distributed.activation_checkpointing=selective"]
     trainer = make_trainer(ctx, "blt_1b", argv)
     try:
         counter = FlopCounterMode(display=False)
-        with counter:
-            trainer.train_step(trainer.next_batches())
+        try:
+            with counter:
+                trainer.train_step(trainer.next_batches())
+        except Exception as e:  # noqa: BLE001 - report, then time the step without the count
+            raise CheckFailed(f"FlopCounterMode could not count the step: {e}") from e
         step_flops = counter.get_total_flops()
         timing = _time_steps(ctx, trainer, warmup=0, steps=2 if ctx.quick else 3)
         flops_per_s = step_flops / timing["step_s"]
-        entry = {"n_params": trainer.n_params, "flops_per_step": step_flops, **timing,
-                 "tflops_per_s": round(flops_per_s / 1e12, 3), "matmul_tflops": matmul}
+        entry = {
+            "n_params": trainer.n_params,
+            "flops_per_step": step_flops,
+            **timing,
+            "tflops_per_s": round(flops_per_s / 1e12, 3),
+            "matmul_tflops": matmul,
+        }
         entry["mfu_vs_matmul"] = round(flops_per_s / 1e12 / matmul["tflops"], 4)
         if ctx.cuda:
             entry["mfu_vs_989_tflops"] = round(flops_per_s / 989e12, 4)
@@ -492,8 +619,14 @@ def _matmul_tflops(ctx: Ctx) -> dict:
 
 def step_profiler(ctx: Ctx) -> dict:
     """The profiler's trace (CUDA kernels on a GPU) and, on CUDA, the memory snapshot."""
-    argv = [*blt_argv(ctx), "steps=4", "profiling.run=true", "profiling.start_step=2",
-            "profiling.active_steps=2", "profiling.memory=true"]
+    argv = [
+        *blt_argv(ctx),
+        "steps=4",
+        "profiling.run=true",
+        "profiling.start_step=2",
+        "profiling.active_steps=2",
+        "profiling.memory=true",
+    ]
     trainer = make_trainer(ctx, "profiler", argv)
     try:
         trainer.train()
@@ -506,8 +639,11 @@ def step_profiler(ctx: Ctx) -> dict:
         shutil.copyfileobj(src, dst)
     events = json.loads(traces[0].read_text()).get("traceEvents", [])
     kernels = sum(1 for e in events if e.get("cat") == "kernel")
-    entry = {"trace_events": len(events), "cuda_kernels": kernels,
-             "trace_gz_bytes": (ctx.out / "trace.json.gz").stat().st_size}
+    entry = {
+        "trace_events": len(events),
+        "cuda_kernels": kernels,
+        "trace_gz_bytes": (ctx.out / "trace.json.gz").stat().st_size,
+    }
     if (ctx.out / "trace.json.gz").stat().st_size > MAX_FILE:
         (ctx.out / "trace.json.gz").unlink()
         entry["trace_gz_bytes"] = "too large to return; dropped"
@@ -547,6 +683,8 @@ def step_generation(ctx: Ctx) -> dict:
             t0 = time.perf_counter()
             result = gen.generate([g.PROMPT], args)[0]
             ctx.sync()
-            rows[f"{name}_{dev}_bytes_per_s"] = round(len(result.tokens) / (time.perf_counter() - t0), 1)
+            rows[f"{name}_{dev}_bytes_per_s"] = round(
+                len(result.tokens) / (time.perf_counter() - t0), 1
+            )
     del torch
     return {"new_bytes": n_new, **rows}

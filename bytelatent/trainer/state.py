@@ -64,7 +64,9 @@ def _restore_cuda_rng(state: dict[str, Any]) -> None:
         else:
             logger.warning(
                 "train state holds CUDA RNG states of %d devices, none for cuda:%d; its RNG "
-                "starts from the seed", len(old), device,
+                "starts from the seed",
+                len(old),
+                device,
             )
 
 

@@ -68,8 +68,9 @@ def test_old_states_with_every_gpu_still_load(fake_cuda, caplog):
     fake = fake_cuda(count=2, current=1)
     saved = state_mod.capture_rng_state()
     del saved["torch_cuda_device"]
-    saved["torch_cuda"] = [state_mod._tensor_to_b64(torch.full((16,), i + 10, dtype=torch.uint8))
-                           for i in range(4)]  # written on a host with 4 GPUs
+    saved["torch_cuda"] = [
+        state_mod._tensor_to_b64(torch.full((16,), i + 10, dtype=torch.uint8)) for i in range(4)
+    ]  # written on a host with 4 GPUs
     state_mod.restore_rng_state(saved)
     assert torch.equal(fake.states[1], torch.full((16,), 11, dtype=torch.uint8))
     far = fake_cuda(count=8, current=6)  # this rank's device had no entry then
