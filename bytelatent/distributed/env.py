@@ -68,7 +68,7 @@ class DistributedArgs(BaseModel):
     single_device_fsdp: bool | None = None
     # Bitwise-reproducible runs: torch.use_deterministic_algorithms(True) (index_add, gather and
     # index_select backward on CUDA take their deterministic kernels; an op without one raises),
-    # CUBLAS_WORKSPACE_CONFIG=:4096:8, cuDNN autotuning off. Costs speed: see docs/distributed.md.
+    # CUBLAS_WORKSPACE_CONFIG=:4096:8, cuDNN autotuning off. Costs speed: see docs/gpu.md.
     deterministic: bool = False
     # Seconds a collective may wait for its peers before the job ends with one line naming the
     # rank and the step; first_step_timeout_s covers init and the first step (compilation).

@@ -26,9 +26,9 @@ PEER_FAILURE_EXIT_CODE = 4
 ROLL_CALL_S = 3.0
 # Fragments of gloo / NCCL / c10d store messages that mean "a peer did not answer".
 _PEER_SIGNS = (
-    "timed out", "timeout", "connection closed by peer", "connection reset by peer",
-    "broken pipe", "connection refused", "socket closed", "watchdog", "nccl communicator",
-    "read error", "ncclremoteerror", "unexpected eof", "pair closure",
+    "timed out", "connection closed by peer", "connection reset by peer", "broken pipe",
+    "connection refused", "socket closed", "watchdog", "nccl communicator", "ncclremoteerror",
+    "unexpected eof", "pair closure",
 )  # fmt: skip
 
 
@@ -49,6 +49,8 @@ def is_peer_failure(exc: BaseException) -> bool:
     if not isinstance(exc, RuntimeError):  # DistBackendError, DistNetworkError, DistStoreError
         return False
     text = str(exc).lower()
+    if isinstance(exc, dist.DistError) and ("timeout" in text or "read error" in text):
+        return True  # c10d's own errors (store and backend), e.g. "Socket Timeout"
     return any(sign in text for sign in _PEER_SIGNS)
 
 

@@ -87,3 +87,14 @@ def test_deterministic_switch(monkeypatch):
     finally:
         _set_numerics(DistributedArgs())
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_peer_failures_are_told_apart_from_other_errors():
+    from bytelatent.distributed.faults import describe_peer_failure, is_peer_failure
+
+    gloo = RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:5")
+    assert is_peer_failure(gloo)
+    assert is_peer_failure(RuntimeError("Timed out waiting 3000ms for recv operation to complete"))
+    assert not is_peer_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert not is_peer_failure(ValueError("timed out"))
+    assert describe_peer_failure(gloo, rank=0, world_size=1, step="3") is None  # no peers
