@@ -15,6 +15,9 @@ itself does not answer, its host (rank 0) is the one that is gone.
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import threading
 import time
 from datetime import timedelta
 
@@ -73,13 +76,51 @@ def describe_peer_failure(exc: BaseException, rank: int, world_size: int, step: 
     )
 
 
-def _roll_call(rank: int, world_size: int) -> list[int] | None:
-    """Ranks that did not check in within ROLL_CALL_S; None when the store does not answer."""
+def _store_reachable() -> bool:
+    """A plain TCP connect to the rendezvous store first: a store client call to a dead host makes
+    c10d log a warning with a C++ stack trace, which is what this module exists to avoid."""
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    if not host or not port.isdigit():
+        return True  # another rendezvous (file://, a custom store): let the store call tell
     try:
-        from torch.distributed.distributed_c10d import _get_default_store
+        with socket.create_connection((host, int(port)), timeout=ROLL_CALL_S):
+            return True
+    except OSError:
+        return False
 
-        store = _get_default_store()
-        store.set_timeout(timedelta(seconds=ROLL_CALL_S))
+
+def _short_timeout_store() -> dist.Store:
+    """A client of the rendezvous store whose every call gives up after ROLL_CALL_S (the default
+    store's timeout is the process group's, and a stopped host would block it that long)."""
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    if host and port.isdigit():
+        return dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False,
+                             timeout=timedelta(seconds=ROLL_CALL_S))  # fmt: skip
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store = _get_default_store()
+    store.set_timeout(timedelta(seconds=ROLL_CALL_S))
+    return store
+
+
+def _roll_call(rank: int, world_size: int) -> list[int] | None:
+    """Ranks that did not check in within ROLL_CALL_S; None when the store does not answer.
+
+    Runs in a daemon thread: a store client whose host is stopped (SIGSTOP) can block in its
+    handshake whatever its timeout says, and the survivor must still say its line and leave.
+    """
+    if not _store_reachable():
+        return None
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(_ask_store(rank, world_size)), daemon=True)
+    thread.start()
+    thread.join(timeout=3 * ROLL_CALL_S)
+    return result[0] if result else None
+
+
+def _ask_store(rank: int, world_size: int) -> list[int] | None:
+    try:
+        store = _short_timeout_store()
         store.set(f"bytelatent/alive/{rank}", "1")
         deadline = time.monotonic() + ROLL_CALL_S
         keys = [f"bytelatent/alive/{r}" for r in range(world_size)]

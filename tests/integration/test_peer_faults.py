@@ -48,10 +48,11 @@ def launch_pair(tmp_path: Path, corpus_root: Path) -> list[tuple[subprocess.Pope
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", ["hung", "dead"])
-def test_survivor_says_which_rank_in_one_line(tmp_path, corpus_root, fault):
+@pytest.mark.parametrize("fault, victim_rank", [("hung", 1), ("dead", 1), ("dead", 0), ("hung", 0)])
+def test_survivor_says_which_rank_in_one_line(tmp_path, corpus_root, fault, victim_rank):
     runs = launch_pair(tmp_path, corpus_root)
-    (survivor, err), (victim, _) = runs
+    victim = runs[victim_rank][0]
+    survivor, err = runs[1 - victim_rank]
     try:
         os.kill(victim.pid, signal.SIGSTOP if fault == "hung" else signal.SIGKILL)
         started = time.monotonic()
@@ -63,8 +64,8 @@ def test_survivor_says_which_rank_in_one_line(tmp_path, corpus_root, fault):
         assert waited < TIMEOUT_S + 20, waited
         assert "Traceback" not in text, text[-3000:]
         assert len(lines) == 1, text[-3000:]
-        assert lines[0].startswith("distributed error: rank 0 at step ")
-        assert "rank 1 did not answer" in lines[0]
+        assert lines[0].startswith(f"distributed error: rank {1 - victim_rank} at step ")
+        assert f"rank {victim_rank} " in lines[0] and "did not answer" in lines[0]
     finally:
         for proc, _ in runs:
             if proc.poll() is None:
