@@ -657,8 +657,6 @@ def step_profiler(ctx: Ctx) -> dict:
 
 def step_generation(ctx: Ctx) -> dict:
     """Generation bytes/s on this device and on CPU (random-init debug models)."""
-    import torch
-
     sys.path.insert(0, str(REPO / "bench"))
     import generation_cpu as g
 
@@ -684,5 +682,4 @@ def step_generation(ctx: Ctx) -> dict:
             rows[f"{name}_{dev}_bytes_per_s"] = round(
                 len(result.tokens) / (time.perf_counter() - t0), 1
             )
-    del torch
     return {"new_bytes": n_new, **rows}
