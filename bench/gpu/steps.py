@@ -372,26 +372,11 @@ def _same(a: dict, b: dict) -> list[str]:
 
 
 def step_train_step(ctx: Ctx) -> dict:
-    """A whole training step under set_sync_debug_mode("error"), then a NaN-poisoned step."""
-    import torch
-
+    """A NaN-poisoned step that must leave the weights unchanged, then a whole training step
+    under torch.cuda.set_sync_debug_mode (every host sync it makes is listed)."""
     trainer = make_trainer(ctx, "train_step", blt_argv(ctx))
     try:
         trainer.train_step(trainer.next_batches())  # warm-up: allocations, first-call syncs
-        batches = trainer.next_batches()
-        ctx.sync()
-        sync = "n/a on cpu"
-        if ctx.cuda:
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                trainer.train_step(batches)
-                sync = "no host sync"
-            except RuntimeError as e:
-                sync = f"host sync: {str(e).splitlines()[0][:300]}"
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-        else:
-            trainer.train_step(batches)
         before = _params(trainer.model)
         hook = trainer.model.register_forward_hook(lambda m, i, o: o * float("nan"))
         try:
@@ -402,10 +387,35 @@ def step_train_step(ctx: Ctx) -> dict:
         guard = trainer.guard.read()
         expect(not math.isfinite(float(out.loss_sum)), "the poisoned step's loss is finite")
         expect(not changed, f"a NaN step changed {len(changed)} parameters, e.g. {changed[:3]}")
+        sync = _sync_debug_step(ctx, trainer)
         expect(sync in ("no host sync", "n/a on cpu"), sync)
         return {"sync_debug": sync, "nan_step_weights_unchanged": True, "guard": guard}
     finally:
         trainer.close()
+
+
+def _sync_debug_step(ctx: Ctx, trainer) -> str:
+    """Every host sync of one step, as `file:line` of the Python caller (warn mode lists them all;
+    error mode would stop at the first)."""
+    import warnings
+
+    import torch
+
+    batches = trainer.next_batches()
+    ctx.sync()
+    if not ctx.cuda:
+        trainer.train_step(batches)
+        return "n/a on cpu"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            trainer.train_step(batches)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    sites = sorted({f"{Path(w.filename).name}:{w.lineno}" for w in caught
+                    if "synchroniz" in str(w.message)})  # fmt: skip
+    return "no host sync" if not sites else f"host sync at {', '.join(sites[:12])}"
 
 
 def step_fsdp_dcp(ctx: Ctx) -> dict:
