@@ -118,6 +118,8 @@ def run(args: TrainArgs) -> int:
             trainer = Trainer(args, env)
             trainer.train()
             proc.code = trainer.exit_code
+        except RuntimeError as e:
+            proc.code = _peer_failure(e, env, trainer)  # a hung or dead peer: one line, exit 4
         finally:
             if trainer is not None:  # an exception on the way out marks the wandb run failed
                 failed = sys.exc_info()[1]
@@ -125,6 +127,21 @@ def run(args: TrainArgs) -> int:
             if lock is not None:  # held by rank 0 only
                 lock.release()
     return proc.code
+
+
+def _peer_failure(exc: RuntimeError, env, trainer) -> int:
+    """The exit code for a collective that a peer never answered (one line said); else re-raise."""
+    from bytelatent.distributed.faults import PEER_FAILURE_EXIT_CODE, describe_peer_failure
+
+    step = "init" if trainer is None else str(trainer.state.step + 1)
+    line = None
+    if env is not None:
+        line = describe_peer_failure(exc, env.rank, env.world_size, step)
+    if line is None:
+        raise exc
+    print(line, file=sys.stderr, flush=True)
+    logger.error("%s", line)
+    return PEER_FAILURE_EXIT_CODE
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Distributed args, launcher detection (torchrun / SLURM srun / single process) and setup.
 
-One code path for a laptop and a cluster: gloo on CPU, nccl on CUDA, and a single process needs
-no process group at all (`DistEnv.world_size == 1`, `backend is None`).
+One code path for a laptop and a cluster: gloo on CPU, nccl on CUDA. A single process has no
+process group (`backend is None`) unless it trains through FSDP on a 1-rank mesh
+(`distributed.single_device_fsdp`, the default on CUDA: one GPU runs what N GPUs run).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Literal
 
 import torch
@@ -60,6 +62,18 @@ class DistributedArgs(BaseModel):
     detect_anomaly: bool = False
     compile_cache_size_limit: int = 8
     spawn_method: Literal["fork", "spawn", "forkserver"] = "forkserver"
+    # One process: FSDP2 on a 1-rank mesh, the numerics N ranks train with (params gathered in
+    # model_dtype, fp32 sharded master weights and reductions) instead of autocast over fp32
+    # params. None: on with CUDA (what a developer's single GPU should test), off on CPU.
+    single_device_fsdp: bool | None = None
+    # Bitwise-reproducible runs: torch.use_deterministic_algorithms(True) (index_add, gather and
+    # index_select backward on CUDA take their deterministic kernels; an op without one raises),
+    # CUBLAS_WORKSPACE_CONFIG=:4096:8, cuDNN autotuning off. Costs speed: see docs/gpu.md.
+    deterministic: bool = False
+    # Seconds a collective may wait for its peers before the job ends with one line naming the
+    # rank and the step; first_step_timeout_s covers init and the first step (compilation).
+    timeout_s: float = 600.0
+    first_step_timeout_s: float = 1800.0
 
     @model_validator(mode="after")
     def _check(self) -> DistributedArgs:
@@ -92,7 +106,20 @@ class DistributedArgs(BaseModel):
             self.activation_checkpointing = "full"
         if self.compile_cache_size_limit < 1:
             raise ValueError("compile_cache_size_limit must be >= 1")
+        if self.model_dtype == "fp16":
+            raise ValueError(
+                "model_dtype=fp16 needs a gradient scaler (fp16 gradients underflow), which "
+                "bytelatent does not have; use model_dtype=bf16 (same memory, fp32's range) or fp32"
+            )
+        if self.timeout_s <= 0 or self.first_step_timeout_s <= 0:
+            raise ValueError("timeout_s and first_step_timeout_s must be > 0 seconds")
         return self
+
+    def use_single_device_fsdp(self, device_type: str) -> bool:
+        """Whether a one-process run on `device_type` trains through FSDP2 on a 1-rank mesh."""
+        if self.single_device_fsdp is None:
+            return device_type == "cuda"
+        return self.single_device_fsdp
 
     @property
     def param_dtype(self) -> torch.dtype:
@@ -189,6 +216,12 @@ def _export_slurm_rendezvous(env: DistEnv) -> None:
 
 
 def _set_numerics(args: DistributedArgs) -> None:
+    if args.deterministic:
+        # read by cuBLAS when its handle is created: set before the first CUDA matmul
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(args.deterministic)
+    torch.backends.cudnn.deterministic = args.deterministic
+    torch.backends.cudnn.benchmark = False
     torch.backends.cuda.matmul.allow_tf32 = args.matmul_allow_tf32
     torch.backends.cudnn.allow_tf32 = args.matmul_allow_tf32
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = (
@@ -199,6 +232,9 @@ def _set_numerics(args: DistributedArgs) -> None:
 
 def setup_distributed(args: DistributedArgs) -> DistEnv:
     """Detect the launcher, pick the device, and init the process group when world > 1."""
+    from bytelatent.compat import check_torch
+
+    check_torch()
     _set_numerics(args)
     if mp.get_start_method(allow_none=True) is None:
         mp.set_start_method(args.spawn_method)
@@ -211,6 +247,10 @@ def setup_distributed(args: DistributedArgs) -> DistEnv:
             )
         torch.cuda.set_device(env.device)
     if env.launcher == "single":
+        if not args.use_single_device_fsdp(env.device.type):
+            return env
+        env = _single_process_group(env, args)
+        logger.info("distributed: one process, FSDP2 on a 1-rank mesh (%s)", env.device)
         return env
     if env.launcher == "slurm":
         _export_slurm_rendezvous(env)
@@ -220,6 +260,7 @@ def setup_distributed(args: DistributedArgs) -> DistEnv:
             rank=env.rank,
             world_size=env.world_size,
             device_id=env.device if env.device.type == "cuda" else None,
+            timeout=timedelta(seconds=args.first_step_timeout_s),
         )
     logger.info(
         "distributed: rank %d/%d (local %d) via %s on %s, backend %s",
@@ -231,6 +272,25 @@ def setup_distributed(args: DistributedArgs) -> DistEnv:
         env.backend,
     )
     return env
+
+
+def _single_process_group(env: DistEnv, args: DistributedArgs) -> DistEnv:
+    """A 1-rank process group over an in-memory store (no port, no launcher variables)."""
+    backend = "nccl" if env.device.type == "cuda" else "gloo"
+    if os.path.exists("/sys/class/net/lo"):
+        # gloo groups (CPU side groups, async saves) otherwise bind to the hostname's address,
+        # which sandboxes and some nodes do not resolve; one process only needs loopback
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend,
+            store=dist.HashStore(),
+            rank=0,
+            world_size=1,
+            device_id=env.device if env.device.type == "cuda" else None,
+            timeout=timedelta(seconds=args.first_step_timeout_s),
+        )
+    return DistEnv(0, 0, 1, "single", env.device, backend)
 
 
 _BEFORE_OS_EXIT: list[Callable[[], None]] = []
@@ -282,3 +342,13 @@ def _finish_wandb(code: int) -> None:
         wandb.teardown(exit_code=code)
     except Exception as e:  # noqa: BLE001 - an observer must not change how the process exits
         logger.warning("wandb.finish failed: %s", e)
+
+
+def host_to_device(array, device: torch.device) -> torch.Tensor:
+    """A numpy array on `device`. To CUDA it goes through pinned memory with a non-blocking copy:
+    `non_blocking` from pageable memory would be a synchronous copy in disguise (the host waits).
+    The caching host allocator keeps the pinned block until the copy has run."""
+    tensor = torch.from_numpy(array)
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)

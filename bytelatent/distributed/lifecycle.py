@@ -48,6 +48,6 @@ class Process:
             handler.flush()
         sys.stdout.flush()
         if exc is None or handled:
-            if self.env is not None and self.env.world_size > 1:
+            if self.env is not None and self.env.backend is not None:  # 1-rank groups too
                 cleanup_and_exit(self.code)  # does not return
         return handled

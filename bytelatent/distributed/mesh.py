@@ -69,10 +69,11 @@ def resolve_layout(args: DistributedArgs, world_size: int) -> MeshLayout:
 def build_mesh(
     args: DistributedArgs, world_size: int, device_type: str
 ) -> DeviceMesh | None:
-    """A 3-D mesh named MESH_DIMS (size-1 dims included), or None for a single process."""
+    """A 3-D mesh named MESH_DIMS (size-1 dims included); None for a single process unless it
+    trains through FSDP on a 1-rank mesh (`single_device_fsdp`, on by default on CUDA)."""
     layout = resolve_layout(args, world_size)
-    if world_size == 1:
-        return None
+    if world_size == 1 and not (args.use_single_device_fsdp(device_type) and dist.is_initialized()):
+        return None  # (a tool that built no process group gets the plain single-process model)
     if not dist.is_initialized():
         raise RuntimeError(
             "build_mesh needs the process group: call setup_distributed first"

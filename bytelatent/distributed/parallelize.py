@@ -314,10 +314,23 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, args: DistributedArgs) -> 
     )
     units = fsdp_units(model)
     for index, unit in enumerate(units):
-        # The last unit's backward runs right after its forward: resharding it is wasted work.
-        reshard = args.reshard_after_forward and index < len(units) - 1
-        fully_shard(unit, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard)
+        fully_shard(
+            unit, mesh=dp_mesh, mp_policy=policy,
+            reshard_after_forward=_reshard_after_forward(unit, index, len(units), args),
+        )  # fmt: skip
     fully_shard(model, mesh=dp_mesh, mp_policy=policy)
+
+
+def _reshard_after_forward(unit: nn.Module, index: int, n_units: int, args: DistributedArgs) -> bool:
+    """Free a unit's gathered parameters after its forward (re-gathered for backward)?
+
+    Not the last unit (its backward runs right after its forward), and not lookup tables (hash
+    and n-gram embeddings): embedding backward needs only the ids, yet a resharded table would be
+    all-gathered again just to hold its gradient.
+    """
+    if isinstance(unit, nn.Embedding):
+        return False
+    return args.reshard_after_forward and index < n_units - 1
 
 
 def set_gradient_sync(model: nn.Module, enabled: bool) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.checkpoint.manager import LEASE_PREFIX, step_folder_name
-from bytelatent.errors import UserError
+from bytelatent.errors import ConfigError, UserError
 from bytelatent.eval.args import AsyncLaunchArgs
 from bytelatent.launch.slurm import (
     carries_environment,
@@ -68,6 +68,36 @@ class EvalJob:
     pid: int | None = None
     job_id: str | None = None
     proc: subprocess.Popen | None = None  # None when adopted from a previous trainer
+
+
+def training_gpus(environ: Any) -> list[str] | None:
+    """The GPUs (as CUDA_VISIBLE_DEVICES names them) this node's training ranks use, or None when
+    that cannot be told (no CUDA, or no launcher variables)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    local = environ.get("LOCAL_WORLD_SIZE") or environ.get("SLURM_NTASKS_PER_NODE")
+    n_local = int(local) if local and local.isdigit() else 1
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    names = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    return [name.strip() for name in names[:n_local]]
+
+
+def check_eval_devices(devices: str, environ: Any, used: list[str] | None = None) -> None:
+    """`eval.async_launch.devices` replaces the eval's CUDA_VISIBLE_DEVICES: refuse GPUs that
+    this node's training ranks use (the eval would take their memory and time)."""
+    used = training_gpus(environ) if used is None else used
+    if not used:
+        return
+    shared = [d.strip() for d in devices.split(",") if d.strip() in used]
+    if shared:
+        raise ConfigError(
+            f"eval.async_launch.devices={devices!r} includes GPU(s) {','.join(shared)} that "
+            f"training uses on this node ({','.join(used)}, from CUDA_VISIBLE_DEVICES="
+            f"{environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}); give the eval other GPUs, or "
+            "leave devices unset to evaluate on CPU"
+        )
 
 
 def _pid_alive(pid: int) -> bool:
@@ -115,7 +145,10 @@ class AsyncEvalLauncher:
     @classmethod
     def for_training(cls, args: Any, rank: int, checkpoints: Any) -> AsyncEvalLauncher:
         """Rank 0 launches; every rank hooks its manager (the hook is a no-op off rank 0)."""
-        launcher = cls(args.eval.async_launch, args.dump_dir, args.name, rank == 0, checkpoints)
+        launch = args.eval.async_launch
+        if launch.mode == "local" and launch.devices:
+            check_eval_devices(launch.devices, os.environ)
+        launcher = cls(launch, args.dump_dir, args.name, rank == 0, checkpoints)
         checkpoints.on_complete = launcher.on_checkpoint
         return launcher
 

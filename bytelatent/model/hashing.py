@@ -138,7 +138,28 @@ class _GradBuffer:
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.grad = torch.zeros_like(weight, memory_format=torch.contiguous_format)
-        self.dirty: list[torch.Tensor] = []
+        # ids of the rows written since the buffer was last zeroed; None: too many to list
+        # (more ids than rows, e.g. many backwards between zero_grad(set_to_none=False) calls),
+        # then the whole buffer is zeroed. Memory stays bounded whatever the caller does.
+        self.dirty: list[torch.Tensor] | None = []
+        self._n_dirty = 0
+
+    def mark(self, ids: torch.Tensor) -> None:
+        if self.dirty is None:
+            return
+        self._n_dirty += ids.numel()
+        if self._n_dirty > self.grad.shape[0]:
+            self.dirty = None
+        else:
+            self.dirty.append(ids)
+
+    def clear(self) -> None:
+        """Zero what was written (only those rows: the rest of the buffer is still zero)."""
+        if self.dirty is None:
+            self.grad.zero_()
+        elif self.dirty:
+            self.grad.index_fill_(0, torch.cat(self.dirty), 0.0)
+        self.dirty, self._n_dirty = [], 0
 
 
 _grad_buffers: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -164,16 +185,15 @@ def _accumulate_rows(weight: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor
     if weight.grad is not None:
         state = _grad_buffers.get(weight)
         if state is not None and weight.grad is state.grad:
-            state.dirty.append(ids)  # accumulation into our buffer (micro-batches)
+            state.mark(ids)  # accumulation into our buffer (micro-batches, zero_grad to zeros)
         weight.grad.index_add_(0, ids, rows)
         return
     state = _grad_buffers.get(weight)
     if state is None or state.grad.shape != weight.shape or state.grad.dtype != weight.dtype:
         state = _grad_buffers[weight] = _GradBuffer(weight)
-    elif state.dirty:
-        # zero only what the previous step wrote: the rest of the buffer is still zero
-        state.grad.index_fill_(0, torch.cat(state.dirty), 0.0)
-    state.dirty = [ids]
+    else:
+        state.clear()
+    state.mark(ids)
     state.grad.index_add_(0, ids, rows)
     weight.grad = state.grad
 

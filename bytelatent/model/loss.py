@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from bytelatent.distributed.env import host_to_device
 from bytelatent.model.blt import ByteLatentTransformer
 
 
@@ -28,15 +29,11 @@ class Batch(Protocol):
     patch_lengths: np.ndarray | None
 
 
-def _to_device(array, device: torch.device) -> torch.Tensor:
-    return torch.from_numpy(array).to(device, non_blocking=True)
-
-
 def forward_logits(model: torch.nn.Module, batch: Batch, device: torch.device) -> torch.Tensor:
     """Logits [B, L, V] of `batch`; patch lengths go to a BLT whenever the batch has them."""
-    x = _to_device(batch.x, device)
+    x = host_to_device(batch.x, device)
     if batch.patch_lengths is not None and isinstance(model, ByteLatentTransformer):
-        return model(x, patch_lengths=_to_device(batch.patch_lengths, device))
+        return model(x, patch_lengths=host_to_device(batch.patch_lengths, device))
     return model(x)
 
 
@@ -56,7 +53,7 @@ def batch_loss_sum(
 ) -> torch.Tensor:
     """Σ CE over `batch`'s unmasked targets. The forward runs inside `forward_context` (autocast,
     tensor-parallel loss context); the loss outside it, in float32, as always."""
-    y, mask = _to_device(batch.y, device), _to_device(batch.mask, device)
+    y, mask = host_to_device(batch.y, device), host_to_device(batch.mask, device)
     with forward_context if forward_context is not None else contextlib.nullcontext():
         logits = forward_logits(model, batch, device)
     return masked_cross_entropy_sum(logits, y, mask)

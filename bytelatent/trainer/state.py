@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import logging
 import random
 from typing import Any
 
@@ -15,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.checkpoint.manager import train_state_name
 from bytelatent.errors import DataError
+
+logger = logging.getLogger("bytelatent")
 
 
 def _tensor_to_b64(t: torch.Tensor) -> str:
@@ -36,7 +39,10 @@ def capture_rng_state() -> dict[str, Any]:
         "torch_cpu": _tensor_to_b64(torch.get_rng_state()),
     }
     if torch.cuda.is_available():
-        state["torch_cuda"] = [_tensor_to_b64(s) for s in torch.cuda.get_rng_state_all()]
+        # this rank's device only (train states are per rank, as the data states are): a resume
+        # on a host that sees fewer or other GPUs restores what this rank needs and nothing else
+        device = torch.cuda.current_device()
+        state["torch_cuda_device"] = _tensor_to_b64(torch.cuda.get_rng_state(device))
     return state
 
 
@@ -46,8 +52,27 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(_b64_to_tensor(state["torch_cpu"]))
-    if "torch_cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([_b64_to_tensor(s) for s in state["torch_cuda"]])
+    if torch.cuda.is_available():
+        _restore_cuda_rng(state)
+
+
+def _restore_cuda_rng(state: dict[str, Any]) -> None:
+    """This rank's device RNG; states written before it was per rank held every visible GPU's
+    (`torch_cuda`): take the entry of this rank's device, if that host had one."""
+    device = torch.cuda.current_device()
+    if "torch_cuda_device" in state:
+        torch.cuda.set_rng_state(_b64_to_tensor(state["torch_cuda_device"]), device)
+    elif "torch_cuda" in state:
+        old = state["torch_cuda"]
+        if device < len(old):
+            torch.cuda.set_rng_state(_b64_to_tensor(old[device]), device)
+        else:
+            logger.warning(
+                "train state holds CUDA RNG states of %d devices, none for cuda:%d; its RNG "
+                "starts from the seed",
+                len(old),
+                device,
+            )
 
 
 class TrainState(BaseModel):

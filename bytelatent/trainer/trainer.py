@@ -21,6 +21,7 @@ from bytelatent.data.batch import Batch
 from bytelatent.data.elastic import build_train_data, resume_data_state
 from bytelatent.distributed.clip import clip_grad_norm_
 from bytelatent.distributed.env import DistEnv
+from bytelatent.distributed.faults import set_collective_timeouts
 from bytelatent.distributed.mesh import build_mesh, dp_rank_and_size, tp_rank_and_size
 from bytelatent.distributed.parallelize import (
     forward_context,
@@ -198,6 +199,7 @@ class Trainer:
         self._steps_run += 1
         if self._steps_run == 1:
             self.timings.record("first_step_s", seconds)  # compilation and warm-up
+            set_collective_timeouts(self.args.distributed.timeout_s)  # from first_step_timeout_s
         if self.args.gc_collect_freq > 0 and self.state.step % self.args.gc_collect_freq == 0:
             gc.collect()
         self.probe.end()

@@ -1,0 +1,695 @@
+"""The steps of bench/gpu/check.py; each returns its summary entry (a dict) or raises.
+
+Every step runs the package's real code paths (Trainer, attention, checkpoint manager,
+generator): with ``quick`` on tiny shapes and few steps, so CI runs the same code as the GPU.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_FILE = 15 * 2**20  # what comes back from $OUT: 16 MiB a file
+
+
+class CheckFailed(Exception):
+    """A check did not hold (the step's status becomes `fail`)."""
+
+
+class Skip(Exception):
+    """The step cannot run here (e.g. CUDA-only); the message says why."""
+
+
+def run(name: str, device: str, quick: bool, out: Path, work: Path) -> dict:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise Skip("--device cuda but torch.cuda.is_available() is False")
+    torch.manual_seed(0)
+    return globals()[f"step_{name}"](Ctx(device, quick, out, work))
+
+
+class Ctx:
+    def __init__(self, device: str, quick: bool, out: Path, work: Path):
+        self.device, self.quick, self.out, self.work = device, quick, out, work
+        self.cuda = device == "cuda"
+
+    def sync(self) -> None:
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+def expect(ok: bool, message: str) -> None:
+    if not ok:
+        raise CheckFailed(message)
+
+
+# ---------------------------------------------------------------------------------------------
+# environment
+
+
+def step_env(ctx: Ctx) -> dict:
+    import torch
+
+    from bytelatent import compat
+
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda_runtime": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "threads": torch.get_num_threads(),
+        "packages": _versions(
+            [
+                "numpy",
+                "pydantic",
+                "pydantic_core",
+                "omegaconf",
+                "yaml",
+                "pyarrow",
+                "fsspec",
+                "triton",
+                "xformers",
+            ]
+        ),
+        "torch_compat": compat.report(),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info |= {
+            "gpu": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "gpu_mem_gib": round(props.total_memory / 2**30, 1),
+            "sms": props.multi_processor_count,
+            "bf16": torch.cuda.is_bf16_supported(),
+        }
+        if shutil.which("nvidia-smi"):
+            smi = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+            info["nvidia_smi"] = smi.stdout.strip()
+    import bytelatent.train  # noqa: F401 - the entry point imports on this torch
+
+    return info
+
+
+def _versions(names: list[str]) -> dict[str, str | None]:
+    import importlib
+
+    found = {}
+    for name in names:
+        try:
+            found[name] = getattr(importlib.import_module(name), "__version__", "?")
+        except Exception as e:  # noqa: BLE001 - a missing or broken package is what we report
+            found[name] = f"missing ({type(e).__name__})"
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# attention backends against a float64 brute force
+
+
+def step_attention(ctx: Ctx) -> dict:
+    import torch
+
+    from bytelatent.model import attention as A
+
+    dev = torch.device(ctx.device)
+    backends = ["sdpa"]
+    if ctx.cuda:
+        backends.append("flex_attention")
+        if A._xformers_available():
+            backends.append("xformers")
+    lengths = (256, 1024) if ctx.quick else (256, 8192)
+    tol = {torch.float32: 2e-3 if ctx.cuda else 1e-4, torch.bfloat16: 5e-2}
+    results, failures = [], []
+    for seqlen in lengths:
+        for kind, window in (("causal", None), ("block_causal", None), ("local_block_causal", 128)):
+            tokens = _packed_rows(2, seqlen, dev)
+            allowed = A.dense_self_attn_mask(kind, tokens, A_EOS, window)[:, 0]
+            case = _attention_case(ctx, 2, 4, 2, seqlen, seqlen, 64 if not ctx.quick else 32)
+            ref = _brute_force(case, allowed)
+            for backend in backends:
+                mask = A.self_attn_mask(kind, tokens, A_EOS, window, backend=backend)
+                for dtype in (torch.float32, torch.bfloat16):
+                    err = _compare(case, ref, dtype, mask, backend)
+                    row = {
+                        "S": seqlen,
+                        "kind": kind,
+                        "backend": backend,
+                        "dtype": str(dtype)[6:],
+                        **err,
+                        "banded": mask.band is not None,
+                    }
+                    results.append(row)
+                    if max(err.values()) > tol[dtype]:
+                        failures.append(row)
+        results += _cross_cases(ctx, backends, tol, failures)
+    if ctx.cuda:
+        torch.cuda.empty_cache()
+    expect(not failures, f"{len(failures)} attention case(s) above tolerance: {failures[:4]}")
+    worst = {
+        d: max(max(r["out"], r["dq"], r["dk"], r["dv"]) for r in results if r["dtype"] == d)
+        for d in ("float32", "bfloat16")
+    }
+    return {
+        "backends": backends,
+        "cases": len(results),
+        "worst_rel_err": worst,
+        "tolerance": {str(k)[6:]: v for k, v in tol.items()},
+        "results": results,
+    }
+
+
+A_EOS = 2  # bytelatent.tokenizers.constants.EOS_ID
+
+
+def _packed_rows(bsz: int, seqlen: int, device) -> Any:
+    import torch
+
+    gen = torch.Generator().manual_seed(seqlen)
+    tokens = torch.randint(4, 260, (bsz, seqlen), generator=gen)
+    for row in range(bsz):
+        cuts = torch.randperm(seqlen, generator=gen)[: 2 + 3 * row]
+        tokens[row, cuts] = A_EOS
+    return tokens.to(device)
+
+
+def _attention_case(ctx, bsz, heads, kv_heads, q_len, k_len, dim) -> dict:
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(q_len * 31 + k_len)
+    shape_q, shape_k = (bsz, heads, q_len, dim), (bsz, kv_heads, k_len, dim)
+    case = {
+        n: torch.randn(s, generator=gen, dtype=torch.float64)
+        for n, s in (("q", shape_q), ("k", shape_k), ("v", shape_k), ("g", shape_q))
+    }
+    return {n: t.to(ctx.device) for n, t in case.items()}
+
+
+def _brute_force(case: dict, allowed) -> dict:
+    """out and grads in float64; rows with no allowed key give zeros (as `attend` promises)."""
+    import torch
+
+    q, k, v = (case[n].clone().requires_grad_() for n in "qkv")
+    rep = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    scores = q @ kk.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+    has_key = allowed.any(-1)[:, None, :, None]
+    probs = torch.softmax(scores.masked_fill(~has_key, 0.0), dim=-1) * has_key
+    out = probs @ vv
+    (out * case["g"]).sum().backward()
+    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
+def _compare(case: dict, ref: dict, dtype, mask, backend: str) -> dict:
+    from bytelatent.model.attention import attend
+
+    q, k, v = (case[n].to(dtype).requires_grad_() for n in "qkv")
+    out = attend(q, k, v, mask, backend)
+    (out.float() * case["g"].float()).sum().backward()
+    got = {"out": out, "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    # error relative to the largest reference value of each tensor
+    return {
+        n: round(
+            float((got[n].double() - ref[n]).abs().max() / ref[n].abs().max().clamp_min(1e-12)), 7
+        )
+        for n in got
+    }
+
+
+def _cross_cases(ctx: Ctx, backends, tol, failures) -> list[dict]:
+    """Cross-attention masks (queries = bytes, keys = patches) with windows and empty rows."""
+    import torch
+
+    from bytelatent.model import attention as A
+
+    rows = []
+    q_len, k_len = (192, 48) if ctx.quick else (2048, 512)
+    q_pos = torch.arange(q_len, device=ctx.device)[:, None]
+    k_pos = torch.arange(k_len, device=ctx.device)[None, :] * (q_len // k_len)
+    allowed = (k_pos <= q_pos) & (q_pos - k_pos < 2 * (q_len // k_len))
+    allowed = torch.stack([allowed, allowed.clone()])
+    allowed[1, :7] = False  # empty query rows (e.g. padding): exact zeros expected
+    allowed[0, -5:] = False
+    case = _attention_case(ctx, 2, 4, 4, q_len, k_len, 32)
+    ref = _brute_force(case, allowed)
+    mask = A.AttnMask.from_dense(allowed[:, None])
+    for backend in [b for b in backends if b != "flex_attention"]:  # flex: self masks only
+        for dtype in (torch.float32, torch.bfloat16):
+            err = _compare(case, ref, dtype, mask, backend)
+            row = {
+                "S": f"{q_len}x{k_len}",
+                "kind": "cross+empty_rows",
+                "backend": backend,
+                "dtype": str(dtype)[6:],
+                **err,
+            }
+            rows.append(row)
+            if max(err.values()) > tol[dtype]:
+                failures.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Trainer-based steps
+
+
+def corpus(ctx: Ctx) -> Path:
+    """The stdlib corpus under work/data (prepared once per check run)."""
+    root = ctx.work / "data"
+    if not (root / "stdlib").exists():
+        mb = "1" if ctx.quick else "8"
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bytelatent.data.prepare",
+                "--out",
+                str(root / "stdlib"),
+                "--max-mb",
+                mb,
+            ],
+            check=True,
+            cwd=REPO,
+        )
+    return root
+
+
+TINY_BLT = [
+    "config=configs/debug.yaml",
+    "model.dim=32",
+    "model.n_layers=1",
+    "model.n_heads=2",
+    "model.dim_local_encoder=32",
+    "model.dim_local_decoder=32",
+    "model.n_heads_local_encoder=2",
+    "model.n_heads_local_decoder=2",
+    "model.cross_attn_nheads=2",
+    "model.n_layers_local_decoder=1",
+    "model.encoder_hash_byte_group_vocab=257",
+    "model.max_encoder_seq_length=256",
+    "model.local_attention_window_len=64",
+    "data.max_encoder_seq_length=256",
+    "data.seq_len=48",
+    "model.max_seqlen=48",
+]
+TINY_ENTROPY = [
+    "config=configs/entropy_debug.yaml",
+    "entropy_model.dim=32",
+    "entropy_model.n_layers=1",
+    "entropy_model.n_heads=2",
+    "entropy_model.max_seqlen=128",
+    "entropy_model.sliding_window=64",
+    "data.seq_len=128",
+    "data.batch_size=4",
+]
+
+
+def blt_argv(ctx: Ctx) -> list[str]:
+    """The debug BLT (GPU) or a tiny one (quick)."""
+    return list(TINY_BLT) if ctx.quick else ["config=configs/debug.yaml", "data.batch_size=8"]
+
+
+def entropy_argv(ctx: Ctx) -> list[str]:
+    if ctx.quick:
+        return list(TINY_ENTROPY)
+    return ["config=configs/entropy_model.yaml", "data.batch_size=4"]
+
+
+def make_trainer(ctx: Ctx, name: str, argv: list[str], fresh: bool = True):
+    """A Trainer on this device for `argv` in work/runs/name (emptied first unless resuming);
+    bf16 on CUDA, fp32 on CPU."""
+    from bytelatent.args import TrainArgs
+    from bytelatent.config import parse_args
+    from bytelatent.distributed.env import setup_distributed
+    from bytelatent.trainer.trainer import Trainer
+
+    dump = ctx.work / "runs" / name
+    if fresh:
+        shutil.rmtree(dump, ignore_errors=True)
+    dump.mkdir(parents=True, exist_ok=True)
+    dtype = "bf16" if ctx.cuda else "fp32"
+    argv = [
+        *argv,
+        f"dump_dir={dump}",
+        f"data.root_dir={corpus(ctx)}",
+        "data.sources={stdlib: 1.0}",
+        "data.load_async=false",
+        f"distributed.model_dtype={dtype}",
+        "logging.freq=1",
+        "checkpoint.dump.every=0",
+        "checkpoint.eval.every=0",
+        "eval.every=0",
+    ]
+    args = parse_args(TrainArgs, argv)
+    return Trainer(args, setup_distributed(args.distributed))
+
+
+def _params(model) -> dict:
+    from torch.distributed.tensor import DTensor
+
+    return {
+        n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu().clone()
+        for n, p in model.named_parameters()
+    }
+
+
+def _same(a: dict, b: dict) -> list[str]:
+    import torch
+
+    return [n for n in a if not torch.equal(a[n], b[n])]
+
+
+def step_train_step(ctx: Ctx) -> dict:
+    """A NaN-poisoned step that must leave the weights unchanged, then a whole training step
+    under torch.cuda.set_sync_debug_mode (every host sync it makes is listed)."""
+    trainer = make_trainer(ctx, "train_step", blt_argv(ctx))
+    try:
+        trainer.train_step(trainer.next_batches())  # warm-up: allocations, first-call syncs
+        before = _params(trainer.model)
+        hook = trainer.model.register_forward_hook(lambda m, i, o: o * float("nan"))
+        try:
+            out = trainer.train_step(trainer.next_batches())
+        finally:
+            hook.remove()
+        changed = _same(before, _params(trainer.model))
+        guard = trainer.guard.read()
+        expect(not math.isfinite(float(out.loss_sum)), "the poisoned step's loss is finite")
+        expect(not changed, f"a NaN step changed {len(changed)} parameters, e.g. {changed[:3]}")
+        sync = _sync_debug_step(ctx, trainer)
+        expect(sync in ("no host sync", "n/a on cpu"), sync)
+        return {"sync_debug": sync, "nan_step_weights_unchanged": True, "guard": guard}
+    finally:
+        trainer.close()
+
+
+def _sync_debug_step(ctx: Ctx, trainer) -> str:
+    """Every host sync of one step, as `file:line` of the Python caller (warn mode lists them all;
+    error mode would stop at the first)."""
+    import warnings
+
+    import torch
+
+    batches = trainer.next_batches()
+    ctx.sync()
+    if not ctx.cuda:
+        trainer.train_step(batches)
+        return "n/a on cpu"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            trainer.train_step(batches)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    sites = sorted({f"{Path(w.filename).name}:{w.lineno}" for w in caught
+                    if "synchroniz" in str(w.message)})  # fmt: skip
+    return "no host sync" if not sites else f"host sync at {', '.join(sites[:12])}"
+
+
+def step_fsdp_dcp(ctx: Ctx) -> dict:
+    """FSDP2 on one device (a 1-rank mesh), an async DCP save, and a resume bitwise."""
+    from torch.distributed.tensor import DTensor
+
+    argv = [
+        *entropy_argv(ctx),
+        "steps=3",
+        "distributed.single_device_fsdp=true",
+        "checkpoint.async_save=true",
+    ]
+    first = make_trainer(ctx, "fsdp", argv)
+    try:
+        expect(first.mesh is not None, "single_device_fsdp=true built no mesh")
+        expect(
+            all(isinstance(p, DTensor) for p in first.model.parameters()),
+            "parameters are not DTensors",
+        )
+        first.train()
+        saved = _params(first.model)
+        saved_opt = _opt_state(first)
+    finally:
+        first.close()
+    resumed = make_trainer(ctx, "fsdp", argv, fresh=False)  # same args and dump_dir: a resume
+    try:
+        expect(resumed.state.step == 3, f"resumed at step {resumed.state.step}, expected 3")
+        diff = _same(saved, _params(resumed.model))
+        expect(not diff, f"{len(diff)} parameters differ after the DCP round trip: {diff[:3]}")
+        opt_diff = _same(saved_opt, _opt_state(resumed))
+        expect(not opt_diff, f"optimizer state differs after load: {opt_diff[:3]}")
+        return {"mesh": str(resumed.mesh), "params": len(saved), "bitwise": True}
+    finally:
+        resumed.close()
+
+
+def _opt_state(trainer) -> dict:
+    from torch.distributed.tensor import DTensor
+
+    flat = {}
+    for i, state in enumerate(trainer.optimizer.state.values()):
+        for key, value in state.items():
+            t = value.full_tensor() if isinstance(value, DTensor) else value
+            flat[f"{i}.{key}"] = t.detach().cpu().clone()
+    return flat
+
+
+def step_deterministic(ctx: Ctx) -> dict:
+    """Two identical runs with distributed.deterministic=true: losses and weights bitwise equal;
+    a third run without it gives the mode's cost (step time on vs off)."""
+    n_steps = 2 if ctx.quick else 5
+    runs, batches = {}, None
+    for name, det in (("det_a", True), ("det_b", True), ("nondet", False)):
+        trainer = make_trainer(
+            ctx, name, [*blt_argv(ctx), f"distributed.deterministic={str(det).lower()}"]
+        )
+        try:
+            if batches is None:
+                batches = [trainer.next_batches() for _ in range(n_steps + 1)]
+            trainer.train_step(batches[0])  # warm-up, timed steps after it
+            ctx.sync()
+            t0 = time.perf_counter()
+            losses = [float(trainer.train_step(b).loss_sum) for b in batches[1:]]
+            runs[name] = (losses, _params(trainer.model), (time.perf_counter() - t0) / n_steps)
+        finally:
+            trainer.close()
+    (la, pa, sa), (lb, pb, sb), (_, _, s_off) = runs["det_a"], runs["det_b"], runs["nondet"]
+    diff = _same(pa, pb)
+    expect(la == lb, f"losses differ: {la} vs {lb}")
+    expect(not diff, f"{len(diff)} parameters differ: {diff[:3]}")
+    return {
+        "steps": n_steps,
+        "losses": la,
+        "bitwise": True,
+        "step_s_deterministic": round(min(sa, sb), 4),
+        "step_s_default": round(s_off, 4),
+    }
+
+
+def step_throughput(ctx: Ctx) -> dict:
+    """Bytes/s of the debug BLT and the 100M entropy model, eager."""
+    return _throughput(ctx, compiled=False)
+
+
+def step_throughput_compiled(ctx: Ctx) -> dict:
+    """The same with per-block torch.compile (not with --quick: inductor on CPU takes minutes)."""
+    return _throughput(ctx, compiled=True)
+
+
+def _throughput(ctx: Ctx, compiled: bool) -> dict:
+    rows = []
+    for model, argv in (("blt_debug", blt_argv(ctx)), ("entropy", entropy_argv(ctx))):
+        flag = f"distributed.compile={str(compiled).lower()}"
+        trainer = make_trainer(ctx, f"{model}_{compiled}", [*argv, flag])
+        try:
+            rows.append({"model": model, "n_params": trainer.n_params, **_time_steps(ctx, trainer)})
+        finally:
+            trainer.close()
+    return {"compile": compiled, "rows": rows}
+
+
+def _time_steps(ctx: Ctx, trainer, warmup: int = 2, steps: int | None = None) -> dict:
+    steps = steps or (2 if ctx.quick else 10)
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        trainer.train_step(trainer.next_batches())
+    ctx.sync()
+    warm_s = time.perf_counter() - t0
+    batches = [trainer.next_batches() for _ in range(steps)]
+    t0 = time.perf_counter()
+    for b in batches:
+        out = trainer.train_step(b)
+    float(out.loss_sum)
+    ctx.sync()
+    seconds = time.perf_counter() - t0
+    n_bytes = sum(int(x.x.size) for b in batches for x in b)
+    return {
+        "bytes_per_s": round(n_bytes / seconds, 1),
+        "step_s": round(seconds / steps, 4),
+        "warmup_s": round(warm_s, 2),
+        "peak_mem_gib": _peak_mem(ctx),
+    }
+
+
+def _peak_mem(ctx: Ctx) -> float | None:
+    import torch
+
+    return round(torch.cuda.max_memory_allocated() / 2**30, 2) if ctx.cuda else None
+
+
+def step_blt_1b(ctx: Ctx) -> dict:
+    """One ~1B BLT step: MFU from FlopCounterMode's count, next to an 8192^3 bf16 matmul."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    matmul = _matmul_tflops(ctx)
+    argv = [
+        "config=configs/blt_1b.yaml",
+        "data.preprocess_dir=null",
+        "data.patcher_args.patching_mode=space",
+        "distributed.single_device_fsdp=true",
+    ]
+    if ctx.quick:
+        argv += [
+            "model.dim=64",
+            "model.n_layers=2",
+            "model.n_heads=4",
+            "model.dim_local_encoder=32",
+            "model.dim_local_decoder=32",
+            "model.n_heads_local_encoder=2",
+            "model.n_heads_local_decoder=2",
+            "model.cross_attn_nheads=2",
+            "model.n_layers_local_decoder=2",
+            "model.encoder_hash_byte_group_vocab=1001",
+            "data.seq_len=64",
+            "model.max_seqlen=64",
+            "data.max_encoder_seq_length=512",
+            "model.max_encoder_seq_length=512",
+            "data.batch_size=2",
+        ]
+    else:
+        argv += ["data.batch_size=2", "distributed.activation_checkpointing=selective"]
+    trainer = make_trainer(ctx, "blt_1b", argv)
+    try:
+        counter = FlopCounterMode(display=False)
+        try:
+            with counter:
+                trainer.train_step(trainer.next_batches())
+        except Exception as e:  # noqa: BLE001 - report, then time the step without the count
+            raise CheckFailed(f"FlopCounterMode could not count the step: {e}") from e
+        step_flops = counter.get_total_flops()
+        timing = _time_steps(ctx, trainer, warmup=0, steps=2 if ctx.quick else 3)
+        flops_per_s = step_flops / timing["step_s"]
+        entry = {
+            "n_params": trainer.n_params,
+            "flops_per_step": step_flops,
+            **timing,
+            "tflops_per_s": round(flops_per_s / 1e12, 3),
+            "matmul_tflops": matmul,
+        }
+        entry["mfu_vs_matmul"] = round(flops_per_s / 1e12 / matmul["tflops"], 4)
+        if ctx.cuda:
+            entry["mfu_vs_989_tflops"] = round(flops_per_s / 989e12, 4)
+        return entry
+    finally:
+        trainer.close()
+        del trainer
+        if ctx.cuda:
+            torch.cuda.empty_cache()
+
+
+def _matmul_tflops(ctx: Ctx) -> dict:
+    import torch
+
+    n, dtype = (512, torch.float32) if ctx.quick else (8192, torch.bfloat16)
+    a = torch.randn(n, n, device=ctx.device, dtype=dtype)
+    b = torch.randn(n, n, device=ctx.device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    ctx.sync()
+    reps = 10
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    ctx.sync()
+    seconds = (time.perf_counter() - t0) / reps
+    return {"n": n, "dtype": str(dtype)[6:], "tflops": round(2 * n**3 / seconds / 1e12, 3)}
+
+
+def step_profiler(ctx: Ctx) -> dict:
+    """The profiler's trace (CUDA kernels on a GPU) and, on CUDA, the memory snapshot."""
+    argv = [
+        *blt_argv(ctx),
+        "steps=4",
+        "profiling.run=true",
+        "profiling.start_step=2",
+        "profiling.active_steps=2",
+        "profiling.memory=true",
+    ]
+    trainer = make_trainer(ctx, "profiler", argv)
+    try:
+        trainer.train()
+        folder = Path(trainer.args.dump_dir) / "profiling"
+    finally:
+        trainer.close()
+    traces = sorted(folder.glob("trace_*.json"))
+    expect(bool(traces), f"no trace written under {folder}")
+    with open(traces[0], "rb") as src, gzip.open(ctx.out / "trace.json.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    events = json.loads(traces[0].read_text()).get("traceEvents", [])
+    kernels = sum(1 for e in events if e.get("cat") == "kernel")
+    entry = {
+        "trace_events": len(events),
+        "cuda_kernels": kernels,
+        "trace_gz_bytes": (ctx.out / "trace.json.gz").stat().st_size,
+    }
+    if (ctx.out / "trace.json.gz").stat().st_size > MAX_FILE:
+        (ctx.out / "trace.json.gz").unlink()
+        entry["trace_gz_bytes"] = "too large to return; dropped"
+    if ctx.cuda:
+        expect(kernels > 0, "the CUDA trace has no kernel events")
+        snaps = sorted(folder.glob("memory_snapshot_*.pickle"))
+        expect(bool(snaps), "no memory snapshot written")
+        entry["memory_snapshot_bytes"] = snaps[0].stat().st_size
+        if snaps[0].stat().st_size <= MAX_FILE:
+            shutil.copy(snaps[0], ctx.out / "memory_snapshot.pickle")
+    return entry
+
+
+def step_generation(ctx: Ctx) -> dict:
+    """Generation bytes/s on this device and on CPU (random-init debug models)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import generation_cpu as g
+
+    from bytelatent.data.patcher import PatcherArgs
+    from bytelatent.eval.generation import GenerationArgs, Generator
+
+    n_new = 32 if ctx.quick else 256
+    rows = {}
+    entropy = g.entropy_model(2048)
+    patcher = PatcherArgs(patching_mode="entropy", threshold=g.calibrated_threshold(entropy))
+    blt = g.debug_blt(2048)
+    devices = ["cpu"] + (["cuda"] if ctx.cuda else [])
+    for dev in devices:
+        entropy.to(dev)
+        blt.to(dev)
+        for name, gen in (("lm", Generator(entropy)), ("blt", Generator(blt, patcher, entropy))):
+            args = GenerationArgs(max_new_bytes=n_new, stop_at_eos=False)
+            gen.generate([g.PROMPT], GenerationArgs(max_new_bytes=4, stop_at_eos=False))
+            ctx.sync()
+            t0 = time.perf_counter()
+            result = gen.generate([g.PROMPT], args)[0]
+            ctx.sync()
+            rows[f"{name}_{dev}_bytes_per_s"] = round(
+                len(result.tokens) / (time.perf_counter() - t0), 1
+            )
+    return {"new_bytes": n_new, **rows}
