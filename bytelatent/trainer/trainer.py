@@ -167,6 +167,7 @@ class Trainer:
                 self.state.data_state = None
             self.scheduler.load_state_dict(self.state.scheduler)
             self.actions.load_state_dict(self.state.actions)
+            self.actions.note_resume(path, self.state.step)
             restore_rng_state(self.state.rng)
             logger.info("resumed from %s at step %d", path, self.state.step)
         elif self.args.checkpoint.init_ckpt_path:
