@@ -7,7 +7,8 @@ whose unpickler admits only what DCP metadata is made of:
 
 - the metadata dataclasses and enums defined in `torch.distributed.checkpoint` (Metadata,
   TensorStorageMetadata, ChunkStorageMetadata, _StorageInfo, ...);
-- `torch.Size` and torch's dtype / layout / memory-format constants;
+- `torch.Size`, torch's dtype / layout / memory-format constants (and `_get_layout`, which
+  layouts pickle through);
 - inert containers (`collections.OrderedDict`, set, frozenset) and `pathlib` paths.
 
 Anything else is refused with one line naming the file (`CheckpointError`).
@@ -51,6 +52,8 @@ _INERT = {
     ("pathlib", "PureWindowsPath"): pathlib.PureWindowsPath,
     ("pathlib", "Path"): pathlib.Path,
     ("torch", "Size"): torch.Size,
+    # torch.layout pickles as _get_layout("torch.strided"): a lookup in torch's own layout table
+    ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
 }
 
 

@@ -60,31 +60,35 @@ def normalize_kinds(kind: str | Sequence[str]) -> list[str]:
 # ---------------------------------------------------------------------- markers
 
 
-def marker_problem(fs: AbstractFileSystem, folder: str) -> str | None:
-    """Why `folder`'s marker does not mark a complete save (missing, unreadable), or None."""
+def _parse_marker(fs: AbstractFileSystem, folder: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(marker contents, None) for a valid marker, else (None, why it does not mark completion)."""
     marker = cfs.join(folder, MARKER_FILE)
-    if not cfs.exists(fs, marker):
-        return f"no {MARKER_FILE} marker (partial save)"
+    cfs._refresh(fs, marker)  # s3fs caches listings: another rank may have just written it
     try:
         info = json.loads(cfs.read_text(fs, marker))
+    except (FileNotFoundError, NotADirectoryError):
+        return None, f"no {MARKER_FILE} marker (partial save)"
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return f"{MARKER_FILE}: not valid JSON (damaged marker)"
+        return None, f"{MARKER_FILE}: not valid JSON (damaged marker)"
     if not isinstance(info, dict):
-        return f"{MARKER_FILE}: not a JSON object (damaged marker)"
+        return None, f"{MARKER_FILE}: not a JSON object (damaged marker)"
     kinds = info.get("kinds", [])
     if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
-        return f"{MARKER_FILE}: 'kinds' is not a list of names (damaged marker)"
-    return None
+        return None, f"{MARKER_FILE}: 'kinds' is not a list of names (damaged marker)"
+    return info, None
+
+
+def marker_problem(fs: AbstractFileSystem, folder: str) -> str | None:
+    """Why `folder`'s marker does not mark a complete save (missing, damaged), or None."""
+    return _parse_marker(fs, folder)[1]
 
 
 def read_marker(fs: AbstractFileSystem, folder: str) -> dict[str, Any] | None:
     """The folder's completion marker, or None if the save never completed (or the marker is damaged)."""
-    problem = marker_problem(fs, folder)
-    if problem is None:
-        return json.loads(cfs.read_text(fs, cfs.join(folder, MARKER_FILE)))
-    if "damaged" in problem:
+    info, problem = _parse_marker(fs, folder)
+    if problem is not None and "damaged" in problem:
         logger.warning("%s: %s; treating it as an incomplete save", folder, problem)
-    return None
+    return info
 
 
 def write_marker(fs: AbstractFileSystem, folder: str, info: dict[str, Any]) -> None:
