@@ -96,7 +96,9 @@ def load_metadata_bytes(data: bytes, where: str) -> Any:
     except CheckpointError:
         raise
     except Exception as e:  # truncated or garbled file
-        raise CheckpointError(f"{where}: not readable DCP metadata ({type(e).__name__}: {e})") from None
+        raise CheckpointError(
+            f"{where}: not readable DCP metadata ({type(e).__name__}: {e})"
+        ) from None
     if type(metadata).__name__ != "Metadata" or not hasattr(metadata, "state_dict_metadata"):
         raise CheckpointError(f"{where}: not DCP metadata (a {type(metadata).__name__})")
     return metadata

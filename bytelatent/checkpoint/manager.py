@@ -197,9 +197,7 @@ class CheckpointManager:
         self._async_group: dist.ProcessGroup | None = None
         if args.async_save and self.distributed:
             ranks = (
-                dist.get_process_group_ranks(process_group)
-                if process_group is not None
-                else None
+                dist.get_process_group_ranks(process_group) if process_group is not None else None
             )
             self._async_group = dist.new_group(ranks=ranks, backend="gloo")
 
@@ -257,7 +255,9 @@ class CheckpointManager:
         for entry in reversed(self.folders.complete()):
             report = self.verify(entry.path)
             if report.ok and not report.verified:
-                logger.warning("%s has no manifest (saved by an older version): not verified", entry.path)
+                logger.warning(
+                    "%s has no manifest (saved by an older version): not verified", entry.path
+                )
                 return entry.path
             if report.ok:
                 return entry.path
@@ -344,7 +344,12 @@ class CheckpointManager:
             raise CheckpointError(self._save_failed(folder, e)) from e
 
     def _save_sync(
-        self, step: int, folder: str, kinds: list[str], state: dict[str, Any], writer: ManifestWriter
+        self,
+        step: int,
+        folder: str,
+        kinds: list[str],
+        state: dict[str, Any],
+        writer: ManifestWriter,
     ) -> None:
         try:
             with quiet_single_process():
@@ -365,14 +370,21 @@ class CheckpointManager:
         self._completed(step, folder, kinds)
 
     def _save_async(
-        self, step: int, folder: str, kinds: list[str], state: dict[str, Any], writer: ManifestWriter
+        self,
+        step: int,
+        folder: str,
+        kinds: list[str],
+        state: dict[str, Any],
+        writer: ManifestWriter,
     ) -> None:
         group = self._async_group if self.distributed else None
         with quiet_single_process():
             future = dcp.async_save(
                 state, storage_writer=writer, process_group=group, no_dist=not self.distributed
             )
-        pending = _PendingSave(step, folder, future, lambda: self._finalize(step, folder, kinds), kinds)
+        pending = _PendingSave(
+            step, folder, future, lambda: self._finalize(step, folder, kinds), kinds
+        )
         self._pending = pending
         if self.is_rank0:
             # Rank 0's DCP future resolves only after every rank reported its files written
@@ -405,8 +417,10 @@ class CheckpointManager:
             previous = self.latest_complete()
         except OSError:
             previous = None
-        kept = f"the newest complete checkpoint {previous} is intact" if previous else (
-            "no earlier checkpoint exists"
+        kept = (
+            f"the newest complete checkpoint {previous} is intact"
+            if previous
+            else ("no earlier checkpoint exists")
         )
         line = (
             f"{folder}: cannot write the checkpoint ({first_line(error)}); {kept}; free space or fix "
@@ -422,9 +436,7 @@ class CheckpointManager:
         cfs.makedirs(self.fs, folder)
         if self.is_tp_rank0:
             text = json.dumps(train_state, indent=2)
-            cfs.write_text_atomic(
-                self.fs, cfs.join(folder, train_state_name(self.dp_rank)), text
-            )
+            cfs.write_text_atomic(self.fs, cfs.join(folder, train_state_name(self.dp_rank)), text)
         if self.is_rank0 and params is not None:
             text = json.dumps(params, indent=2, default=str)
             cfs.write_text_atomic(self.fs, cfs.join(folder, PARAMS_FILE), text)

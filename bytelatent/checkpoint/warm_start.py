@@ -126,9 +126,7 @@ def _dcp_model_shapes(path: str, s3_profile: str | None) -> tuple[bool, dict[str
     """(nested under "model"?, checkpoint key -> shape) of a DCP folder's model entries."""
     metadata = read_metadata(path, s3_profile)
     planner_paths = metadata.planner_data or {}
-    nested = any(
-        planner_paths.get(k, (None,))[0] == "model" for k in metadata.state_dict_metadata
-    )
+    nested = any(planner_paths.get(k, (None,))[0] == "model" for k in metadata.state_dict_metadata)
     shapes: dict[str, torch.Size] = {}
     for flat_key, md in metadata.state_dict_metadata.items():
         obj_path = planner_paths.get(flat_key, (flat_key,))

@@ -88,7 +88,7 @@ def _model_device(model: nn.Module) -> torch.device:
 
 def _forward_logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     out = model(tokens)
-    if isinstance(out, (tuple, list)):  # some LMs return (logits, ...)
+    if isinstance(out, tuple | list):  # some LMs return (logits, ...)
         out = out[0]
     return out
 

@@ -27,7 +27,9 @@ def _store(tmp_path) -> FolderStore:
     return FolderStore(cfs.get_fs(path), path)
 
 
-def _folder(store: FolderStore, step: int, kinds: list[str] | None, marker: str | None = None) -> str:
+def _folder(
+    store: FolderStore, step: int, kinds: list[str] | None, marker: str | None = None
+) -> str:
     """A step folder with a data file and, unless kinds is None, a marker (or raw `marker` text)."""
     folder = store.step_folder(step)
     os.makedirs(folder)
@@ -58,7 +60,10 @@ def test_scan_lists_step_folders_oldest_first_with_markers(tmp_path):
     _folder(store, 3, None)  # partial
     os.makedirs(os.path.join(store.path, "0000000010.corrupt-x"))
     entries = store.scan()
-    assert [(e.step, e.complete, e.kinds) for e in entries] == [(3, False, []), (20, True, ["dump"])]
+    assert [(e.step, e.complete, e.kinds) for e in entries] == [
+        (3, False, []),
+        (20, True, ["dump"]),
+    ]
     assert [e.step for e in store.complete()] == [20]
 
 

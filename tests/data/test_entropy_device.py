@@ -18,7 +18,9 @@ def two_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     current = []
-    monkeypatch.setattr(torch.cuda, "set_device", lambda device: current.append(torch.device(device)))
+    monkeypatch.setattr(
+        torch.cuda, "set_device", lambda device: current.append(torch.device(device))
+    )
     return current
 
 

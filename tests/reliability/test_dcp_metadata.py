@@ -82,7 +82,9 @@ def test_readers_refuse_the_payload(planted, capsys):
     readers = {
         "eval/generate": lambda: load_any_checkpoint(folder),
         "consolidate": lambda: consolidate(folder, str(manager.path) + "/out"),
-        "load_path": lambda: CheckpointManager(CheckpointArgs(path=manager.path, load_path=folder)).resume_path(),
+        "load_path": lambda: CheckpointManager(
+            CheckpointArgs(path=manager.path, load_path=folder)
+        ).resume_path(),
         "init_ckpt_path": lambda: manager.load_init(_model(), folder),
         "load": lambda: manager.load(_model(), None, folder),
     }
