@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -186,6 +186,7 @@ class CheckpointManager:
         self.group_size = dist.get_world_size(process_group) if self.distributed else 1
         self._pending: _PendingSave | None = None
         self._last_saved_step: int | None = None
+        self._checksums_owed: str | None = None  # chosen by resume_path, CRC32s checked by load
         self.last_load: LoadInfo | None = None
         # Called as on_complete(step, folder, kinds) on every rank once a save is complete
         # (marker visible), e.g. to launch an async eval of it.
@@ -221,26 +222,33 @@ class CheckpointManager:
 
     def resume_path(self) -> str | None:
         """Where a (re)started run resumes from: load_path, else the newest complete save, else
-        init_ckpt_path when continue_training_from_init; None means start fresh (maybe `load_init`)."""
+        init_ckpt_path when continue_training_from_init; None means start fresh (maybe `load_init`).
+
+        The newest complete save is verified by sizes here; with `verify=checksum` its CRC32s are
+        checked by `load` while it reads the folder (in parallel), which falls back to the previous
+        checkpoint if they fail.
+        """
         if self.args.load_path:
             self._require_verified(self.args.load_path)
             return self.args.load_path
-        latest = self.latest_verified()
+        latest = self.latest_verified(checksum=False)
         if latest is not None:
+            self._checksums_owed = latest if self.args.verify == "checksum" else None
             return latest
         if self.args.init_ckpt_path and self.args.continue_training_from_init:
             self._require_verified(self.args.init_ckpt_path)
             return self.args.init_ckpt_path
         return None
 
-    def verify(self, folder: str) -> VerifyReport:
-        """Check `folder` against its manifests; collective (ranks split the rank manifests)."""
-        report = verify_step_folder(
-            folder,
-            checksum=self.args.verify == "checksum",
-            fs=self.fs,
-            shard=(self.group_rank, self.group_size),
-        )
+    def verify(self, folder: str, checksum: bool | None = None) -> VerifyReport:
+        """Check `folder` against its manifests (CRC32s too unless `verify=size`, or as `checksum`
+        says); collective (ranks split the rank manifests)."""
+        checksum = self.args.verify == "checksum" if checksum is None else checksum
+        shard = (self.group_rank, self.group_size)
+        return self._gather(verify_step_folder(folder, checksum, fs=self.fs, shard=shard))
+
+    def _gather(self, report: VerifyReport) -> VerifyReport:
+        """Every rank's share of a verification, merged on every rank (collective)."""
         if self.distributed:
             gathered: list[Any] = [None] * self.group_size
             mine = (report.problems, report.verified, report.n_files)
@@ -250,10 +258,10 @@ class CheckpointManager:
             report.n_files = sum(n for _, _, n in gathered)
         return report
 
-    def latest_verified(self) -> str | None:
+    def latest_verified(self, checksum: bool | None = None) -> str | None:
         """Newest complete folder that passes verification; failing ones are set aside (renamed)."""
         for entry in reversed(self.folders.complete()):
-            report = self.verify(entry.path)
+            report = self.verify(entry.path, checksum)
             if report.ok and not report.verified:
                 logger.warning(
                     "%s has no manifest (saved by an older version): not verified", entry.path
@@ -261,16 +269,20 @@ class CheckpointManager:
                 return entry.path
             if report.ok:
                 return entry.path
-            if self.is_rank0:
-                aside = self.folders.set_aside(entry.path)
-                more = f" (+{len(report.problems) - 3} more)" if len(report.problems) > 3 else ""
-                logger.error(
-                    "checkpoint %s fails verification: %s%s; moved it to %s (kept, not deleted); "
-                    "resuming from the previous checkpoint instead",
-                    entry.path, "; ".join(report.problems[:3]), more, aside,
-                )  # fmt: skip
-            self._barrier()  # the rename is visible before any rank lists the folder again
+            self._set_aside_failed(entry.path, report)
         return None
+
+    def _set_aside_failed(self, folder: str, report: VerifyReport) -> None:
+        """Rank 0 renames a folder that failed verification; collective (a barrier follows)."""
+        if self.is_rank0:
+            aside = self.folders.set_aside(folder)
+            more = f" (+{len(report.problems) - 3} more)" if len(report.problems) > 3 else ""
+            logger.error(
+                "checkpoint %s fails verification: %s%s; moved it to %s (kept, not deleted); "
+                "resuming from the previous checkpoint instead",
+                folder, "; ".join(report.problems[:3]), more, aside,
+            )  # fmt: skip
+        self._barrier()  # the rename is visible before any rank lists the folder again
 
     def _require_verified(self, folder: str) -> None:
         report = self.verify(folder)
@@ -547,7 +559,8 @@ class CheckpointManager:
         """Restore model (+ optimizer) from `path` (default: `resume_path()`); returns this DP rank's train state.
 
         Works across sharding changes (FSDP/TP layouts, DP sizes). See `self.last_load` for the
-        folder, step and whether the DP size changed.
+        folder, step and whether the DP size changed. The folder `resume_path` chose has its
+        CRC32s checked while it is read; if they fail it is set aside and the previous one loaded.
         """
         self.wait()
         path = str(path or self.resume_path() or "").rstrip("/")
@@ -556,6 +569,22 @@ class CheckpointManager:
                 f"{self.path}: no complete checkpoint to resume from (a step folder needs {MARKER_FILE}); "
                 "set checkpoint.load_path to load a specific folder"
             )
+        owed, self._checksums_owed = self._checksums_owed == path, None
+        if not owed:
+            return self._load_folder(model, optimizer, path)
+        with ThreadPoolExecutor(1, thread_name_prefix="ckpt-crc32") as pool:
+            shard = (self.group_rank, self.group_size)
+            check = pool.submit(verify_step_folder, path, True, self.fs, shard)
+            train_state = self._load_folder(model, optimizer, path)
+            report = self._gather(check.result())
+        if report.ok:
+            return train_state
+        self._set_aside_failed(path, report)
+        return self.load(model, optimizer)  # the previous checkpoint (sizes, then CRC32s again)
+
+    def _load_folder(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer | None, path: str
+    ) -> dict[str, Any]:
         require_dcp_dir(path, self.args.s3_profile)
         if self._marker(path) is None:
             logger.warning(

@@ -74,14 +74,19 @@ def test_truncated_newest_is_set_aside_and_previous_resumed(tmp_path, caplog):
 
 def test_bit_flip_is_caught_by_default(tmp_path):
     manager = _manager(tmp_path)
-    _save_steps(manager, [1, 2])
+    weights = _save_steps(manager, [1, 2])
     with open(_shard(manager, 2), "r+b") as f:
         f.seek(os.path.getsize(_shard(manager, 2)) // 2)
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x01]))  # one bit
-    assert _manager(tmp_path, verify="size").resume_path() == manager.step_folder(2)  # sizes match
-    assert _manager(tmp_path).resume_path() == manager.step_folder(1)  # the default reads CRC32s
+    model, optimizer = _model_and_optimizer(99)
+    assert _manager(tmp_path, verify="size").load(model, optimizer)["step"] == 2  # sizes match
+    # The default checks CRC32s while loading, then falls back to the previous checkpoint.
+    resumed = _manager(tmp_path)
+    assert resumed.load(model, optimizer)["step"] == 1
+    assert resumed.last_load.path == manager.step_folder(1)
+    assert all(torch.equal(v, weights[1][k]) for k, v in model.state_dict().items())
     assert any(n.startswith("0000000002.corrupt-") for n in os.listdir(manager.path))
 
 
