@@ -155,6 +155,7 @@ class Trainer:
         path = self.checkpoints.resume_path()
         if path is not None:
             train_state = self.checkpoints.load(self.model, self.optimizer, path)
+            path = self.checkpoints.last_load.path  # an older one if `path` failed its CRC32s
             self.state = TrainState.model_validate(train_state)
             if (
                 self.checkpoints.last_load is not None
