@@ -52,9 +52,9 @@ import pyarrow as pa
 import torch
 from torch import nn
 
+from bytelatent.checkpoint.pretrained import load_entropy_model
 from bytelatent.data.entropy import (
     document_entropies,
-    load_entropy_model,
     model_max_length,
     resolve_device,
 )
@@ -340,11 +340,7 @@ def process_shard(
 
 
 def _model_device(name: str) -> torch.device:
-    device = resolve_device(name)
-    local_rank = os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID")
-    if device.type == "cuda" and device.index is None and local_rank is not None:
-        device = torch.device("cuda", int(local_rank) % torch.cuda.device_count())
-    return device
+    return resolve_device(name)  # cuda without an index: this rank's GPU (LOCAL_RANK)
 
 
 def run(args: argparse.Namespace) -> dict[str, int]:

@@ -13,6 +13,8 @@ import logging
 import sys
 
 from bytelatent.checkpoint.consolidate import consolidate
+from bytelatent.checkpoint.hf import export_hf, import_hf
+from bytelatent.checkpoint.verify import verify_tree
 from bytelatent.errors import UserError
 from bytelatent.progress import PROGRESS_MODES
 
@@ -34,16 +36,12 @@ def _add_hf_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_export_hf(args: argparse.Namespace) -> str:
-    from bytelatent.checkpoint.hf import export_hf
-
     for note in export_hf(args.ckpt, args.out, entropy_model=args.entropy_model):
         print(f"note: {note}", file=sys.stderr)
     return args.out
 
 
 def _run_import_hf(args: argparse.Namespace) -> str:
-    from bytelatent.checkpoint.hf import import_hf
-
     return import_hf(args.hf_dir, args.out)
 
 
@@ -113,8 +111,6 @@ def _add_verify_parser(commands) -> None:
 
 def _run_verify(args: argparse.Namespace) -> int:
     """Print one line per step folder; exit 1 if any complete (or named) folder fails."""
-    from bytelatent.checkpoint.verify import verify_tree
-
     try:
         return verify_tree(args.ckpt_dir, checksum=not args.sizes_only, s3_profile=args.s3_profile)
     except UserError as e:

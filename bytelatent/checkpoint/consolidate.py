@@ -13,17 +13,17 @@ import warnings
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from bytelatent.checkpoint import fs as cfs
+from bytelatent.checkpoint.dcp_io import DCP_ERRORS, METADATA_FILE, SafeFsspecReader, first_line
+from bytelatent.checkpoint.verify import require_loadable
 from bytelatent.errors import CheckpointError
 from bytelatent.progress import Progress, ProgressMode
 
 logger = logging.getLogger(__name__)
 
-METADATA_FILE = ".metadata"
 PARAMS_FILE = "params.json"
 CONSOLIDATED_FILE = "consolidated.pth"
 CONSOLIDATED_SAFETENSORS = "consolidated.safetensors"
@@ -58,7 +58,7 @@ def require_dcp_dir(path: str, s3_profile: str | None = None) -> None:
     )
 
 
-class _ProgressReader(FsspecReader):
+class _ProgressReader(SafeFsspecReader):
     """FsspecReader that advances a progress bar by the stored size of every item it reads."""
 
     def __init__(self, path: str, progress: ProgressMode, **storage_options: Any) -> None:
@@ -86,19 +86,29 @@ def load_dcp_state_dict(
     s3_profile: str | None = None,
     progress: ProgressMode = "off",
 ) -> dict[str, Any]:
-    """Read a whole DCP checkpoint (or only the top-level `keys`) into plain CPU tensors, in this process only."""
+    """Read a whole DCP checkpoint (or only the top-level `keys`) into plain CPU tensors, in this process only.
+
+    The folder is checked first (`require_loadable`: marker, manifests, safe `.metadata`); any
+    failure, also while reading, is one CheckpointError line.
+    """
     require_dcp_dir(path, s3_profile)
+    require_loadable(path, s3_profile)
     state: dict[str, Any] = {}
     reader = _ProgressReader(path, progress, **cfs.storage_options(path, s3_profile))
-    with warnings.catch_warnings():
-        # no_dist=True is intended here (one process reads everything); silence DCP's reminder.
-        warnings.simplefilter("ignore", UserWarning)
-        _load_state_dict(
-            state,
-            storage_reader=reader,
-            planner=_EmptyStateDictLoadPlanner(keys=keys),
-            no_dist=True,
-        )
+    try:
+        with warnings.catch_warnings():
+            # no_dist=True is intended here (one process reads everything); silence DCP's reminder.
+            warnings.simplefilter("ignore", UserWarning)
+            _load_state_dict(
+                state,
+                storage_reader=reader,
+                planner=_EmptyStateDictLoadPlanner(keys=keys),
+                no_dist=True,
+            )
+    except CheckpointError:
+        raise
+    except DCP_ERRORS as e:
+        raise CheckpointError(f"{path}: cannot read the checkpoint ({first_line(e)})") from None
     return state
 
 

@@ -22,7 +22,12 @@ from typing import Any
 
 import torch
 
+from bytelatent.checkpoint.pretrained import load_any_checkpoint
 from bytelatent.errors import CheckpointError
+from bytelatent.model.blt import ByteLatentTransformer
+from bytelatent.model.blt_args import ByteLatentTransformerArgs
+from bytelatent.model.layers import block_head_counts, ffn_hidden_dim
+from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
 
 logger = logging.getLogger("bytelatent")
 
@@ -127,7 +132,6 @@ def check_hf_representable(args: Any) -> list[str]:
 
     Returns the notes for differences that only show on some inputs (masks), for logging.
     """
-    from bytelatent.model.layers import block_head_counts
 
     def refuse(field: str, why: str) -> None:
         raise CheckpointError(
@@ -197,7 +201,6 @@ def check_hf_representable(args: Any) -> list[str]:
 
 
 def check_hf_entropy_representable(args: Any) -> list[str]:
-    from bytelatent.model.layers import block_head_counts
 
     head_dim, n_heads, _ = block_head_counts(args)
     if head_dim * n_heads != args.dim:
@@ -247,7 +250,6 @@ def hf_state_dict_to_blt(
     hf: dict[str, torch.Tensor], args: Any
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """HF BltForCausalLM tensors -> (our BLT state dict, entropy model state dict or {})."""
-    from bytelatent.model.blt import ByteLatentTransformer
 
     with torch.device("meta"):
         expected = ByteLatentTransformer(args).state_dict()
@@ -346,7 +348,6 @@ def _local_config(args: Any, side: str, hf: dict[str, torch.Tensor]) -> dict[str
 
 
 def _global_config(args: Any, hf: dict[str, torch.Tensor]) -> dict[str, Any]:
-    from bytelatent.model.layers import block_head_counts
 
     _, n_heads, n_kv = block_head_counts(args.global_block_args())
     return {
@@ -364,7 +365,6 @@ def _global_config(args: Any, hf: dict[str, torch.Tensor]) -> dict[str, Any]:
 
 
 def patcher_config(args: Any, hf: dict[str, torch.Tensor], prefix: str) -> dict[str, Any]:
-    from bytelatent.model.layers import block_head_counts
 
     _, n_heads, n_kv = block_head_counts(args)
     return {
@@ -484,8 +484,6 @@ def export_hf(ckpt: str, out: str, entropy_model: str | None = None) -> list[str
     `ckpt` is a DCP step folder, a consolidated or a released folder. Returns notes on what HF
     computes differently for some inputs (to print); refuses what HF cannot represent.
     """
-    from bytelatent.checkpoint.pretrained import load_any_checkpoint
-    from bytelatent.model.transformer import LMTransformerArgs
 
     _require_hf_deps()
     model, args, params = load_any_checkpoint(ckpt)
@@ -682,7 +680,6 @@ def _one(values: dict[str, Any], what: str) -> Any:
 
 def _ffn_settings(dims: dict[str, tuple[int, int]]) -> dict[str, Any]:
     """multiple_of / ffn_dim_multiplier that give every component its intermediate_size."""
-    from bytelatent.model.layers import ffn_hidden_dim
 
     for multiple_of, mult in ((256, 1.0), (1, 1.0), (128, 1.0), (64, 1.0), (32, 1.0)):
         if all(ffn_hidden_dim(d, multiple_of, mult) == w for d, w in dims.values()):
@@ -695,7 +692,6 @@ def _ffn_settings(dims: dict[str, tuple[int, int]]) -> dict[str, Any]:
 
 def blt_args_from_hf_config(config: dict[str, Any]) -> Any:
     """ByteLatentTransformerArgs for an HF BltConfig dict (ours stored in it win, exactly)."""
-    from bytelatent.model.blt_args import ByteLatentTransformerArgs
 
     ours = (config.get(OURS_KEY) or {}).get("model")
     if ours is not None:
@@ -757,7 +753,6 @@ def blt_args_from_hf_config(config: dict[str, Any]) -> Any:
 
 
 def entropy_args_from_hf_config(patcher: dict[str, Any], ours: dict[str, Any] | None) -> Any:
-    from bytelatent.model.transformer import LMTransformerArgs
 
     if ours is not None:
         return LMTransformerArgs.model_validate(ours)
@@ -789,8 +784,6 @@ def _write_consolidated(
 
 def _load_strict(args: Any, kind: str, state: dict[str, torch.Tensor], where: str) -> None:
     """Fail on a missing / unexpected / misshaped tensor before anything is written."""
-    from bytelatent.model.blt import ByteLatentTransformer
-    from bytelatent.model.transformer import LMTransformer
 
     with torch.device("meta"):
         model = (ByteLatentTransformer if kind == "blt" else LMTransformer)(args)

@@ -3,19 +3,35 @@
 Two layouts share the file names: the released facebook/blt weights (`blt_1b/`, `entropy_model/`,
 whose params.json is the reference's TrainArgs) and our own consolidated checkpoints
 (`python -m bytelatent.checkpoint consolidate`, whose params.json is our TrainArgs).
+
+`load_entropy_model` is the loader realtime patching and entropy preprocessing use (the data
+side receives the model; it does not read checkpoints itself). It never touches the global
+default dtype (the reference sets it to bf16).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any, Literal
 
 import fsspec
 import torch
 from pydantic import BaseModel, ValidationError
+from torch import nn
 
+from bytelatent.checkpoint import fs as cfs
+from bytelatent.checkpoint.consolidate import METADATA_FILE, load_dcp_state_dict
 from bytelatent.errors import CheckpointError, UserError
+from bytelatent.model.blt import ByteLatentTransformer
+from bytelatent.model.blt_args import ByteLatentTransformerArgs
+from bytelatent.model.reference_compat import (
+    adapt_reference_blt_state_dict,
+    blt_args_from_reference,
+    lm_args_from_reference,
+)
+from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
 
 logger = logging.getLogger("bytelatent")
 
@@ -45,8 +61,14 @@ def read_weights(path: str) -> dict[str, torch.Tensor]:
     for name in WEIGHT_FILES:
         fs, local = fsspec.core.url_to_fs(_join(path, name))
         if fs.exists(local):
-            with fs.open(local, "rb") as handle:
-                state = torch.load(handle, map_location="cpu", weights_only=True)
+            try:
+                with fs.open(local, "rb") as handle:
+                    state = torch.load(handle, map_location="cpu", weights_only=True)
+            except Exception as exc:  # truncated / corrupted files surface as pickle or zip errors
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                raise CheckpointError(
+                    f"{_join(path, name)}: cannot read ({type(exc).__name__}: {first})"
+                ) from None
             return state.get("model", state) if isinstance(state, dict) else state
     for name in SAFETENSORS_FILES:
         fs, local = fsspec.core.url_to_fs(_join(path, name))
@@ -81,10 +103,6 @@ def _resolve_kind(params: dict[str, Any], kind: Kind) -> Literal["blt", "entropy
 
 def model_args_from_params(params: dict[str, Any], kind: Kind = "auto", where: str = "params.json"):
     """(model args, kind, reference fields without effect) for either params.json layout."""
-    from bytelatent.data.entropy import entropy_model_args
-    from bytelatent.model.blt_args import ByteLatentTransformerArgs
-    from bytelatent.model.reference_compat import blt_args_from_reference
-
     resolved = _resolve_kind(params, kind)
     if resolved == "entropy":
         return entropy_model_args(params, where), resolved, []
@@ -104,10 +122,6 @@ def model_args_from_params(params: dict[str, Any], kind: Kind = "auto", where: s
 
 def build_and_load(args: BaseModel, kind: str, state: dict, device: torch.device, reference: bool):
     """Meta build → to_empty → init (buffers) → strict load of `state`."""
-    from bytelatent.model.blt import ByteLatentTransformer
-    from bytelatent.model.reference_compat import adapt_reference_blt_state_dict
-    from bytelatent.model.transformer import LMTransformer
-
     cls = LMTransformer if kind == "entropy" else ByteLatentTransformer
     with torch.device("meta"):
         model = cls(args)
@@ -151,9 +165,6 @@ def load_any_checkpoint(path: str, device: str | torch.device = "cpu", kind: Kin
     `params.json`, as the trainer writes it) is read in this process without a process group;
     anything else goes through `load_pretrained`'s readers. The model is in eval mode.
     """
-    from bytelatent.checkpoint import fs as cfs
-    from bytelatent.checkpoint.consolidate import METADATA_FILE, load_dcp_state_dict
-
     path = str(path).rstrip("/")
     fs = cfs.get_fs(path)
     if not cfs.exists(fs, path):
@@ -174,3 +185,50 @@ def load_any_checkpoint(path: str, device: str | torch.device = "cpu", kind: Kin
     model = build_and_load(args, resolved, state, torch.device(device), reference)
     model.eval()
     return model, args, params
+
+
+def entropy_model_args(params: dict, where: str = "params.json") -> LMTransformerArgs:
+    """LMTransformerArgs from a params.json dict (our layout or the reference TrainArgs)."""
+    section = params.get("entropy_model")
+    if not section:
+        section = params if "dim" in params and "n_layers" in params else None
+    if not section:
+        raise CheckpointError(
+            f"{where}: no 'entropy_model' section; is this an entropy model checkpoint?"
+        )
+    try:
+        return LMTransformerArgs.model_validate(section)
+    except ValidationError:
+        pass  # e.g. the reference's vocab_size=-1: map it as the reference would
+    try:
+        args, ignored = lm_args_from_reference(section)
+    except (ValidationError, ValueError, UserError) as exc:
+        raise CheckpointError(f"{where}: entropy_model args invalid: {exc}") from None
+    if ignored:
+        logger.info("%s: reference fields without effect: %s", where, ignored)
+    return args
+
+
+def load_entropy_model(
+    checkpoint_dir: str,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> nn.Module:
+    """Build the LMTransformer in params.json and load consolidated.pth, in eval mode, no grads.
+
+    Strict loading: a missing or unexpected weight is a CheckpointError (the reference silently
+    uses strict=False). `device` is used as given (resolve "auto" with
+    `bytelatent.data.entropy.resolve_device`).
+    """
+    where = os.path.join(checkpoint_dir, "params.json")
+    args = entropy_model_args(read_params(checkpoint_dir), where)
+    try:
+        model = build_and_load(
+            args, "entropy", read_weights(checkpoint_dir), torch.device(device), False
+        )
+    except CheckpointError as exc:
+        raise CheckpointError(f"{checkpoint_dir}: {exc}") from None
+    model = model.to(dtype=dtype)
+    model.eval()
+    model.requires_grad_(False)
+    return model

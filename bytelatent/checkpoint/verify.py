@@ -6,14 +6,17 @@ In a step folder, before the `.complete` marker:
     manifest.json              written by rank 0 last: the small files (.metadata, params.json,
                                train_state_*.json, the rank manifests) and how many ranks saved
 
-`verify_step_folder` checks sizes always and CRC32s when asked; a folder without `manifest.json`
-was saved before manifests existed and is reported as unverified, not as broken.
-`python -m bytelatent.checkpoint verify DIR` runs it over one step folder or a whole folder.
+`verify_step_folder` checks the marker, sizes always and CRC32s when asked, and that `.metadata`
+holds nothing but DCP metadata (`dcp_io`); a folder without `manifest.json` was saved before
+manifests existed (or by another tool) and is reported as unverified, not as broken.
+`python -m bytelatent.checkpoint verify DIR` runs it over one step folder or a whole folder;
+`require_loadable` is the check every reader (eval, generate, consolidate, warm start) runs first.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -23,9 +26,13 @@ from fsspec import AbstractFileSystem
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
 from bytelatent.checkpoint import fs as cfs
+from bytelatent.checkpoint.dcp_io import METADATA_FILE, check_metadata
+from bytelatent.checkpoint.layout import MARKER_FILE, marker_problem
+from bytelatent.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
 
 MANIFEST_FILE = "manifest.json"
-MARKER_FILE = ".complete"
 _CHUNK = 8 << 20
 
 
@@ -145,8 +152,14 @@ def verify_step_folder(
     fs = fs or cfs.get_fs(folder)
     folder = str(folder).rstrip("/")
     report = VerifyReport(folder)
-    if not cfs.exists(fs, cfs.join(folder, MARKER_FILE)):
-        report.problems.append(f"no {MARKER_FILE} marker (partial save)")
+    index, count = shard
+    marker = marker_problem(fs, folder)
+    if marker is not None:
+        report.problems.append(marker)
+    if index == 0 and cfs.exists(fs, cfs.join(folder, METADATA_FILE)):
+        unsafe = check_metadata(fs, folder)
+        if unsafe is not None:
+            report.problems.append(unsafe)
     top = _read_manifest(fs, cfs.join(folder, MANIFEST_FILE))
     if top == "missing":
         report.verified = False
@@ -154,7 +167,6 @@ def verify_step_folder(
     if isinstance(top, str):
         report.problems.append(f"{MANIFEST_FILE}: {top}")
         return report
-    index, count = shard
     if index == 0:
         report.problems += _check_files(fs, folder, top["files"], checksum)
         report.n_files += len(top["files"])
@@ -170,6 +182,36 @@ def verify_step_folder(
     return report
 
 
+def require_loadable(
+    folder: str, s3_profile: str | None = None, checksum: bool = False
+) -> VerifyReport:
+    """What a reader runs before loading a DCP step folder: one CheckpointError line if it is broken.
+
+    A folder our trainer wrote must be complete (`.complete`) and match its manifests; one with
+    neither marker nor manifests (another tool's, or older) loads unverified, with a warning.
+    `.metadata` must be plain DCP metadata either way.
+    """
+    fs = cfs.get_fs(folder, s3_profile)
+    folder = str(folder).rstrip("/")
+    report = verify_step_folder(folder, checksum=checksum, fs=fs)
+    problems = list(report.problems)
+    names = cfs.listdir(fs, folder)
+    rank_manifests = any(re.fullmatch(r"manifest_\d+\.json", n) for n in names)
+    if not report.verified and MARKER_FILE not in names and not rank_manifests:
+        # Not written by our trainer (or before markers existed): nothing to check it against.
+        problems = [p for p in problems if "partial save" not in p]
+        if not problems:
+            logger.warning("%s: no %s nor %s; loading it unverified", folder, MARKER_FILE, MANIFEST_FILE)
+            return report
+    if problems:
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise CheckpointError(
+            f"{folder}: not loadable: {'; '.join(problems[:3])}{more}; pick another checkpoint "
+            "(python -m bytelatent.checkpoint verify DIR lists them)"
+        )
+    return report
+
+
 def _is_step_folder(fs: AbstractFileSystem, path: str) -> bool:
     names = set(cfs.listdir(fs, path))
     return bool(names & {".metadata", MARKER_FILE, MANIFEST_FILE})
@@ -177,8 +219,6 @@ def _is_step_folder(fs: AbstractFileSystem, path: str) -> bool:
 
 def verify_tree(path: str, checksum: bool = True, s3_profile: str | None = None) -> int:
     """CLI body: verify `path` (a step folder, or a folder of them); print a table; exit code."""
-    from bytelatent.errors import CheckpointError
-
     fs = cfs.get_fs(path, s3_profile)
     path = str(path).rstrip("/")
     if not cfs.isdir(fs, path):

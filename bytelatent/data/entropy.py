@@ -12,9 +12,10 @@ rows bleed into each other, issue #123):
   never changes their outputs.
 - ``entropy`` is ``-sum p log p`` of the softmax, in nats, computed in float32.
 
-``load_entropy_model`` reads our checkpoints and the released layout (``params.json`` with an
-``entropy_model`` section, ``consolidated.pth`` = ``{"model": state_dict}``) without touching the
-global default dtype (the reference sets it to bf16).
+The entropy model itself is loaded by ``bytelatent.checkpoint.pretrained.load_entropy_model``
+(reading checkpoints is the checkpoint package's concern); this module only runs a model it is
+given. ``resolve_device`` picks the device it runs on: this process's GPU (``LOCAL_RANK``), so
+each rank's data worker uses its own GPU rather than GPU 0.
 """
 
 from __future__ import annotations
@@ -22,16 +23,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bytelatent.errors import CheckpointError, ConfigError, UserError
-
-if TYPE_CHECKING:
-    from bytelatent.model.transformer import LMTransformerArgs
+from bytelatent.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -45,17 +42,29 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
 
 
 def resolve_device(name: str | torch.device | None) -> torch.device:
-    """'auto' -> cuda if available else cpu; 'cuda' without CUDA is a ConfigError."""
+    """'auto' -> this process's GPU if CUDA is available, else cpu; 'cuda' without CUDA is a
+    ConfigError. 'cuda' without an index is this process's GPU: `LOCAL_RANK` (set by torchrun,
+    and by `setup_distributed` under srun) modulo the visible GPUs, else the current device."""
     if isinstance(name, torch.device):
-        return name
-    if name is None or name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(
-            f"device {name!r} asked for but CUDA is not available; use 'cpu' or 'auto'"
-        )
+        device = name
+    elif name is None or name == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(name)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(
+                f"device {name!r} asked for but CUDA is not available; use 'cpu' or 'auto'"
+            )
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", _local_gpu_index())
     return device
+
+
+def _local_gpu_index() -> int:
+    local_rank = os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID")
+    if local_rank is not None and local_rank.isdigit():
+        return int(local_rank) % max(torch.cuda.device_count(), 1)
+    return torch.cuda.current_device()
 
 
 def model_max_length(model: nn.Module) -> int:
@@ -79,7 +88,7 @@ def _model_device(model: nn.Module) -> torch.device:
 
 def _forward_logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     out = model(tokens)
-    if isinstance(out, (tuple, list)):  # some LMs return (logits, ...)
+    if isinstance(out, tuple | list):  # some LMs return (logits, ...)
         out = out[0]
     return out
 
@@ -172,58 +181,3 @@ def calculate_entropies(
     if not values:
         return torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
     return torch.stack(values).to(tokens.device)
-
-
-def entropy_model_args(params: dict, where: str = "params.json") -> LMTransformerArgs:
-    """LMTransformerArgs from a params.json dict (our layout or the reference TrainArgs)."""
-    from pydantic import ValidationError
-
-    from bytelatent.model.reference_compat import lm_args_from_reference
-    from bytelatent.model.transformer import LMTransformerArgs
-
-    section = params.get("entropy_model")
-    if not section:
-        section = params if "dim" in params and "n_layers" in params else None
-    if not section:
-        raise CheckpointError(
-            f"{where}: no 'entropy_model' section; is this an entropy model checkpoint?"
-        )
-    try:
-        return LMTransformerArgs.model_validate(section)
-    except ValidationError:
-        pass  # e.g. the reference's vocab_size=-1: map it as the reference would
-    try:
-        args, ignored = lm_args_from_reference(section)
-    except (ValidationError, ValueError, UserError) as exc:
-        raise CheckpointError(f"{where}: entropy_model args invalid: {exc}") from None
-    if ignored:
-        logger.info("%s: reference fields without effect: %s", where, ignored)
-    return args
-
-
-def load_entropy_model(
-    checkpoint_dir: str,
-    device: str | torch.device | None = "auto",
-    dtype: torch.dtype = torch.float32,
-) -> nn.Module:
-    """Build the LMTransformer in params.json and load consolidated.pth, in eval mode, no grads.
-
-    Strict loading: a missing or unexpected weight is a CheckpointError (the reference silently
-    uses strict=False). The global default dtype is left alone.
-    """
-    from bytelatent.checkpoint.pretrained import (
-        build_and_load,
-        read_params,
-        read_weights,
-    )
-
-    where = os.path.join(checkpoint_dir, "params.json")
-    args = entropy_model_args(read_params(checkpoint_dir), where)
-    try:
-        model = build_and_load(args, "entropy", read_weights(checkpoint_dir), resolve_device(device), False)
-    except CheckpointError as exc:
-        raise CheckpointError(f"{checkpoint_dir}: {exc}") from None
-    model = model.to(dtype=dtype)
-    model.eval()
-    model.requires_grad_(False)
-    return model

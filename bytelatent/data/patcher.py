@@ -37,10 +37,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from torch import nn
 
+from bytelatent.checkpoint.pretrained import load_entropy_model
 from bytelatent.data.entropy import (
     calculate_entropies,
     entropy,
-    load_entropy_model,
     per_document_outputs,
     resolve_device,
 )
@@ -149,6 +149,18 @@ class PatcherArgs(BaseModel):
         return Patcher(self, entropy_model=entropy_model)
 
 
+def _load_realtime_model(args: PatcherArgs) -> nn.Module:
+    """The entropy model for realtime patching, on this rank's device.
+
+    Built inside the data worker process (which never ran `setup_distributed`), so the device is
+    resolved from LOCAL_RANK and made current: every rank's worker uses its own GPU, not GPU 0.
+    """
+    device = resolve_device(args.model_device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return load_entropy_model(args.entropy_model_checkpoint_dir, device)
+
+
 class Patcher:
     """Applies PatcherArgs; ``entropy_model`` overrides loading one from the checkpoint dir."""
 
@@ -159,9 +171,7 @@ class Patcher:
         self.patching_mode = args.patching_mode
         self.entropy_model = entropy_model
         if entropy_model is None and args.realtime_patching:
-            self.entropy_model = load_entropy_model(
-                args.entropy_model_checkpoint_dir, resolve_device(args.model_device)
-            )
+            self.entropy_model = _load_realtime_model(args)
         if (
             self.patching_mode == PatchingMode.bpe_patcher
             and self.entropy_model is None

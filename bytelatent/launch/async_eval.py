@@ -9,7 +9,8 @@
 The job writes `dump_dir/evals/{step:010d}/results.json` and appends its results line to
 `dump_dir/metrics.eval.jsonl`. Before launching, the trainer writes a reader lease
 `{checkpoint}/.lease.eval` (JSON: pid or SLURM job id, host); checkpoint retention never deletes a
-leased folder, and the job removes the lease when it ends. The trainer polls its jobs without
+leased folder, nor one whose eval is owed (no results: failed, or never ran), and the job removes
+the lease when it ends. The trainer polls its jobs without
 blocking (`poll_interval_s`): a job that ended without results is logged as failed, its lease
 removed, and training goes on. On (re)start, `launch_owed` launches the eval of every complete eval
 checkpoint without results, except those whose leased job is still alive (adopted, not rerun).
@@ -150,7 +151,18 @@ class AsyncEvalLauncher:
             check_eval_devices(launch.devices, os.environ)
         launcher = cls(launch, args.dump_dir, args.name, rank == 0, checkpoints)
         checkpoints.on_complete = launcher.on_checkpoint
+        checkpoints.hold = launcher.retention_hold
         return launcher
+
+    def retention_hold(self, step: int, folder: str, kinds: list[str]) -> str | None:
+        """Why retention must keep `folder`: its eval is owed (no results yet: failed or not run).
+
+        A failed eval's checkpoint stays until an eval of it succeeds (`launch_owed` relaunches
+        it on the next start); then retention may take it.
+        """
+        if self.enabled and "eval" in kinds and not results_file(self.dump_dir, step).exists():
+            return f"its async eval is owed (no {results_file(self.dump_dir, step)})"
+        return None
 
     # ------------------------------------------------------------------ launching
     def on_checkpoint(self, step: int, folder: str, kinds: list[str]) -> None:

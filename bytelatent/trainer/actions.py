@@ -115,6 +115,10 @@ class NonFiniteStop(Action):
 
     def __init__(self, args: NonFiniteStopArgs):
         self.args = args
+        self.resumed: tuple[str, int] | None = None  # (checkpoint folder, step) this run resumed from
+
+    def note_resume(self, path: str, step: int) -> None:
+        self.resumed = (path, step)
 
     def run(self, step: int, metrics: dict[str, Any]) -> Stop | None:
         streak = int(metrics.get("skipped_streak", 0))
@@ -126,11 +130,21 @@ class NonFiniteStop(Action):
         return Stop(
             f"non-finite guard: stopping at step {step}: {streak} consecutive updates skipped "
             f"(steps {first}-{step}) because {what} {verb} non-finite; nothing saved, the newest "
-            "checkpoint is the last finite one "
-            f"(lower optim.lr, set optim.clip, or raise optim.max_skipped_steps)",
+            f"checkpoint is the last finite one ({self._advice(first)})",
             save=False,
             exit_code=NONFINITE_EXIT_CODE,
         )
+
+    def _advice(self, first: int) -> str:
+        if self.resumed is not None and first == self.resumed[1] + 1:
+            # Non-finite from the first step after a resume: the loaded weights are the suspect.
+            path = self.resumed[0]
+            return (
+                f"every update since resuming from {path} was non-finite: that checkpoint may be "
+                f"damaged; check it with `python -m bytelatent.checkpoint verify {path}`, or set "
+                "checkpoint.load_path to an earlier step folder"
+            )
+        return "lower optim.lr, set optim.clip, or raise optim.max_skipped_steps"
 
 
 _ACTION_TYPES: dict[str, type[Action]] = {
@@ -159,6 +173,12 @@ class Actions:
 
     def add(self, action: Action) -> None:
         self.actions.append(action)
+
+    def note_resume(self, path: str, step: int) -> None:
+        """Tell the actions this run resumed from checkpoint `path` at `step`."""
+        for action in self.actions:
+            if hasattr(action, "note_resume"):
+                action.note_resume(path, step)
 
     def run(self, step: int, metrics: dict[str, Any]) -> Stop | None:
         for action in self.actions:

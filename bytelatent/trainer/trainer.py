@@ -131,6 +131,7 @@ class Trainer:
         if path is not None:
             self.scheduler.prepare_resume(parse_step(path))  # frozen groups have no AdamW state
             train_state = self.checkpoints.load(self.model, self.optimizer, path)
+            path = self.checkpoints.last_load.path  # an older one if `path` failed its CRC32s
             self.state = TrainState.model_validate(train_state)
             # another dp size: every virtual data stream continues on its new rank
             saved_dp_size = self.checkpoints.last_load.saved_dp_size or self.dp_size
@@ -141,6 +142,7 @@ class Trainer:
             )  # fmt: skip
             self.scheduler.load_state_dict(self.state.scheduler)
             self.actions.load_state_dict(self.state.actions)
+            self.actions.note_resume(path, self.state.step)
             restore_rng_state(self.state.rng)
             logger.info("resumed from %s at step %d", path, self.state.step)
         elif self.args.checkpoint.init_ckpt_path:

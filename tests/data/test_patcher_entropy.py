@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from bytelatent.checkpoint.pretrained import load_entropy_model
 from bytelatent.data.entropy import (
     calculate_entropies,
     document_entropies,
     entropy,
-    load_entropy_model,
 )
 from bytelatent.errors import CheckpointError
 from bytelatent.model.transformer import LMTransformer, LMTransformerArgs

@@ -72,17 +72,59 @@ def test_truncated_newest_is_set_aside_and_previous_resumed(tmp_path, caplog):
     assert all(torch.equal(v, weights[1][k]) for k, v in model.state_dict().items())
 
 
-def test_bit_flip_needs_checksum_mode(tmp_path):
+def test_bit_flip_is_caught_by_default(tmp_path):
     manager = _manager(tmp_path)
-    _save_steps(manager, [1, 2])
+    weights = _save_steps(manager, [1, 2])
     with open(_shard(manager, 2), "r+b") as f:
         f.seek(os.path.getsize(_shard(manager, 2)) // 2)
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([byte[0] ^ 0xFF]))
-    assert _manager(tmp_path).resume_path() == manager.step_folder(2)  # sizes still match
-    checking = _manager(tmp_path, verify="checksum")
-    assert checking.resume_path() == manager.step_folder(1)
+        f.write(bytes([byte[0] ^ 0x01]))  # one bit
+    model, optimizer = _model_and_optimizer(99)
+    assert _manager(tmp_path, verify="size").load(model, optimizer)["step"] == 2  # sizes match
+    # The default checks CRC32s while loading, then falls back to the previous checkpoint.
+    resumed = _manager(tmp_path)
+    assert resumed.load(model, optimizer)["step"] == 1
+    assert resumed.last_load.path == manager.step_folder(1)
+    assert all(torch.equal(v, weights[1][k]) for k, v in model.state_dict().items())
+    assert any(n.startswith("0000000002.corrupt-") for n in os.listdir(manager.path))
+
+
+def test_damaged_marker_fails_verify(tmp_path, capsys):
+    manager = _manager(tmp_path)
+    _save_steps(manager, [1, 2])
+    with open(os.path.join(manager.step_folder(1), ".complete"), "w") as f:
+        f.write("{truncated")
+    report = verify_step_folder(manager.step_folder(1), checksum=True)
+    assert not report.ok and "damaged marker" in report.problems[0]
+    assert checkpoint_cli(["verify", manager.path]) == 1
+    assert "0000000001  FAILED" in capsys.readouterr().out
+    # ... and it is not exempt from retention: the next save removes it like a partial save.
+    _save_steps(manager, [3])
+    assert sorted(os.listdir(manager.path)) == ["0000000002", "0000000003"]
+
+
+def test_failed_save_line_is_in_train_log(tmp_path, monkeypatch):
+    import logging
+
+    from bytelatent.checkpoint import manager as manager_module
+
+    log = tmp_path / "train.log"
+    handler = logging.FileHandler(log)
+    logging.getLogger("bytelatent").addHandler(handler)
+    manager = _manager(tmp_path)
+
+    def no_space(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(manager_module.cfs, "makedirs", no_space)
+    try:
+        with pytest.raises(CheckpointError) as info:
+            _save_steps(manager, [1])
+    finally:
+        logging.getLogger("bytelatent").removeHandler(handler)
+        handler.close()
+    assert info.value.args[0] in log.read_text()
 
 
 def test_missing_rank_manifest_and_explicit_load_path(tmp_path):

@@ -105,6 +105,16 @@ def test_nonfinite_stop_action() -> None:
     assert "loss and grad_norm were non-finite" in stop.reason
 
 
+def test_nonfinite_right_after_a_resume_points_at_the_checkpoint() -> None:
+    actions = Actions.build(with_nonfinite_stop([], 3))
+    actions.note_resume("ck/0000000100", 100)
+    stop = actions.run(103, {"skipped_streak": 3, "nonfinite": "loss"})  # steps 101-103
+    assert "resuming from ck/0000000100" in stop.reason and "may be damaged" in stop.reason
+    assert "python -m bytelatent.checkpoint verify ck/0000000100" in stop.reason
+    later = actions.run(110, {"skipped_streak": 3, "nonfinite": "loss"})  # steps 108-110
+    assert "may be damaged" not in later.reason and "lower optim.lr" in later.reason
+
+
 def test_action_is_added_from_max_skipped_steps_once() -> None:
     assert [a.kind for a in with_nonfinite_stop([], 5)] == ["nonfinite_stop"]
     assert with_nonfinite_stop([], 0) == []

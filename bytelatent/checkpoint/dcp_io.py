@@ -1,0 +1,195 @@
+"""Reading DCP folders without running code from them: `.metadata` through a restricted unpickler.
+
+torch's DCP readers load `.metadata` with plain `pickle.load`, so a planted payload (a global
+whose `__reduce__` runs a command) would execute on whoever loads the folder. Checkpoints are
+shared between people and clusters; every DCP read in bytelatent goes through `SafeFsspecReader`,
+whose unpickler admits only what DCP metadata is made of:
+
+- the metadata dataclasses and enums defined in `torch.distributed.checkpoint` (Metadata,
+  TensorStorageMetadata, ChunkStorageMetadata, _StorageInfo, ...);
+- `torch.Size`, torch's dtype / layout / memory-format constants (and `_get_layout`, which
+  layouts pickle through);
+- inert containers (`collections.OrderedDict`, set, frozenset) and `pathlib` paths.
+
+Anything else is refused with one line naming the file (`CheckpointError`).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import enum
+import io
+import pathlib
+import pickle
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+from torch.distributed.checkpoint.api import CheckpointException
+
+from bytelatent.checkpoint import fs as cfs
+from bytelatent.errors import CheckpointError
+
+METADATA_FILE = ".metadata"
+# DCP reports failures as CheckpointException, a BaseException (not an Exception) subclass.
+DCP_ERRORS = (Exception, CheckpointException)
+
+_DCP_PACKAGE = "torch.distributed.checkpoint"
+_TORCH_CONSTANTS = (torch.dtype, torch.layout, torch.memory_format)
+_INERT = {
+    ("collections", "OrderedDict"): collections.OrderedDict,
+    ("builtins", "set"): set,
+    ("builtins", "frozenset"): frozenset,
+    ("pathlib", "PosixPath"): pathlib.PosixPath,
+    ("pathlib", "PurePosixPath"): pathlib.PurePosixPath,
+    ("pathlib", "WindowsPath"): pathlib.WindowsPath,
+    ("pathlib", "PureWindowsPath"): pathlib.PureWindowsPath,
+    ("pathlib", "Path"): pathlib.Path,
+    ("torch", "Size"): torch.Size,
+    # torch.layout pickles as _get_layout("torch.strided"): a lookup in torch's own layout table
+    ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
+}
+
+
+def _is_dcp_metadata_type(obj: Any, module: str) -> bool:
+    """A dataclass or enum defined inside torch.distributed.checkpoint (pure data)."""
+    return (
+        isinstance(obj, type)
+        and obj.__module__ == module
+        and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum))
+    )
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Admits only the globals DCP metadata is made of; anything else is refused."""
+
+    def __init__(self, data: bytes, where: str) -> None:
+        super().__init__(io.BytesIO(data))
+        self.where = where
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _INERT:
+            return _INERT[(module, name)]
+        if module == "torch" and isinstance(getattr(torch, name, None), _TORCH_CONSTANTS):
+            return getattr(torch, name)
+        if module == _DCP_PACKAGE or module.startswith(_DCP_PACKAGE + "."):
+            loaded = sys.modules.get(module)
+            obj = getattr(loaded, name, None) if loaded is not None else None
+            if _is_dcp_metadata_type(obj, module):
+                return obj
+        raise CheckpointError(
+            f"{self.where}: refusing to load {module}.{name}: not part of DCP checkpoint metadata "
+            "(the file may have been tampered with); do not use this checkpoint"
+        )
+
+
+def load_metadata_bytes(data: bytes, where: str) -> Any:
+    """Unpickle DCP metadata restricted to its own classes; CheckpointError on anything else."""
+    try:
+        metadata = _MetadataUnpickler(data, where).load()
+    except CheckpointError:
+        raise
+    except Exception as e:  # truncated or garbled file
+        raise CheckpointError(
+            f"{where}: not readable DCP metadata ({type(e).__name__}: {e})"
+        ) from None
+    if type(metadata).__name__ != "Metadata" or not hasattr(metadata, "state_dict_metadata"):
+        raise CheckpointError(f"{where}: not DCP metadata (a {type(metadata).__name__})")
+    return metadata
+
+
+class SafeFsspecReader(FsspecReader):
+    """FsspecReader whose `.metadata` goes through the restricted unpickler."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        rank = kwargs.get("rank")
+        if hasattr(self, "_get_metadata_path"):
+            path = self._get_metadata_path(rank)
+        else:  # older torch
+            path = self.fs.concat_path(self.path, METADATA_FILE)
+        with self.fs.create_stream(path, "rb") as f:
+            data = f.read()
+        metadata = load_metadata_bytes(data, str(path))
+        if getattr(metadata, "storage_meta", None) is None:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def read_metadata(path: str, s3_profile: str | None = None) -> Any:
+    """The DCP metadata of step folder `path` (restricted unpickling)."""
+    return SafeFsspecReader(path, **cfs.storage_options(path, s3_profile)).read_metadata()
+
+
+def check_metadata(fs: Any, folder: str) -> str | None:
+    """Why `folder/.metadata` must not be loaded (one line), or None if it is plain DCP metadata."""
+    where = cfs.join(folder, METADATA_FILE)
+    try:
+        with fs.open(where, "rb") as f:
+            load_metadata_bytes(f.read(), where)
+    except CheckpointError as e:
+        return str(e)
+    except OSError as e:
+        return f"{where}: cannot read ({e})"
+    return None
+
+
+def dcp_load(
+    state: dict[str, Any],
+    path: str,
+    failure: str,
+    storage_options: dict[str, Any] | None = None,
+    process_group: Any = None,
+) -> None:
+    """DCP-load `state` in place from `path`; a failure is one CheckpointError line."""
+    try:
+        with quiet_single_process():
+            dcp.load(
+                state,
+                storage_reader=SafeFsspecReader(path, **(storage_options or {})),
+                process_group=process_group,
+            )
+    except CheckpointError:
+        raise
+    except DCP_ERRORS as e:
+        cause = _refusal(e)
+        if cause is not None:
+            raise cause from None
+        raise CheckpointError(f"{path}: {failure} ({first_line(e)})") from e
+
+
+def _refusal(error: BaseException) -> CheckpointError | None:
+    """The metadata refusal inside DCP's wrapped multi-rank errors, if that is what failed."""
+    if isinstance(error, CheckpointError):
+        return error
+    if isinstance(error, CheckpointException):
+        for cause, _trace in error.failures.values():
+            if isinstance(cause, CheckpointError):
+                return cause
+    cause = error.__cause__ or error.__context__
+    return _refusal(cause) if cause is not None and cause is not error else None
+
+
+@contextlib.contextmanager
+def quiet_single_process() -> Iterator[None]:
+    """Silence DCP's "assuming a single process" warning: without a process group that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def first_line(error: BaseException) -> str:
+    """`Type: message` of the root cause, unwrapping DCP's multi-rank CheckpointException."""
+    if isinstance(error, CheckpointException) and error.failures:
+        rank, (cause, _trace) = min(error.failures.items(), key=lambda item: item[0])
+        return f"rank {rank}: {first_line(cause)}"
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
