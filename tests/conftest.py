@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.paths import require_conformance
+
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """`@pytest.mark.conformance(files...)`: skip without the fixtures, fail under CI's env var."""
+    for mark in item.iter_markers("conformance"):
+        require_conformance(*mark.args)
 
 
 @pytest.fixture(scope="session")

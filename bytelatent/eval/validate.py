@@ -42,6 +42,7 @@ from bytelatent.distributed.parallelize import forward_context
 from bytelatent.errors import ConfigError, DataError
 from bytelatent.eval.args import EvalArgs
 from bytelatent.eval.tasks import EvalContext, get_task, register_task, task_args
+from bytelatent.progress import Progress
 from bytelatent.trainer.metrics import LN2
 
 logger = logging.getLogger("bytelatent")
@@ -129,8 +130,10 @@ def _eval_data_args(ctx: EvalContext) -> DataArgs:
 
 
 def _progress(ctx: EvalContext, iterable: Any, source: str) -> Any:
-    if not (ctx.progress and ctx.dp_rank == 0):
+    if ctx.dp_rank != 0:
         return iterable
+    if not ctx.progress:  # in-loop and async evals: a line a minute, never minutes of silence
+        return _progress_lines(iterable, f"val {source}")
     try:
         from tqdm import tqdm
     except ImportError:  # an optional nicety: `pip install tqdm` (in the test extra)
@@ -140,6 +143,13 @@ def _progress(ctx: EvalContext, iterable: Any, source: str) -> Any:
     total = ctx.eval_args.validation.max_batches
     total = None if total is None else math.ceil(total / ctx.dp_size)
     return tqdm(iterable, desc=f"val {source}", unit="batch", total=total, leave=False)
+
+
+def _progress_lines(iterable: Any, what: str) -> Any:
+    with Progress(what, unit="batch", mode="lines") as progress:
+        for item in iterable:
+            yield item
+            progress.update()
 
 
 def validation_bpb(ctx: EvalContext) -> dict[str, float]:
