@@ -49,7 +49,10 @@ SKIP = [
     ("launch.slurm --nproc", "submits to a SLURM cluster (tests/integration/test_slurm.py)"),
     ("async_launch.mode=slurm", "submits to a SLURM cluster (tests/eval/test_async_slurm.py)"),
     ("tasks=[my_task]", "needs your lm-eval task YAMLs (tests/generation/test_harness.py)"),
-    ("blt/bytelatent/configs/", "a file of the reference repository (tests/interop/test_from_reference.py)"),
+    (
+        "blt/bytelatent/configs/",
+        "a file of the reference repository (tests/interop/test_from_reference.py)",
+    ),
 ]
 # (pattern, replacement, reason), applied in order to every command.
 REWRITES = [
@@ -58,7 +61,9 @@ REWRITES = [
     (r"mode: online", "mode: offline", "wandb online needs an account and network"),
     (r"ckpt=DIR\b", "ckpt=runs/debug/checkpoints/0000000200", "DIR: the quick start's checkpoint"),
 ]
-STEP_KEYS = re.compile(r"(?<![\w.])((?:[\w.]+\.)?every|relative_steps|max_steps|probe_freq|steps)=(\d+)\b")
+STEP_KEYS = re.compile(
+    r"(?<![\w.])((?:[\w.]+\.)?every|relative_steps|max_steps|probe_freq|steps)=(\d+)\b"
+)
 
 
 @dataclass
@@ -122,8 +127,13 @@ def rewrite(text: str) -> str:
     for pattern, replacement, _ in REWRITES:
         text = re.sub(pattern, replacement, text)
     if conformance_dir().is_dir():
-        text = re.sub(r"hf-weights/(blt_1b|entropy_model)", lambda m: str(
-            conformance_dir() / ("blt" if m.group(1) == "blt_1b" else "entropy_model")), text)
+        text = re.sub(
+            r"hf-weights/(blt_1b|entropy_model)",
+            lambda m: str(
+                conformance_dir() / ("blt" if m.group(1) == "blt_1b" else "entropy_model")
+            ),
+            text,
+        )
     return text
 
 
@@ -194,11 +204,10 @@ def prepare_folder(folder: Path) -> dict[str, str]:
             shutil.copy2(REPO / name, folder / name)
     bin_dir = folder / ".doc-bin"
     bin_dir.mkdir()
-    for name in ("python", "python3"):
-        (bin_dir / name).symlink_to(sys.executable)
-    torchrun = bin_dir / "torchrun"
-    torchrun.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m torch.distributed.run "$@"\n')
-    torchrun.chmod(0o755)
+    python = shlex.quote(sys.executable)  # a script, not a symlink: a venv is found by its path
+    for name, line in [("python", ""), ("python3", ""), ("torchrun", " -m torch.distributed.run")]:
+        (bin_dir / name).write_text(f'#!/bin/sh\nexec {python}{line} "$@"\n')
+        (bin_dir / name).chmod(0o755)
     (folder / "in.jsonl").write_text('{"prompt": "def f(x):"}\n{"prompt": "import "}\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONPATH", "BYTELATENT_"))}
     return {**env, "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}", "OMP_NUM_THREADS": "1"}
@@ -231,7 +240,11 @@ def run_one(command: Command, folder: Path, env: dict) -> str | None:
     try:
         proc = subprocess.run(
             ["bash", "-c", f"set -eo pipefail\n{command.text}"],
-            cwd=folder, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+            cwd=folder,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
         )
     except subprocess.TimeoutExpired:
         return f"timed out after {TIMEOUT_S} s"
@@ -241,8 +254,11 @@ def run_one(command: Command, folder: Path, env: dict) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python scripts/run_doc_commands.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python scripts/run_doc_commands.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--workdir", default=None, help="run here (default: a new temp folder)")
     parser.add_argument("--list", action="store_true", help="print the commands as they would run")
     parser.add_argument("--only", default=None, help="run only commands containing this")
@@ -267,7 +283,10 @@ def main(argv: list[str] | None = None) -> int:
         start = time.monotonic()
         failure = run_one(command, folder, env)
         status = "FAIL" if failure else "ok"
-        print(f"{status:4} {command.where} ({time.monotonic() - start:.0f} s): {command.text}", flush=True)
+        print(
+            f"{status:4} {command.where} ({time.monotonic() - start:.0f} s): {command.text}",
+            flush=True,
+        )
         if failure:
             failures += 1
             print(f"     {failure}", flush=True)

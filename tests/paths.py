@@ -20,7 +20,9 @@ REQUIRE_ENV = "BYTELATENT_REQUIRE_CONFORMANCE"
 
 def conformance_missing(*names: str) -> str | None:
     """Why the fixtures `names` (paths under CONFORMANCE; none: the folder) are unusable, or None."""
-    missing = [str(CONFORMANCE / name) for name in names or ("",) if not (CONFORMANCE / name).exists()]
+    missing = [
+        str(CONFORMANCE / name) for name in names or ("",) if not (CONFORMANCE / name).exists()
+    ]
     if not missing:
         return None
     return (

@@ -14,7 +14,12 @@ from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoTokenizer, BltForCausalLM  # noqa: E402
 from transformers.models.blt.modeling_blt import BltPatcher  # noqa: E402
 
-from bytelatent.checkpoint.hf import OURS_KEY, export_hf, import_hf, to_hf_patch_lengths  # noqa: E402
+from bytelatent.checkpoint.hf import (  # noqa: E402
+    OURS_KEY,
+    export_hf,
+    import_hf,
+    to_hf_patch_lengths,
+)
 from bytelatent.checkpoint.pretrained import load_any_checkpoint  # noqa: E402
 from tests.paths import CONFORMANCE  # noqa: E402
 

@@ -29,7 +29,9 @@ def pinned(extra: str) -> dict[str, str]:
     requires = importlib.metadata.requires("bytelatent") or []
     pins = {}
     for req in requires:
-        match = re.match(rf"([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==([^;\s]+)\s*;\s*extra\s*==\s*\"{extra}\"", req)
+        match = re.match(
+            rf"([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==([^;\s]+)\s*;\s*extra\s*==\s*\"{extra}\"", req
+        )
         if match:
             pins[match.group(1)] = match.group(2)
     return pins
@@ -52,6 +54,7 @@ def test_every_extra_imports_in_one_process():
         "from transformers import BltForCausalLM\nfrom bytelatent.eval.harness import BytelatentLM\n"
         "print('ok')"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
