@@ -428,6 +428,10 @@ def blt_hf_config(
         "bos_token_id": 1,
         "eos_token_id": 2,
         "pad_token_id": 0,
+        # transformers 4.57's BLT cache is broken: generate() raises (no num_hidden_layers), and
+        # with that added its encoder, global and decoder layers share cache slots (wrong bytes).
+        # Off, generate() recomputes each step and equals our use_cache=false output.
+        "use_cache": False,
         "encoder_config": _local_config(args, "encoder", hf),
         "decoder_config": _local_config(args, "decoder", hf),
         "global_config": _global_config(args, hf),

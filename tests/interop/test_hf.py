@@ -341,3 +341,14 @@ def test_window_as_long_as_the_rows_exports_without_a_note(tmp_path):
     ckpt = _save_ours(tmp_path / "ckpt", local_attention_window_len=64)
     result = _cli("export-hf", str(ckpt), str(tmp_path / "out"))
     assert result.returncode == 0 and "window" not in result.stderr, result.stderr
+
+
+def test_generate_works_on_an_export(tmp_path):
+    """HF's cached BLT generation is broken (docs/differences.md): the export turns it off."""
+    ckpt = _save_ours(tmp_path / "ckpt")
+    export_hf(str(ckpt), str(tmp_path / "hf"))
+    hf = _hf(tmp_path / "hf")
+    ids = torch.tensor([[1] + [b + 4 for b in b"hello"]])
+    plain = hf.generate(ids, max_new_tokens=5, do_sample=False)
+    assert plain.shape == (1, ids.shape[1] + 5)
+    assert torch.equal(plain, hf.generate(ids, max_new_tokens=5, do_sample=False, use_cache=False))
