@@ -98,7 +98,36 @@ def resolve_validation_sources(eval_args: EvalArgs, data: DataArgs) -> dict[str,
         except DataError as e:
             raise DataError(f"eval.validation: {e}") from None
         resolved[name] = files
+    _check_no_training_overlap(resolved, data)
     return resolved
+
+
+def _file_keys(path: str) -> tuple[str, str]:
+    """(the file itself, its name without a preprocessing `.arrow` suffix) for comparisons."""
+    full = path if "://" in path else os.path.realpath(path)
+    return full, full.rsplit("/", 1)[-1].removesuffix(".arrow")
+
+
+def _check_no_training_overlap(resolved: dict[str, list[str]], data: DataArgs) -> None:
+    """A validation file that is also training data (or its preprocessed copy) is an error."""
+    training: dict[str, tuple[str, str]] = {}
+    for source in data.source_weights():
+        try:
+            files = data.files_of(source)
+        except DataError:  # the training data reports its own problems
+            continue
+        for path in files:
+            for key in _file_keys(path):
+                training[key] = (source, path)
+    for name, files in resolved.items():
+        for path in files:
+            hit = next((training[k] for k in _file_keys(path) if k in training), None)
+            if hit:
+                raise DataError(
+                    f"eval.validation.sources: {path} (source '{name}') is also training data "
+                    f"of source '{hit[0]}' ({hit[1]}); keep validation files out of the training "
+                    "sources (e.g. preprocess them into an --output-dir of their own)"
+                )
 
 
 def _masked(batch: Batch) -> Batch:
