@@ -12,7 +12,7 @@ command fails the run when it exits non-zero or does nothing:
 - `bytelatent.eval`: its dump_dir's results.json must be (re)written;
 - anything else: it must print something or create/modify a file.
 
-Training is shortened: `steps` (debug configs: 200) and every step-like key (`*.every`,
+Training is shortened (and the corpus is 1 MB): `steps` (debug configs: 200) and every step-like key (`*.every`,
 `relative_steps`, `probe_freq`, `checkpoint.steps`) are divided by STEP_DIVISOR, and
 `checkpoints/0000000200` becomes `checkpoints/0000000020`. A few commands cannot run on one
 CPU machine (a SLURM cluster, released weights, your own task files); SKIP names each with the
@@ -60,6 +60,7 @@ REWRITES = [
     (r"\.venv/bin/python\b", "python", "the venv exists already"),
     (r"mode: online", "mode: offline", "wandb online needs an account and network"),
     (r"ckpt=DIR\b", "ckpt=runs/debug/checkpoints/0000000200", "DIR: the quick start's checkpoint"),
+    (r"(bytelatent\.data\.prepare --out \S+)", r"\1 --max-mb 1", "a 1 MB corpus: entropies in seconds"),
 ]
 STEP_KEYS = re.compile(
     r"(?<![\w.])((?:[\w.]+\.)?every|relative_steps|max_steps|probe_freq|steps)=(\d+)\b"
