@@ -21,7 +21,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 ENTRY = HERE / "train_entry.py"
 PROBE = HERE / "probe_checkpoint.py"
-CONFIGS = REPO_ROOT / "configs"
 
 # Launcher/cluster variables of an enclosing job must not leak into the runs under test.
 _LEAKY_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "TORCHELASTIC_")
