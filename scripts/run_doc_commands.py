@@ -60,6 +60,7 @@ REWRITES = [
     (r"\.venv/bin/python\b", "python", "the venv exists already"),
     (r"mode: online", "mode: offline", "wandb online needs an account and network"),
     (r"ckpt=DIR\b", "ckpt=runs/debug/checkpoints/0000000200", "DIR: the quick start's checkpoint"),
+    (r'prompt="\.\.\."', 'prompt="import "', '"..." stands for your prompt'),
     (r"(bytelatent\.data\.prepare --out \S+)", r"\1 --max-mb 1", "a 1 MB corpus: entropies in seconds"),
 ]
 STEP_KEYS = re.compile(

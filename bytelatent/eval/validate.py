@@ -97,7 +97,8 @@ def resolve_validation_sources(eval_args: EvalArgs, data: DataArgs) -> dict[str,
                 )
         except DataError as e:
             raise DataError(f"eval.validation: {e}") from None
-        resolved[name] = files
+        # absolute: evaluation re-resolves these against data.root_dir (and async jobs run elsewhere)
+        resolved[name] = [f if "://" in f else os.path.abspath(f) for f in files]
     _check_no_training_overlap(resolved, data)
     return resolved
 

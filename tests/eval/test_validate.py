@@ -72,6 +72,15 @@ def test_validation_files_that_are_training_data_are_refused(
         resolve_validation_sources(EvalArgs(), data)
 
 
+def test_relative_validation_file_is_joined_onto_root_dir_once(train_args, corpus_root, monkeypatch):
+    monkeypatch.chdir(corpus_root.parent)
+    data = train_args.data.model_copy(update={"root_dir": corpus_root.name})
+    args = EvalArgs(validation={"sources": ["stdlib/stdlib.val.jsonl"]})
+    files = resolve_validation_sources(args, data)["stdlib"]
+    assert files == [str(corpus_root / "stdlib" / "stdlib.val.jsonl")]
+    assert next(rank_batches(data, files, 0, 1, 1, None, fsdp=False)).x.shape[0] > 0
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_rank_shares_partition_the_global_stream(train_args, corpus_root, world):
     files = [str(corpus_root / "stdlib" / "stdlib.val.jsonl")]
