@@ -230,7 +230,8 @@ def did_nothing(command: Command, folder: Path, before: dict, proc) -> str | Non
         ].get(str(results)):
             return f"wrote no {results}"
         return None
-    if not (proc.stdout.strip() or proc.stderr.strip()) and snapshot(folder) == before["files"]:
+    printed = proc.stdout.rstrip("\n") or proc.stderr.strip()  # whitespace is output (generate)
+    if not printed and snapshot(folder) == before["files"]:
         return "printed nothing and wrote no file"
     return None
 
