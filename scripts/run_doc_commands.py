@@ -61,7 +61,11 @@ REWRITES = [
     (r"mode: online", "mode: offline", "wandb online needs an account and network"),
     (r"ckpt=DIR\b", "ckpt=runs/debug/checkpoints/0000000200", "DIR: the quick start's checkpoint"),
     (r'prompt="\.\.\."', 'prompt="import "', '"..." stands for your prompt'),
-    (r"(bytelatent\.data\.prepare --out \S+)", r"\1 --max-mb 1", "a 1 MB corpus: entropies in seconds"),
+    (
+        r"(bytelatent\.data\.prepare --out \S+)",
+        r"\1 --max-mb 1",
+        "a 1 MB corpus: entropies in seconds",
+    ),
 ]
 STEP_KEYS = re.compile(
     r"(?<![\w.])((?:[\w.]+\.)?every|relative_steps|max_steps|probe_freq|steps)=(\d+)\b"
