@@ -13,31 +13,44 @@ INSTALL_REQUIRES = [
     "zstandard==0.23.0",  # .jsonl.zst shards (DCLM)
 ]
 
+# The optional stack is pinned exactly, one set that resolves at once and imports together
+# (tests/test_extras.py installs nothing; it imports every extra in one process). Open ranges made
+# pip backtrack for 20+ minutes (s3fs wants the newest fsspec, datasets caps it) and let `[eval]`
+# after `[hf]` upgrade huggingface-hub past what transformers accepts. Move these together:
+# `pip install --dry-run --report` on `.[test]` shows the set pip picks, then pin it here.
+HUB = ["huggingface-hub==0.36.2"]  # transformers 4.57 needs <1.0; datasets would take 1.x
+HF = ["transformers==4.57.6", "tokenizers==0.22.2", "safetensors==0.8.0", *HUB]
+EVAL = ["lm_eval==0.4.13", "datasets==5.0.1", "evaluate==0.4.5", "tqdm>=4.60", *HUB]
+S3 = ["s3fs==2026.6.0", "aiobotocore==3.10.0"]  # s3fs pins fsspec (datasets caps it at 2026.6.0)
+WANDB = ["wandb==0.31.0"]
+PLOT = ["matplotlib==3.11.2"]
+
 EXTRAS = {
     "test": [
         "pytest>=8",
         "pytest-timeout>=2.3",
-        "moto[server]>=5",
-        "s3fs[boto3]>=2024.1",
-        "wandb>=0.18",
-        "sentencepiece>=0.2",
-        "tiktoken>=0.7",
-        "tqdm>=4.60",
-        "matplotlib>=3.8",
-        "lm_eval==0.4.*",  # the harness adapter's tests run a real lm_eval evaluation
+        "moto[server]==5.2.5",
+        "boto3==1.43.117",  # moto's client; its botocore must fit aiobotocore's range
+        "botocore==1.43.117",
+        "sentencepiece==0.2.3",
+        "tiktoken==0.14.0",
+        *S3,
+        *WANDB,
+        *PLOT,
+        *EVAL,  # the harness adapter's tests run a real lm_eval evaluation
+        *HF,  # CI runs the interop tests
     ],
     # Hugging Face interop (export-hf / import-hf, safetensors): transformers 4.57 has
     # BltForCausalLM and is the release the adapter is tested against (tests/interop).
-    "hf": ["transformers==4.57.*", "safetensors>=0.4", "tokenizers>=0.21"],
-    "dev": ["ruff>=0.6"],
+    "hf": HF,
+    "dev": ["ruff==0.8.6"],
     "gpu": ["xformers"],
-    "eval": ["lm_eval==0.4.*", "tqdm>=4.60"],
-    "s3": ["s3fs[boto3]>=2024.1"],
-    "wandb": ["wandb>=0.18"],
-    "plot": ["matplotlib>=3.8"],  # python -m apps.plot
+    "eval": EVAL,
+    "s3": S3,
+    "wandb": WANDB,
+    "plot": PLOT,  # python -m apps.plot
     "progress": ["tqdm>=4.60"],  # progress bars (preprocessing, consolidation) when on a terminal
 }
-EXTRAS["test"] += EXTRAS["hf"]  # CI runs the interop tests
 EXTRAS["dev"] += EXTRAS["test"]
 
 setup(

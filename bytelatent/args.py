@@ -54,7 +54,12 @@ class TrainArgs(BaseModel):
     train_entropy_model: bool = Field(
         False, description="train the byte LM of `entropy_model` instead of the BLT of `model`"
     )
-    num_threads: int | None = Field(None, ge=1, description="torch intra-op threads on CPU (default: torch's)")
+    num_threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch intra-op threads on CPU (default: $OMP_NUM_THREADS if set, else this "
+        "rank's share of the cores less one for the async data worker)",
+    )
     dry_run: bool = Field(
         False, description="build the model on meta, write model-info.txt, print its size; no training"
     )

@@ -1,9 +1,10 @@
 """Progress bars for long command-line jobs: tqdm on a terminal (or when asked), silent otherwise.
 
-`--progress auto` (the default) shows a bar only when stderr is a terminal, so logs of batch jobs
-and test output stay clean; `on` forces it (a SLURM log then gets tqdm's updates); `off` never.
-Without tqdm installed (`pip install 'bytelatent[progress]'`) an enabled bar degrades to a line
-on stderr every 30 s.
+`--progress auto` (the default) shows a bar when stderr is a terminal and otherwise (a log file,
+a pipe) writes one line every 60 s, so a long job is never silent and logs stay short; `on`
+forces the bar (a SLURM log then gets tqdm's updates); `off` prints nothing. Without tqdm
+installed (`pip install 'bytelatent[progress]'`) a bar degrades to those lines. `lines` (for
+library callers such as the in-loop evaluation) writes only the lines.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import sys
 import time
 from typing import Literal
 
-ProgressMode = Literal["auto", "on", "off"]
-PROGRESS_MODES = ("auto", "on", "off")
-_FALLBACK_EVERY_S = 30.0
+ProgressMode = Literal["auto", "on", "off", "lines"]
+PROGRESS_MODES = ("auto", "on", "off")  # the command-line choices
+LINE_EVERY_S = 60.0
 
 
 def progress_enabled(mode: ProgressMode) -> bool:
-    if mode not in PROGRESS_MODES:
+    """Whether `mode` shows a bar (tqdm) here."""
+    if mode not in (*PROGRESS_MODES, "lines"):
         raise ValueError(f"progress mode {mode!r}: expected one of {', '.join(PROGRESS_MODES)}")
     if mode == "auto":
         return bool(getattr(sys.stderr, "isatty", lambda: False)())
@@ -40,6 +42,7 @@ class Progress:
         self.description = description
         self.unit = unit
         self.enabled = progress_enabled(mode)
+        self.lines = self.enabled or mode in ("auto", "lines")  # lines where no bar shows
         self.count = 0
         self.started = self.last_print = time.monotonic()
         self.bar = None
@@ -56,15 +59,26 @@ class Progress:
         self.count += n
         if self.bar is not None:
             self.bar.update(n)
-        elif self.enabled and time.monotonic() - self.last_print >= _FALLBACK_EVERY_S:
-            self.last_print = time.monotonic()
-            rate = self.count / max(self.last_print - self.started, 1e-9)
-            print(f"{self.description}: {self.count} {self.unit} ({rate:.1f}/s)", file=sys.stderr)
+        elif self.lines and time.monotonic() - self.last_print >= LINE_EVERY_S:
+            self._line("")
+
+    def _line(self, suffix: str) -> None:
+        self.last_print = time.monotonic()
+        elapsed = self.last_print - self.started
+        rate = self.count / max(elapsed, 1e-9)
+        print(
+            f"{self.description}: {self.count} {self.unit} in {elapsed:.0f} s ({rate:.1f}/s){suffix}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+        elif self.lines and self.last_print > self.started:  # lines were printed: say it ended
+            self._line(", done")
+            self.lines = False
 
     def __enter__(self) -> Progress:
         return self

@@ -8,7 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.paths import require_conformance
+from tests.tiny import BLT_CONFIG, ENTROPY_CONFIG, TINY_BLT_MODEL, TINY_ENTROPY_MODEL
+
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """`@pytest.mark.conformance(files...)`: skip without the fixtures, fail under CI's env var."""
+    for mark in item.iter_markers("conformance"):
+        require_conformance(*mark.args)
 
 
 @pytest.fixture(scope="session")
@@ -82,15 +92,8 @@ def s3_env(moto_server, monkeypatch):
 
 
 # Tiny trained runs shared by evaluation, generation and export tests (built once per session).
-TINY_BLT = [
-    "model.dim=32", "model.n_heads=2", "model.dim_local_encoder=32", "model.dim_local_decoder=32",
-    "model.n_heads_local_encoder=2", "model.n_heads_local_decoder=2", "model.cross_attn_nheads=2",
-    "model.encoder_hash_byte_group_vocab=512", "data.batch_size=2", "data.load_async=false",
-]
-TINY_ENTROPY = [
-    "entropy_model.dim=32", "entropy_model.n_heads=2", "data.batch_size=2", "data.seq_len=128",
-    "data.load_async=false",
-]
+TINY_BLT = [*TINY_BLT_MODEL, "data.seq_len=48", "data.batch_size=2", "data.load_async=false"]
+TINY_ENTROPY = [*TINY_ENTROPY_MODEL, "data.seq_len=128", "data.batch_size=2", "data.load_async=false"]
 
 
 def train_tiny(config: str, dump_dir: Path, data_root: Path, steps: int, extra: list[str]) -> Path:
@@ -109,12 +112,11 @@ def train_tiny(config: str, dump_dir: Path, data_root: Path, steps: int, extra: 
 @pytest.fixture(scope="session")
 def tiny_blt_run(tmp_path_factory, corpus_root) -> Path:
     """A tiny debug BLT (space patching) trained 20 steps: dump_dir with checkpoints/0000000020."""
-    return train_tiny("configs/debug.yaml", tmp_path_factory.mktemp("tiny_blt"), corpus_root, 20,
-                      TINY_BLT)
+    return train_tiny(str(BLT_CONFIG), tmp_path_factory.mktemp("tiny_blt"), corpus_root, 20, TINY_BLT)
 
 
 @pytest.fixture(scope="session")
 def tiny_entropy_run(tmp_path_factory, corpus_root) -> Path:
     """A tiny entropy model trained 20 steps: dump_dir with checkpoints/0000000020."""
-    return train_tiny("configs/entropy_debug.yaml", tmp_path_factory.mktemp("tiny_entropy"),
-                      corpus_root, 20, TINY_ENTROPY)
+    return train_tiny(str(ENTROPY_CONFIG), tmp_path_factory.mktemp("tiny_entropy"), corpus_root,
+                      20, TINY_ENTROPY)

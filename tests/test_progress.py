@@ -33,3 +33,25 @@ def test_bar_when_on_and_nothing_when_auto_off_a_terminal(monkeypatch):
     with Progress("counting", total=4, unit="doc", mode="on") as bar:
         bar.update(4)
     assert "counting" in err.getvalue() and "4/4" in err.getvalue()
+
+
+def test_auto_off_a_terminal_writes_a_line_a_minute(monkeypatch):
+    """Long work in a log file is never silent: one line per LINE_EVERY_S, and one at the end."""
+    err = io.StringIO()
+    monkeypatch.setattr(progress_module.sys, "stderr", err)
+    now = [1000.0]
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: now[0])
+    with Progress("preprocessing", unit="doc", mode="auto") as bar:
+        bar.update(3)
+        assert err.getvalue() == ""  # nothing before a minute has passed
+        now[0] += progress_module.LINE_EVERY_S
+        bar.update(3)
+        now[0] += 1
+        bar.update(1)  # a second later: still one line
+    lines = err.getvalue().splitlines()
+    assert lines == ["preprocessing: 6 doc in 60 s (0.1/s)", "preprocessing: 7 doc in 61 s (0.1/s), done"]
+    err.truncate(0)
+    with Progress("quiet", mode="off") as bar:
+        now[0] += 1000
+        bar.update(5)
+    assert err.getvalue() == ""

@@ -1,7 +1,7 @@
 """`python -m bytelatent.checkpoint consolidate DIR [--out OUT] [--with-optim] [--s3-profile P]
 [--progress auto|on|off] [--format pth|safetensors]`.
 
-Also `export-hf CKPT OUT [--entropy-model DIR]` (a folder for transformers' BltForCausalLM),
+Also `export-hf CKPT OUT [--entropy-model DIR] [--allow-window-mismatch]` (a folder for transformers' BltForCausalLM),
 `import-hf HFDIR OUT` (back to our consolidated layout) and `verify DIR [--sizes-only]` (check
 a step folder, or every step folder under DIR, against its manifests).
 """
@@ -28,6 +28,12 @@ def _add_hf_commands(commands: argparse._SubParsersAction) -> None:
     export.add_argument(
         "--entropy-model", default=None, help="entropy model folder to embed as HF's patcher"
     )
+    export.add_argument(
+        "--allow-window-mismatch",
+        action="store_true",
+        help="export a model whose attention window is shorter than its rows (HF has no window: "
+        "its logits then equal ours only on rows no longer than the window)",
+    )
     imp = commands.add_parser(
         "import-hf", help="Hugging Face BLT folder -> params.json + consolidated.pth"
     )
@@ -36,7 +42,13 @@ def _add_hf_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_export_hf(args: argparse.Namespace) -> str:
-    for note in export_hf(args.ckpt, args.out, entropy_model=args.entropy_model):
+    notes = export_hf(
+        args.ckpt,
+        args.out,
+        entropy_model=args.entropy_model,
+        allow_window_mismatch=args.allow_window_mismatch,
+    )
+    for note in notes:
         print(f"note: {note}", file=sys.stderr)
     return args.out
 

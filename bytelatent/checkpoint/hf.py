@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -188,11 +189,6 @@ def check_hf_representable(args: Any) -> list[str]:
     if args.rope_use_fp32_in_outer_product:
         pass  # HF computes the angles in fp32 always: the same numbers
     notes = []
-    if args.local_attention_window_len is not None:
-        notes.append(
-            f"HF's local self-attention has no {args.local_attention_window_len}-byte window "
-            "(same logits for rows no longer than the window)"
-        )
     notes.append(
         "HF attends across documents (EOS inside a row); ours stops at document ends "
         "(same logits for one document per row)"
@@ -213,12 +209,36 @@ def check_hf_entropy_representable(args: Any) -> list[str]:
             "cannot export the entropy model to Hugging Face BltPatcher: entropy_model.weight_tying: "
             "HF's patcher has separate embedding and output weights"
         )
-    notes = []
-    if args.sliding_window is not None:
-        notes.append(
-            f"HF's patcher has no {args.sliding_window}-byte window (same logits for shorter rows)"
+    return []
+
+
+def window_mismatches(args: Any | None, entropy_args: Any | None) -> dict[str, int]:
+    """{what: window} for attention windows shorter than the model's rows (HF attends without one)."""
+    found = {}
+    if args is not None and args.local_attention_window_len is not None:
+        window, rows = args.local_attention_window_len, args.max_encoder_seq_length
+        if window < rows:
+            found[f"model.local_attention_window_len={window} < max_encoder_seq_length={rows}"] = window
+    if entropy_args is not None and entropy_args.sliding_window is not None:
+        window, rows = entropy_args.sliding_window, entropy_args.max_seqlen
+        if window < rows:
+            found[f"entropy_model.sliding_window={window} < max_seqlen={rows}"] = window
+    return found
+
+
+def check_windows(args: Any | None, entropy_args: Any | None, allow: bool) -> list[str]:
+    """Refuse a window HF cannot reproduce unless `allow`; then return it as a note."""
+    found = window_mismatches(args, entropy_args)
+    if not found:
+        return []
+    what, shortest = "; ".join(found), min(found.values())
+    if not allow:
+        raise CheckpointError(
+            f"cannot export to Hugging Face faithfully: {what}: HF attends without a window, so "
+            f"rows longer than {shortest} bytes get other logits; pass --allow-window-mismatch "
+            "(export_hf(..., allow_window_mismatch=True)) to export anyway"
         )
-    return notes
+    return [f"window mismatch ({what}): HF equals ours only on rows of at most {shortest} bytes"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,6 +430,10 @@ def blt_hf_config(
         "bos_token_id": 1,
         "eos_token_id": 2,
         "pad_token_id": 0,
+        # transformers 4.57's BLT cache is broken: generate() raises (no num_hidden_layers), and
+        # with that added its encoder, global and decoder layers share cache slots (wrong bytes).
+        # Off, generate() recomputes each step and equals our use_cache=false output.
+        "use_cache": False,
         "encoder_config": _local_config(args, "encoder", hf),
         "decoder_config": _local_config(args, "decoder", hf),
         "global_config": _global_config(args, hf),
@@ -469,6 +493,9 @@ def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
     tmp = path.with_name(path.name + ".tmp")
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
+    umask = os.umask(0)  # safetensors writes 0600; give it the mode any other file here gets
+    os.umask(umask)
+    tmp.chmod(0o666 & ~umask)
     tmp.replace(path)  # atomic: an interrupted export leaves no half-written weights
 
 
@@ -478,11 +505,14 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def export_hf(ckpt: str, out: str, entropy_model: str | None = None) -> list[str]:
+def export_hf(
+    ckpt: str, out: str, entropy_model: str | None = None, allow_window_mismatch: bool = False
+) -> list[str]:
     """Write `out/` for BltForCausalLM.from_pretrained (or BltPatcher for an entropy model).
 
     `ckpt` is a DCP step folder, a consolidated or a released folder. Returns notes on what HF
-    computes differently for some inputs (to print); refuses what HF cannot represent.
+    computes differently for some inputs (to print); refuses what HF cannot represent, and an
+    attention window shorter than the model's rows unless `allow_window_mismatch`.
     """
 
     _require_hf_deps()
@@ -493,7 +523,7 @@ def export_hf(ckpt: str, out: str, entropy_model: str | None = None) -> list[str
             raise CheckpointError(
                 f"{ckpt}: is an entropy model; --entropy-model is for BLT exports"
             )
-        return _export_entropy_only(model, args, out_dir)
+        return _export_entropy_only(model, args, out_dir, allow_window_mismatch)
     notes = check_hf_representable(args)
     hf = blt_state_dict_to_hf(_state_for_export(model), args)
     entropy_args = None
@@ -501,6 +531,7 @@ def export_hf(ckpt: str, out: str, entropy_model: str | None = None) -> list[str
         emodel, entropy_args, _ = load_any_checkpoint(entropy_model, kind="entropy")
         notes += check_hf_entropy_representable(entropy_args)
         hf.update(entropy_state_dict_to_hf(_state_for_export(emodel), "model.patcher."))
+    notes += check_windows(args, entropy_args, allow_window_mismatch)
     patching = _patching_settings(params)
     notes += _patching_notes(patching, entropy_args is not None)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -523,8 +554,11 @@ def _patching_notes(patching: dict[str, Any], has_patcher: bool) -> list[str]:
     return notes
 
 
-def _export_entropy_only(model: torch.nn.Module, args: Any, out_dir: Path) -> list[str]:
+def _export_entropy_only(
+    model: torch.nn.Module, args: Any, out_dir: Path, allow_window_mismatch: bool
+) -> list[str]:
     notes = check_hf_entropy_representable(args)
+    notes += check_windows(None, args, allow_window_mismatch)
     hf = entropy_state_dict_to_hf(_state_for_export(model), "")
     config = patcher_config(args, hf, "")
     config.update(

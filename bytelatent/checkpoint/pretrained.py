@@ -75,7 +75,10 @@ def read_weights(path: str) -> dict[str, torch.Tensor]:
         if fs.exists(local):
             return _read_safetensors(fs, local, _join(path, name))
     looked = ", ".join(WEIGHT_FILES + SAFETENSORS_FILES)
-    raise CheckpointError(f"{path}: no consolidated.pth (looked for {looked})")
+    raise CheckpointError(
+        f"{path}: no consolidated.pth (looked for {looked}) and no DCP .metadata; "
+        "`python -m bytelatent.checkpoint consolidate STEP_DIR` writes one from a training step"
+    )
 
 
 def _read_safetensors(fs: Any, local: str, where: str) -> dict[str, torch.Tensor]:
@@ -140,21 +143,17 @@ def build_and_load(args: BaseModel, kind: str, state: dict, device: torch.device
 
 
 def load_pretrained(path: str, device: str | torch.device = "cpu", kind: Kind = "auto"):
-    """Load a consolidated checkpoint directory; returns `(model, model_args)`, model in eval mode.
+    """Load a checkpoint directory; returns `(model, model_args)`, model in eval mode.
+
+    A consolidated or released folder, or a DCP step folder as training writes it (read in this
+    process, no process group; see `load_any_checkpoint`).
 
     `kind="auto"` picks the entropy model when params.json says `train_entropy_model: true` (or has
     no `model` section), else the BLT. Reference fields with no effect here are listed once in a
     warning. `model(tokens)` (entropy model) / `model(tokens, patch_lengths=...)` (BLT) give logits
     `[batch, length, vocab]`.
     """
-    params = read_params(path)
-    where = _join(path, "params.json")
-    args, resolved, ignored = model_args_from_params(params, kind, where)
-    if ignored:
-        logger.warning("%s: reference fields without effect here: %s", where, ", ".join(ignored))
-    reference = bool(ignored) or "eval_on_gpus" in params  # only the reference TrainArgs has it
-    model = build_and_load(args, resolved, read_weights(path), torch.device(device), reference)
-    model.eval()
+    model, args, _ = load_any_checkpoint(path, device, kind)
     return model, args
 
 

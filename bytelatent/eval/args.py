@@ -57,7 +57,10 @@ class AsyncLaunchArgs(BaseModel):
     env: EnvVars = Field(default_factory=dict, description="extra environment variables")
     nice: int = Field(0, ge=0, le=19, description="local: run the eval with this niceness")
     num_threads: int | None = Field(
-        None, ge=1, description="OMP_NUM_THREADS of the eval job (None: inherited / torch's)"
+        None,
+        ge=1,
+        description="OMP_NUM_THREADS of the eval job (None: 1 for a local CPU job, which shares "
+        "the trainer's cores; else inherited / torch's)",
     )
     poll_interval_s: float = Field(
         10.0, gt=0, description="how often the trainer checks its eval jobs (non-blocking)"

@@ -42,6 +42,7 @@ from bytelatent.errors import ConfigError, DataError
 from bytelatent.eval.args import EvalArgs
 from bytelatent.eval.tasks import EvalContext, get_task, register_task, task_args
 from bytelatent.model.loss import forward_logits, masked_cross_entropy_sum
+from bytelatent.progress import Progress
 from bytelatent.trainer.metrics import LN2
 
 logger = logging.getLogger("bytelatent")
@@ -96,8 +97,38 @@ def resolve_validation_sources(eval_args: EvalArgs, data: DataArgs) -> dict[str,
                 )
         except DataError as e:
             raise DataError(f"eval.validation: {e}") from None
-        resolved[name] = files
+        # absolute: evaluation re-resolves these against data.root_dir (and async jobs run elsewhere)
+        resolved[name] = [f if "://" in f else os.path.abspath(f) for f in files]
+    _check_no_training_overlap(resolved, data)
     return resolved
+
+
+def _file_keys(path: str) -> tuple[str, str]:
+    """(the file itself, its name without a preprocessing `.arrow` suffix) for comparisons."""
+    full = path if "://" in path else os.path.realpath(path)
+    return full, full.rsplit("/", 1)[-1].removesuffix(".arrow")
+
+
+def _check_no_training_overlap(resolved: dict[str, list[str]], data: DataArgs) -> None:
+    """A validation file that is also training data (or its preprocessed copy) is an error."""
+    training: dict[str, tuple[str, str]] = {}
+    for source in data.source_weights():
+        try:
+            files = data.files_of(source)
+        except DataError:  # the training data reports its own problems
+            continue
+        for path in files:
+            for key in _file_keys(path):
+                training[key] = (source, path)
+    for name, files in resolved.items():
+        for path in files:
+            hit = next((training[k] for k in _file_keys(path) if k in training), None)
+            if hit:
+                raise DataError(
+                    f"eval.validation.sources: {path} (source '{name}') is also training data "
+                    f"of source '{hit[0]}' ({hit[1]}); keep validation files out of the training "
+                    "sources (e.g. preprocess them into an --output-dir of their own)"
+                )
 
 
 def _masked(batch: Batch) -> Batch:
@@ -129,8 +160,10 @@ def _eval_data_args(ctx: EvalContext) -> DataArgs:
 
 
 def _progress(ctx: EvalContext, iterable: Any, source: str) -> Any:
-    if not (ctx.progress and ctx.dp_rank == 0):
+    if ctx.dp_rank != 0:
         return iterable
+    if not ctx.progress:  # in-loop and async evals: a line a minute, never minutes of silence
+        return _progress_lines(iterable, f"val {source}")
     try:
         from tqdm import tqdm
     except ImportError:  # an optional nicety: `pip install tqdm` (in the test extra)
@@ -140,6 +173,13 @@ def _progress(ctx: EvalContext, iterable: Any, source: str) -> Any:
     total = ctx.eval_args.validation.max_batches
     total = None if total is None else math.ceil(total / ctx.dp_size)
     return tqdm(iterable, desc=f"val {source}", unit="batch", total=total, leave=False)
+
+
+def _progress_lines(iterable: Any, what: str) -> Any:
+    with Progress(what, unit="batch", mode="lines") as progress:
+        for item in iterable:
+            yield item
+            progress.update()
 
 
 def validation_bpb(ctx: EvalContext) -> dict[str, float]:

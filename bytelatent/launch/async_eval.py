@@ -256,8 +256,9 @@ class AsyncEvalLauncher:
     def _start_local(self, job: EvalJob, argv: list[str], out: Path) -> None:
         env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
         env["CUDA_VISIBLE_DEVICES"] = self.args.devices or ""  # "" hides every GPU: CPU eval
-        if self.args.num_threads:
-            env["OMP_NUM_THREADS"] = str(self.args.num_threads)
+        threads = self.args.num_threads or (None if self.args.devices else 1)
+        if threads:  # a CPU job shares the trainer's cores: one thread unless told otherwise
+            env["OMP_NUM_THREADS"] = str(threads)
         env.update(self.args.env)
         command = self._command(argv)
         if self.args.nice:

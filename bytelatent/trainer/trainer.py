@@ -29,6 +29,7 @@ from bytelatent.distributed.parallelize import (
     set_gradient_sync,
 )
 from bytelatent.distributed.signals import PreemptionFlag, requeue_slurm_job, under_slurm
+from bytelatent.distributed.threads import trainer_cpu_threads
 from bytelatent.eval.validate import Validator
 from bytelatent.launch.async_eval import AsyncEvalLauncher
 from bytelatent.model.loss import batch_loss_sum
@@ -60,8 +61,10 @@ class Trainer:
         self.env = env
         self.device = env.device
         torch.manual_seed(args.seed)
-        if args.num_threads and self.device.type == "cpu":
-            torch.set_num_threads(args.num_threads)
+        if self.device.type == "cpu" and (threads := trainer_cpu_threads(
+            args.num_threads, env.world_size, int(args.data.load_async)
+        )):  # fmt: skip
+            torch.set_num_threads(threads)
         self.mesh = build_mesh(args.distributed, env.world_size, self.device.type)
         self.dp_rank, self.dp_size = dp_rank_and_size(self.mesh)
         self._dp_group_cache = None

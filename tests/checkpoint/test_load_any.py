@@ -27,3 +27,23 @@ def test_dcp_and_consolidated_give_the_same_model(run, request, tmp_path):
 def test_missing_checkpoint_is_one_line(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         load_any_checkpoint(str(tmp_path / "nope"))
+
+
+def test_load_pretrained_reads_a_training_step_folder(tiny_blt_run):
+    import bytelatent
+
+    step = tiny_blt_run / "checkpoints" / "0000000020"
+    model, args = bytelatent.load_pretrained(str(step))
+    expected, expected_args, _ = load_any_checkpoint(str(step))
+    assert args == expected_args and not model.training
+    assert all(torch.equal(v, expected.state_dict()[k]) for k, v in model.state_dict().items())
+
+
+def test_folder_without_weights_names_consolidate(tmp_path):
+    import json
+
+    from bytelatent.checkpoint.pretrained import read_weights
+
+    (tmp_path / "params.json").write_text(json.dumps({"model": {}}))
+    with pytest.raises(CheckpointError, match="checkpoint consolidate STEP_DIR"):
+        read_weights(str(tmp_path))

@@ -14,7 +14,7 @@ from bytelatent.data.patcher import (
     split_long_patches,
 )
 from bytelatent.errors import ConfigError, DataError
-from tests.paths import CONFORMANCE
+from tests.paths import CONFORMANCE, require_conformance
 
 CASES_PATH = CONFORMANCE / "cases.pt"
 DAENERYS = (
@@ -32,8 +32,7 @@ def patch_list(args: PatcherArgs, tokens: list[int], **kwargs) -> list[int]:
 
 
 def load_cases() -> list[dict]:
-    if not CASES_PATH.exists():
-        pytest.skip(f"conformance fixtures not found at {CONFORMANCE}")
+    require_conformance("cases.pt")
     return torch.load(CASES_PATH, weights_only=True)
 
 
@@ -132,8 +131,7 @@ def test_reference_patcher_args_from_released_params() -> None:
     import json
 
     params_path = CONFORMANCE / "blt" / "params.json"
-    if not params_path.exists():
-        pytest.skip("conformance blt/params.json missing")
+    require_conformance("blt/params.json")
     section = json.loads(params_path.read_text())["data"]["patcher_args"]
     args = PatcherArgs.model_validate(section)
     assert args.patching_mode.value == "entropy"

@@ -18,7 +18,7 @@ from bytelatent.data.entropy import (
 )
 from bytelatent.errors import CheckpointError
 from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
-from tests.paths import CONFORMANCE
+from tests.paths import CONFORMANCE, require_conformance
 
 
 def tiny_model(max_seqlen: int = 16, seed: int = 0) -> LMTransformer:
@@ -110,8 +110,7 @@ def test_load_released_layout(tmp_path: Path, subdir: bool) -> None:
 
 
 def test_load_conformance_entropy_model() -> None:
-    if not (CONFORMANCE / "cases.pt").exists():
-        pytest.skip(f"conformance fixtures not found at {CONFORMANCE}")
+    require_conformance("cases.pt", "entropy_model")
     model = load_entropy_model(str(CONFORMANCE / "entropy_model"), device="cpu")
     cases = torch.load(CONFORMANCE / "cases.pt", weights_only=True)
     rows = [torch.tensor(case["input_ids"]) for case in cases]

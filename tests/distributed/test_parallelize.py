@@ -272,9 +272,19 @@ def test_tp_heads_must_divide():
 
 
 def test_set_gradient_sync_is_a_noop_without_fsdp():
+    """Without FSDP, sync off changes nothing: same modules, weights and gradients as never called."""
+    _, expected = loss_and_grads(ready("lm"), "lm")
     model = ready("lm")
+    before = {n: (type(m), dict(vars(m))) for n, m in model.named_modules()}
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
     set_gradient_sync(model, False)
+    assert {n: (type(m), dict(vars(m))) for n, m in model.named_modules()} == before
+    _, grads = loss_and_grads(model, "lm")  # a backward with sync "off"
     set_gradient_sync(model, True)
+    assert {n: (type(m), dict(vars(m))) for n, m in model.named_modules()} == before
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    assert grads.keys() == expected.keys()
+    assert all(torch.equal(grads[k], expected[k]) for k in expected)
 
 
 def test_forward_context_autocasts_only_without_fsdp():

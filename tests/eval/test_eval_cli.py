@@ -32,6 +32,7 @@ def debug_run(tmp_path_factory, corpus_root) -> Path:
     return dump
 
 
+@pytest.mark.slow  # a 200-step training run with evaluations (end to end)
 def test_loop_eval_logs_val_bpb_at_0_50_100_150_200_and_it_falls(debug_run):
     rows = eval_lines(debug_run)
     assert [r["global_step"] for r in rows] == [0, 50, 100, 150, 200]
@@ -50,6 +51,7 @@ def test_loop_eval_logs_val_bpb_at_0_50_100_150_200_and_it_falls(debug_run):
     assert train_steps == [50, 100, 150, 200]
 
 
+@pytest.mark.slow  # a 200-step training run with evaluations (end to end)
 def test_standalone_eval_matches_the_in_loop_eval(debug_run, tmp_path):
     in_loop = eval_lines(debug_run)[-1]
     out = tmp_path / "out"
@@ -68,6 +70,7 @@ def test_standalone_eval_matches_the_in_loop_eval(debug_run, tmp_path):
     assert len(lines) == 1 and "val/bpb" in lines[0] and str(out / "results.json") in lines[0]
 
 
+@pytest.mark.slow  # a 200-step training run with evaluations (end to end)
 def test_standalone_eval_overrides_and_per_source_keys(debug_run, corpus_root, tmp_path):
     held_out = tmp_path / "held_out.jsonl"  # the same documents as stdlib's val file, renamed
     held_out.write_bytes((corpus_root / "stdlib" / "stdlib.val.jsonl").read_bytes())
@@ -105,6 +108,7 @@ def test_bad_eval_config_is_one_line(tmp_path):
     assert res.returncode == 2 and res.stderr.startswith("checkpoint error:"), res.stderr
 
 
+@pytest.mark.slow  # 50 training steps with evaluations
 def test_early_stop_acts_on_val_bpb(tmp_path, corpus_root):
     dump = tmp_path / "run"
     # min_delta 100: no evaluation after the first can improve, so patience 1 stops at the second
@@ -119,6 +123,7 @@ def test_early_stop_acts_on_val_bpb(tmp_path, corpus_root):
     assert "early stop at step 5: val/bpb" in res.stdout
 
 
+@pytest.mark.slow  # a 200-step training run with evaluations (end to end)
 def test_standalone_eval_of_a_consolidated_folder_gives_the_same_bpb(debug_run, tmp_path):
     step_dir = debug_run / "checkpoints" / "0000000200"
     res = run_cli("bytelatent.checkpoint", ["consolidate", str(step_dir)])

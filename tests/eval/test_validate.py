@@ -53,6 +53,34 @@ def test_a_missing_validation_source_is_a_data_error(train_args, tmp_path):
         resolve_validation_sources(EvalArgs(), data)
 
 
+def test_validation_files_that_are_training_data_are_refused(
+    train_args, corpus_root, tmp_path, monkeypatch
+):
+    train_file = "stdlib/stdlib.chunk.00.jsonl"
+    with pytest.raises(DataError, match="also training data of source 'stdlib'"):
+        resolve_validation_sources(EvalArgs(validation={"sources": [train_file]}), train_args.data)
+    # the validation file preprocessed into the training folder (stdlib.val.jsonl.arrow there)
+    root = tmp_path / "root"
+    (root / "stdlib").mkdir(parents=True)
+    for name in ("stdlib.chunk.00.jsonl", "stdlib.val.jsonl"):
+        (root / "stdlib" / name).write_bytes((corpus_root / "stdlib" / name).read_bytes())
+    (root / "stdlib" / "stdlib.val.jsonl.arrow").write_bytes(b"")
+    data = train_args.data.model_copy(update={"root_dir": str(root)})
+    shards = [str(root / "stdlib" / n) for n in ("stdlib.chunk.00.jsonl", "stdlib.val.jsonl.arrow")]
+    monkeypatch.setattr(type(data), "files_of", lambda self, source: shards)  # as listed for training
+    with pytest.raises(DataError, match="stdlib.val.jsonl.arrow"):
+        resolve_validation_sources(EvalArgs(), data)
+
+
+def test_relative_validation_file_is_joined_onto_root_dir_once(train_args, corpus_root, monkeypatch):
+    monkeypatch.chdir(corpus_root.parent)
+    data = train_args.data.model_copy(update={"root_dir": corpus_root.name})
+    args = EvalArgs(validation={"sources": ["stdlib/stdlib.val.jsonl"]})
+    files = resolve_validation_sources(args, data)["stdlib"]
+    assert files == [str(corpus_root / "stdlib" / "stdlib.val.jsonl")]
+    assert next(rank_batches(data, files, 0, 1, 1, None, fsdp=False)).x.shape[0] > 0
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_rank_shares_partition_the_global_stream(train_args, corpus_root, world):
     files = [str(corpus_root / "stdlib" / "stdlib.val.jsonl")]

@@ -18,9 +18,7 @@ from bytelatent.generate import main
 from tests.paths import CONFORMANCE
 
 REPO = Path(__file__).resolve().parents[2]
-needs_fixtures = pytest.mark.skipif(
-    not (CONFORMANCE / "blt" / "params.json").exists(), reason="conformance fixtures missing"
-)
+needs_fixtures = pytest.mark.conformance("blt/params.json")
 
 
 @needs_fixtures

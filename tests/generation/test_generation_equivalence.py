@@ -27,11 +27,15 @@ def _assert_same(cached, oracle) -> None:
 
 
 def test_lm_cached_equals_recompute_and_batching() -> None:
-    # max_seqlen 40 < prompt + 40: rows also stop at the model's maximum
+    # max_seqlen 48 < prompt + 30 for long prompts: those rows stop at the model's maximum
     gen = Generator(tiny_lm(max_seqlen=48, window=8))
     cached = _generate(gen, PROMPTS, True)
     _assert_same(cached, _generate(gen, PROMPTS, False))
-    assert {r.finish_reason for r in cached} == {"length"}
+    # short prompts stop at max_new_bytes, long ones at the model's 48 tokens
+    assert {r.finish_reason for r in cached} == {"length", "context_limit"}
+    for r in cached:
+        at_limit = len(r.prompt_tokens) + len(r.tokens) == 48 and len(r.tokens) < 30
+        assert r.finish_reason == ("context_limit" if at_limit else "length")
     assert max(len(r.prompt_tokens) + len(r.tokens) for r in cached) == 48
     one_by_one = [_generate(gen, [p], True)[0] for p in PROMPTS]
     _assert_same(cached, one_by_one)
@@ -102,3 +106,15 @@ def test_last_position_hash_embeddings_match_the_model() -> None:
         ids = torch.arange(t - window + 1, t + 1)
         recent = torch.where(ids >= 0, tokens[:, ids.clamp(min=0)], 0)
         assert torch.equal(inc._last_byte_embeds(recent)[:, 0], full[:, t])
+
+
+def test_context_limit_is_named_and_warned_once(caplog) -> None:
+    gen = Generator(tiny_lm(max_seqlen=16, window=None))
+    with caplog.at_level("WARNING", logger="bytelatent"):
+        first = _generate(gen, ["0123456789"], True, max_new_bytes=20)[0]
+        again = _generate(gen, ["0123456789"], True, max_new_bytes=20)[0]
+    assert first.finish_reason == again.finish_reason == "context_limit"
+    assert len(first.tokens) == 16 - 11  # BOS + 10 prompt bytes + 5 new = the model's 16
+    warnings = [r.getMessage() for r in caplog.records if "context limit" in r.getMessage()]
+    assert len(warnings) == 1 and "max_new_bytes=20" in warnings[0]
+    assert _generate(gen, ["0123456789"], True, max_new_bytes=3)[0].finish_reason == "length"

@@ -15,11 +15,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tests.tiny import BLT_CONFIG, ENTROPY_CONFIG, TINY_BLT_MODEL, TINY_ENTROPY_MODEL
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 ENTRY = HERE / "train_entry.py"
 PROBE = HERE / "probe_checkpoint.py"
-CONFIGS = REPO_ROOT / "configs"
 
 # Launcher/cluster variables of an enclosing job must not leak into the runs under test.
 _LEAKY_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "TORCHELASTIC_")
@@ -33,35 +34,8 @@ _LEAKY_NAMES = (
 )
 
 # Tiny models so that a whole run (start-up included) takes seconds on 2 shared cores.
-ENTROPY_TINY = [
-    f"config={CONFIGS / 'entropy_debug.yaml'}",
-    "entropy_model.dim=32",
-    "entropy_model.n_layers=1",
-    "entropy_model.n_heads=2",
-    "entropy_model.max_seqlen=64",
-    "entropy_model.sliding_window=32",
-    "data.seq_len=64",
-]
-BLT_TINY = [
-    f"config={CONFIGS / 'debug.yaml'}",
-    "model.dim=32",
-    "model.n_layers=1",
-    "model.n_heads=2",
-    "model.max_seqlen=32",
-    "model.dim_local_encoder=32",
-    "model.dim_local_decoder=32",
-    "model.n_layers_local_encoder=1",
-    "model.n_layers_local_decoder=1",
-    "model.n_heads_local_encoder=2",
-    "model.n_heads_local_decoder=2",
-    "model.cross_attn_nheads=2",
-    "model.local_attention_window_len=64",
-    "model.encoder_hash_byte_group_size=[3,4]",
-    "model.encoder_hash_byte_group_vocab=512",
-    "model.max_encoder_seq_length=128",
-    "data.max_encoder_seq_length=128",
-    "data.seq_len=24",
-]
+ENTROPY_TINY = [f"config={ENTROPY_CONFIG}", *TINY_ENTROPY_MODEL, "data.seq_len=64"]
+BLT_TINY = [f"config={BLT_CONFIG}", *TINY_BLT_MODEL, "data.seq_len=24"]
 # Shared by every run: exact numerics (fp32), a loss per step, the prefetching data loader on,
 # a periodic checkpoint at step 10 (the resharding tests resume from it).
 COMMON = [

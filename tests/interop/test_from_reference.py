@@ -365,7 +365,7 @@ def test_detection():
     assert not looks_like_reference(yaml.safe_load((REPO / "configs" / "debug.yaml").read_text()))
 
 
-@pytest.mark.skipif(not CONFORMANCE.exists(), reason="no shared/conformance")
+@pytest.mark.conformance()
 @pytest.mark.parametrize("name", ["blt", "entropy_model"])
 def test_released_params_json_converts(name, tmp_path):
     import json

@@ -1,6 +1,7 @@
 """Hugging Face BltForCausalLM export/import: logits within 1e-4 of ours, bit-exact round trip."""
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from bytelatent.checkpoint.pretrained import load_any_checkpoint  # noqa: E402
 from tests.paths import CONFORMANCE  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-needs_fixtures = pytest.mark.skipif(not CONFORMANCE.exists(), reason="no shared/conformance")
+needs_fixtures = pytest.mark.conformance()
 TOL = 1e-4
 
 
@@ -47,7 +48,13 @@ def _hf(out: Path) -> BltForCausalLM:
 @pytest.fixture(scope="module")
 def conformance_export(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("hf_conf")
-    export_hf(str(CONFORMANCE / "blt"), str(out), entropy_model=str(CONFORMANCE / "entropy_model"))
+    # the released entropy model has a 512-byte window over 8192-byte rows; the cases are shorter
+    export_hf(
+        str(CONFORMANCE / "blt"),
+        str(out),
+        entropy_model=str(CONFORMANCE / "entropy_model"),
+        allow_window_mismatch=True,
+    )
     return out
 
 
@@ -95,6 +102,7 @@ def test_round_trip_is_bit_exact(conformance_export, tmp_path):
         str(tmp_path / "ours"),
         str(tmp_path / "again"),
         entropy_model=str(tmp_path / "ours" / "entropy_model"),
+        allow_window_mismatch=True,
     )
     first = load_file(conformance_export / "model.safetensors")
     second = load_file(tmp_path / "again" / "model.safetensors")
@@ -136,7 +144,10 @@ def test_import_of_a_plain_hf_config(conformance_export, tmp_path):
 
 @needs_fixtures
 def test_entropy_model_only_export(tmp_path):
-    result = _cli("export-hf", str(CONFORMANCE / "entropy_model"), str(tmp_path / "ent"))
+    out = str(tmp_path / "ent")
+    refused = _cli("export-hf", str(CONFORMANCE / "entropy_model"), out)
+    assert refused.returncode == 2 and "entropy_model.sliding_window=512 < max_seqlen=8192" in refused.stderr
+    result = _cli("export-hf", str(CONFORMANCE / "entropy_model"), out, "--allow-window-mismatch")
     assert result.returncode == 0, result.stderr
     patcher = BltPatcher.from_pretrained(tmp_path / "ent", dtype=torch.float32).eval()
     case = torch.load(CONFORMANCE / "cases.pt", weights_only=True)[0]
@@ -153,9 +164,10 @@ def test_trained_debug_model(tiny_blt_run, tmp_path):
     from bytelatent.data.patcher import Patcher, PatcherArgs
 
     step = tiny_blt_run / "checkpoints" / "0000000020"
-    result = _cli("export-hf", str(step), str(tmp_path / "hf"))
+    # the debug config's 256-byte local window is shorter than its 512-byte rows: consent needed
+    result = _cli("export-hf", str(step), str(tmp_path / "hf"), "--allow-window-mismatch")
     assert result.returncode == 0, result.stderr
-    assert "note:" in result.stderr  # the mask differences are stated
+    assert "note: window mismatch" in result.stderr  # the mask differences are stated
     hf = _hf(tmp_path / "hf")
     ours, _, _ = load_any_checkpoint(str(step))
     text = "def export(model):\n    return model.state_dict()  # ok"
@@ -257,7 +269,7 @@ def _compare(
         "check_hf_representable",
         (lambda args: []) if bypass else hf_module.check_hf_representable,
     ):
-        export_hf(str(ckpt), str(tmp_path / "hf"))
+        export_hf(str(ckpt), str(tmp_path / "hf"), allow_window_mismatch=True)
     ours, _, _ = load_any_checkpoint(str(ckpt))
     ids = torch.tensor([[1] + [b + 4 for b in text]])
     patch_lengths = torch.tensor([lengths])
@@ -305,6 +317,39 @@ def test_refused_configurations_really_differ(tmp_path, overrides):
 
 
 def test_local_window_shorter_than_the_row_differs(tmp_path):
-    """Documented, not refused: HF has no local window; equal for rows within the window."""
+    """Why a window needs consent: HF has no local window; equal for rows within the window."""
     assert _compare(tmp_path / "a", TEXT[:7], [1, 4, 3], local_attention_window_len=8) < TOL
     assert _compare(tmp_path / "b", TEXT, LENGTHS, local_attention_window_len=8) > 1e-3
+
+
+def test_window_shorter_than_the_rows_needs_consent(tmp_path):
+    ckpt = _save_ours(tmp_path / "ckpt", local_attention_window_len=8)
+    refused = _cli("export-hf", str(ckpt), str(tmp_path / "out"))
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+    assert "model.local_attention_window_len=8 < max_encoder_seq_length=64" in lines[0]
+    assert "--allow-window-mismatch" in lines[0]
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+    allowed = _cli("export-hf", str(ckpt), str(tmp_path / "out"), "--allow-window-mismatch")
+    assert allowed.returncode == 0 and "rows of at most 8 bytes" in allowed.stderr
+    weights = tmp_path / "out" / "model.safetensors"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert weights.stat().st_mode & 0o777 == 0o666 & ~umask  # not safetensors' 0600
+
+
+def test_window_as_long_as_the_rows_exports_without_a_note(tmp_path):
+    ckpt = _save_ours(tmp_path / "ckpt", local_attention_window_len=64)
+    result = _cli("export-hf", str(ckpt), str(tmp_path / "out"))
+    assert result.returncode == 0 and "window" not in result.stderr, result.stderr
+
+
+def test_generate_works_on_an_export(tmp_path):
+    """HF's cached BLT generation is broken (docs/differences.md): the export turns it off."""
+    ckpt = _save_ours(tmp_path / "ckpt")
+    export_hf(str(ckpt), str(tmp_path / "hf"))
+    hf = _hf(tmp_path / "hf")
+    ids = torch.tensor([[1] + [b + 4 for b in b"hello"]])
+    plain = hf.generate(ids, max_new_tokens=5, do_sample=False)
+    assert plain.shape == (1, ids.shape[1] + 5)
+    assert torch.equal(plain, hf.generate(ids, max_new_tokens=5, do_sample=False, use_cache=False))

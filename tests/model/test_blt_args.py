@@ -194,10 +194,7 @@ def test_adapt_rejects_untrainable_reference_layout() -> None:
         adapt_reference_blt_state_dict({}, args)
 
 
-@pytest.mark.skipif(
-    not (CONFORMANCE / "entropy_model" / "params.json").exists(),
-    reason="no conformance fixtures",
-)
+@pytest.mark.conformance("entropy_model/params.json")
 def test_lm_args_from_reference_entropy_params() -> None:
     params = json.loads((CONFORMANCE / "entropy_model" / "params.json").read_text())
     args, ignored = lm_args_from_reference(params["entropy_model"])

@@ -18,10 +18,7 @@ from tests.paths import CONFORMANCE
 
 BLT_DIR = CONFORMANCE / "blt"
 
-needs_fixtures = pytest.mark.skipif(
-    not (BLT_DIR / "params.json").exists() or not (CONFORMANCE / "cases.pt").exists(),
-    reason=f"conformance fixtures not found under {CONFORMANCE}",
-)
+needs_fixtures = pytest.mark.conformance("blt/params.json", "cases.pt")
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,7 @@ from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
 from tests.paths import CONFORMANCE
 
 FIXTURES = CONFORMANCE
-pytestmark = pytest.mark.skipif(
-    not (FIXTURES / "entropy_model" / "params.json").is_file(),
-    reason=f"conformance fixtures not found at {FIXTURES} (expected ../shared beside the clone)",
-)
+pytestmark = pytest.mark.conformance("entropy_model/params.json")
 
 
 def entropies(logits: torch.Tensor) -> torch.Tensor:

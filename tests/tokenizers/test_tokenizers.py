@@ -20,9 +20,7 @@ TEXTS = [
 ]
 
 
-@pytest.mark.skipif(
-    not (CONFORMANCE / "cases.json").exists(), reason="shared/conformance not present"
-)
+@pytest.mark.conformance("cases.json")
 def test_blt_tokenizer_matches_reference_cases():
     tokenizer = TokenizerArgs(name="blt").build()
     cases = json.loads((CONFORMANCE / "cases.json").read_text())

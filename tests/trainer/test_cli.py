@@ -8,15 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.tiny import BLT_CONFIG, ENTROPY_CONFIG, TINY_BLT_MODEL, TINY_ENTROPY_MODEL
+
 REPO = Path(__file__).resolve().parents[2]
 
 TINY_ENTROPY = [
-    "config=configs/entropy_debug.yaml",
-    "entropy_model.dim=32",
-    "entropy_model.n_layers=1",
-    "entropy_model.n_heads=2",
-    "entropy_model.max_seqlen=128",
-    "entropy_model.sliding_window=64",
+    f"config={ENTROPY_CONFIG}",
+    *TINY_ENTROPY_MODEL,
     "data.seq_len=128",
     "data.batch_size=4",
     "data.load_async=false",
@@ -26,22 +24,9 @@ TINY_ENTROPY = [
 ]
 
 TINY_BLT = [
-    "config=configs/debug.yaml",
-    "model.dim=32",
-    "model.n_layers=1",
-    "model.n_heads=2",
-    "model.dim_local_encoder=32",
-    "model.dim_local_decoder=32",
-    "model.n_heads_local_encoder=2",
-    "model.n_heads_local_decoder=2",
-    "model.cross_attn_nheads=2",
-    "model.n_layers_local_decoder=1",
-    "model.encoder_hash_byte_group_vocab=257",
-    "model.max_encoder_seq_length=256",
-    "model.local_attention_window_len=64",
-    "data.max_encoder_seq_length=256",
+    f"config={BLT_CONFIG}",
+    *TINY_BLT_MODEL,
     "data.seq_len=48",
-    "model.max_seqlen=48",
     "data.load_async=false",
     "optim.lr=1e-2",
     "optim.warmup=2",

@@ -33,7 +33,7 @@ class GenerationResult:
 
     prompt_tokens: list[int]
     tokens: list[int]
-    finish_reason: str  # "eos", "stop", "length" (max_new_bytes or the model's maximum)
+    finish_reason: str  # "eos", "stop", "length" (max_new_bytes), "context_limit" (model's max)
     patch_lengths: list[int] | None = None  # BLT: patches of prompt + continuation
     data: bytes = field(default=b"")
 
@@ -81,6 +81,7 @@ class Generator:
         self.is_blt = isinstance(model, ByteLatentTransformer)
         self.patcher_args = patcher_args
         self.entropy_model = entropy_model
+        self._warned_context_limit = False
         if self.is_blt:
             if patcher_args is None:
                 raise ConfigError("a BLT needs patcher settings (data.patcher_args)")
@@ -178,9 +179,24 @@ class Generator:
             data = token_bytes(new[-max(len(s) for s in stops) - 8 :])
             if any(data.endswith(s) for s in stops):
                 return "stop"
-        if len(new) >= args.max_new_bytes or len(row) + len(new) >= self.max_tokens:
+        if len(new) >= args.max_new_bytes:
             return "length"
+        if len(row) + len(new) >= self.max_tokens:
+            self._warn_context_limit(len(row) - 1, len(new), args.max_new_bytes)
+            return "context_limit"
         return None
+
+    def _warn_context_limit(self, prompt_bytes: int, new_bytes: int, max_new_bytes: int) -> None:
+        """Once per Generator: rows end at the model's maximum before max_new_bytes."""
+        if self._warned_context_limit:
+            return
+        self._warned_context_limit = True
+        logger.warning(
+            "generation stopped at the model's context limit of %d tokens (BOS + prompt + new "
+            "bytes): %d prompt + %d new bytes, fewer than max_new_bytes=%d; finish_reason is "
+            "context_limit (the model has no sliding generation window)",
+            self.max_tokens, prompt_bytes, new_bytes, max_new_bytes,
+        )
 
     def _result(self, engine, b, row, new, reason, stops) -> GenerationResult:
         lengths = engine.patch_lengths(b, row + new) if self.is_blt else None
