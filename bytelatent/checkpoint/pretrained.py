@@ -6,7 +6,7 @@ whose params.json is the reference's TrainArgs) and our own consolidated checkpo
 
 `load_entropy_model` is the loader realtime patching and entropy preprocessing use (the data
 side receives the model; it does not read checkpoints itself). It never touches the global
-default dtype (the reference sets it to bf16).
+default dtype (docs/differences.md, `load_entropy_model`).
 """
 
 from __future__ import annotations
@@ -215,9 +215,8 @@ def load_entropy_model(
 ) -> nn.Module:
     """Build the LMTransformer in params.json and load consolidated.pth, in eval mode, no grads.
 
-    Strict loading: a missing or unexpected weight is a CheckpointError (the reference silently
-    uses strict=False). `device` is used as given (resolve "auto" with
-    `bytelatent.data.entropy.resolve_device`).
+    Strict loading: a missing or unexpected weight is a CheckpointError. `device` is used as given
+    (resolve "auto" with `bytelatent.data.entropy.resolve_device`).
     """
     where = os.path.join(checkpoint_dir, "params.json")
     args = entropy_model_args(read_params(checkpoint_dir), where)

@@ -1,7 +1,6 @@
 """Next-byte entropies from an entropy model (a byte LM), computed one document at a time.
 
-Rules (improvements over the reference, which flattens the whole batch into one stream so that
-rows bleed into each other, issue #123):
+Rules (rows never bleed into each other; docs/differences.md, Entropies):
 
 - Every row / document is cut on its own into consecutive, non-overlapping windows of
   ``max_length`` tokens (default: the model's ``max_seqlen``). The model's context restarts at

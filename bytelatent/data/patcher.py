@@ -16,14 +16,12 @@ Every dynamic mode decides, for each position ``p``, whether a patch starts ther
 
 ``static`` cuts patches of ``patch_size``; ``byte`` makes every token a patch. ``max_patch_length``
 then splits longer patches. Everything is vectorised over the batch, and entropies from an
-attached model are computed row by row, so a row's patches never depend on the other rows
-(the reference bleeds rows into each other, issue #123).
+attached model are computed row by row, so a row's patches never depend on the other rows.
 
-Differences from the reference, all at edges where it crashes or disagrees with itself:
-a delimiter at position 0 does not create an empty patch; in ``bpe`` mode a delimiter as the
-last token starts the next-token patch when ``include_next_token`` (as in ``space`` mode, in
-every row); rows padded in a batch get the same patches as alone; the top-k rule never picks a
-start outside the row.
+At the edges (docs/differences.md, Patching edges): a delimiter at position 0 does not create an
+empty patch; in ``bpe`` mode a delimiter as the last token starts the next-token patch when
+``include_next_token`` (as in ``space`` mode, in every row); rows padded in a batch get the same
+patches as alone; the top-k rule never picks a start outside the row.
 """
 
 from __future__ import annotations

@@ -3,12 +3,10 @@
 ``ByteLatentTransformer(args)(tokens [B,N], patch_lengths [B,P]) -> logits [B,N,V]`` float32,
 the same function as the reference (facebookresearch/blt) for every configuration the reference
 can run (checked against its outputs in ``tests/model/test_blt_conformance.py``), and a defined,
-trainable function for the configurations where the reference crashes (see ``local_models``).
-Improvements over the reference: document/window masks hold on every backend (the reference's
-sdpa/flex paths drop them), training works on CPU (the reference's cross-attention needs flex
-attention, which has no CPU backward), cross-attention without a window runs in O(N*k*dim)
-without dense masks, ``init_weights`` works for every option (the reference's needs
-cross-attention on both sides plus hash embeddings), and ``model.dim`` means something.
+trainable function for the others (see ``local_models``). Document/window masks hold on every
+backend, training works on CPU, cross-attention without a window runs in O(N*k*dim) without
+dense masks, ``init_weights`` works for every option, and ``model.dim`` sizes the global model
+(docs/differences.md).
 """
 
 from __future__ import annotations

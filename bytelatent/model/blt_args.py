@@ -35,8 +35,7 @@ class ByteLatentTransformerArgs(BaseModel):
     ``dim_global``, ``n_layers_global`` and ``n_heads_global`` are aliases kept so that reference
     configs read naturally: left at None they follow ``dim``/``n_layers``/``n_heads``; when set,
     ``dim`` etc. take their value, unless ``dim`` was also changed from its default (512) to a
-    different value, which is a config error naming both keys. (In the reference the top-level
-    ``dim``/``n_layers``/``n_heads`` silently do nothing for BLT.)
+    different value, which is a config error naming both keys.
 
     Local models: ``dim_local_encoder``/``dim_local_decoder``, ``n_layers_local_*``,
     ``n_heads_local_*``, ``n_kv_heads`` (local GQA), ``local_attention_window_len`` (sliding
@@ -49,8 +48,8 @@ class ByteLatentTransformerArgs(BaseModel):
     ``cross_attn_init_by_pooling`` or from learned slot queries otherwise), else pooling
     (``downsampling_by_pooling``: "avg"/"mean", "min", "max" or a comma list, concatenated in the
     order avg, min, max), else concatenation of the last ``patch_size`` byte states per patch.
-    ``use_rope=False`` gives the local models learned absolute positions (the reference creates
-    them but never adds them); the global model always uses RoPE.
+    ``use_rope=False`` gives the local models learned absolute positions; the global model always
+    uses RoPE.
     """
 
     model_config = ConfigDict(extra="forbid")

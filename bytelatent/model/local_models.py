@@ -1,19 +1,18 @@
 """BLT's byte-level local encoder/decoder and the patch-level global transformer.
 
 Parameter names and shapes follow the reference checkpoints (``BLT_REFERENCE_FACTS.md`` §3.11).
-Deliberate differences, all in configurations where the reference crashes or does nothing:
+Where the reference crashes or does nothing (docs/differences.md):
 
-- cross-attention encoder without ``cross_attn_init_by_pooling``: the reference passes ``None`` as
-  the queries and fails; here the queries start from a learned ``patch_queries`` [k, dim] (one
-  vector per slot, shared by all patches), so the k slots can differ;
-- ``use_rope=False``: the reference creates ``pos_embeddings`` but never adds them (the local
-  models then have no position information at all); here they are added to the local models'
-  inputs (learned absolute byte positions, like RoPE not reset at document boundaries);
+- cross-attention encoder without ``cross_attn_init_by_pooling``: the queries start from a
+  learned ``patch_queries`` [k, dim] (one vector per slot, shared by all patches), so the k slots
+  can differ;
+- ``use_rope=False``: ``pos_embeddings`` are added to the local models' inputs (learned absolute
+  byte positions, like RoPE not reset at document boundaries);
 - pooling with several ops ("avg,max") before the encoder cross-attention: the projection takes
-  the concatenated width (the reference's projection only accepts one op);
+  the concatenated width;
 - the decoder's patch projection exists whenever its output is needed (``dim_global != dim`` or
   k > 1 slots for cross-attention), and without decoder cross-attention it is applied per patch
-  before gathering per byte (the reference gathers first: same result, k*N/P times the FLOPs).
+  before gathering per byte (same result as gathering first, which costs k*N/P times the FLOPs).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The byte-level LM transformer (the BLT entropy model) and the args shared by transformers.
 
-Improvements over the reference: the document and sliding-window masks are honoured by every
-backend (the reference's sdpa/flex paths ignore them), flex/xformers configs fall back to sdpa
-with the same masks off CUDA, and ``weight_tying`` works (output shares the embedding weight).
+The document and sliding-window masks are honoured by every backend, flex/xformers configs fall
+back to sdpa with the same masks off CUDA, and ``weight_tying`` shares the embedding weight with
+the output (docs/differences.md).
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ class IntervalMetrics:
         self.patch_stats.add(batches)
 
     def _reduced(self) -> dict[str, float]:
-        """The interval's sums over data-parallel ranks (float64; the reference used bf16)."""
+        """The interval's sums over data-parallel ranks (float64)."""
         sums = torch.tensor([self.loss_sum.item(), *self.sums.values()], dtype=torch.float64)
         if self.dp_size > 1:
             sums = sums.to(self.device)

@@ -107,7 +107,7 @@ def lr_cosine(step: int, warmup: int, n_steps: int, cycle: float, theta: float, 
         return min_ratio
     s = (step - warmup) / max(1, n_steps - warmup)
     # Alternate direction every cycle so that cycle_length < 1 gives restarts (reference semantics);
-    # a cycle owns its right end point, so the last step is at min_ratio (the reference jumps to 1).
+    # a cycle owns its right end point, so the last step is at min_ratio.
     cycle_index = math.ceil(s / cycle) - 1 if s > 0 else 0
     sign = -1.0 if cycle_index % 2 else 1.0
     return min_ratio + 0.5 * (1 - min_ratio) * (sign * math.cos(math.pi * s**theta / cycle) + 1)

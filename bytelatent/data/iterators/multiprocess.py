@@ -3,8 +3,7 @@
 The worker process runs the packing iterator and sends (batch, state after that batch) pairs
 through a bounded queue. The consumer's state is the state attached to the last batch it
 consumed, so `get_state()` is exact at any moment, never stops or restarts the worker, and
-batches still queued are simply produced again by whoever resumes from that state (the
-reference either kills and restarts the worker at every checkpoint or loses queued batches).
+batches still queued are simply produced again by whoever resumes from that state.
 
 * Start method: `forkserver` where available, else `spawn`: both work under `python -m ...`,
   under torchrun and with threads (gloo, CUDA) already running, unlike `fork`; the entry point

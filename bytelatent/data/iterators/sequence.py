@@ -3,8 +3,7 @@
 A sequence is a window of n + 1 consecutive tokens of the stream (documents concatenated); the
 packer turns it into x = window[:-1] and y = window[1:]. Consecutive windows overlap by exactly one
 token (the last token of a window is the first of the next), so every token of the stream except
-the very first is a target exactly once and no target is lost at a window boundary (the reference
-drops one target per window).
+the very first is a target exactly once and no target is lost at a window boundary.
 
 * bytes mode: windows of `seq_len + 1` tokens (`seq_len` targets).
 * patches mode: a window's first patch is its first token alone (the model requires
