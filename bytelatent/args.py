@@ -166,5 +166,11 @@ class TrainArgs(BaseModel):
         """Parser hook (config/parser.py): a reference-format config gets one line naming the converter."""
         return reference_hint(path) if looks_like_reference(tree) else None
 
+    @classmethod
+    def config_unneeded_sections(cls, tree: dict) -> tuple[str, ...]:
+        """Parser hook (config/parser.py): a dry run reads no data, so `data.root_dir: ???` and
+        the like need not be set for it."""
+        return ("data",) if tree.get("dry_run") is True else ()
+
     def active_model_args(self) -> BaseModel:
         return self.entropy_model if self.train_entropy_model else self.model

@@ -283,13 +283,30 @@ def _resolve_interpolations(tree: dict) -> dict:
         raise ConfigError(f"{key}: cannot resolve interpolation: {msg}") from None
 
 
-def load_config_tree(argv: list[str]) -> dict:
-    """Build the merged, resolved config dict from `config=...` files and dotlist overrides."""
+def _drop_missing(node: dict) -> None:
+    """Remove the `???` leaves of `node` (in place): the model's defaults apply to them."""
+    for key in [k for k, v in node.items() if isinstance(v, str) and v == MISSING]:
+        del node[key]
+    for value in node.values():
+        if isinstance(value, dict):
+            _drop_missing(value)
+
+
+def load_config_tree(argv: list[str], cls: type | None = None) -> dict:
+    """Build the merged, resolved config dict from `config=...` files and dotlist overrides.
+
+    A `cls.config_unneeded_sections(tree) -> tuple[str, ...]` classmethod (if `cls` has one) names
+    top-level sections this run does not use (TrainArgs: `data` for a dry run); their unset `???`
+    keys take the model's defaults instead of being an error."""
     cli = parse_dotlist(argv)
     layers: list[dict] = []
     for name in cli.pop(INCLUDE_KEY, []):
         layers += _expand_file(_resolve_include(name, None), [])
     tree = merge_config_trees(*layers, cli)
+    unneeded = getattr(cls, "config_unneeded_sections", None)
+    for section in unneeded(tree) if unneeded is not None else ():
+        if isinstance(tree.get(section), dict):
+            _drop_missing(tree[section])
     missing = _find_missing(tree, "")
     if missing:
         hint = missing.split("[")[0]
@@ -312,7 +329,7 @@ def parse_args(cls: type[ModelT], argv: list[str] | None = None) -> ModelT:
     """
     argv = sys.argv[1:] if argv is None else argv
     try:
-        tree = load_config_tree(argv)
+        tree = load_config_tree(argv, cls)
     except ConfigError:
         _raise_format_hint(cls, argv)  # e.g. a reference file's `???` paths: name the converter
         raise

@@ -15,6 +15,7 @@ import torch
 from bytelatent.args import TrainArgs
 from bytelatent.config import parse_args
 from bytelatent.config.help import sections as config_sections
+from bytelatent.errors import ConfigError
 from bytelatent.train import main
 from bytelatent.trainer.build import build_parallel_model
 from bytelatent.trainer.model_info import (
@@ -26,13 +27,7 @@ from bytelatent.trainer.model_info import (
 
 REPO = Path(__file__).resolve().parents[2]
 BLT_1B_PARAMS = 4_533_879_808
-BLT_1B = [
-    "config=configs/blt_1b.yaml",
-    "dry_run=true",
-    "data.root_dir=/nonexistent/data",  # a dry run reads no data
-    "data.sources={stdlib: 1.0}",
-    "data.preprocess_dir=/nonexistent/entropies",
-]
+BLT_1B = ["config=configs/blt_1b.yaml", "dry_run=true"]  # no data.*: a dry run reads no data
 
 
 def env() -> dict[str, str]:
@@ -94,6 +89,19 @@ def test_dry_run_blt_1b_two_ranks_fsdp(tmp_path):
     assert "dp_shard=2:S(0)" in text and "fsdp gathered" in text
     for noise in ("leaked semaphore", "Traceback", "Error"):
         assert noise not in res.stderr, res.stderr[-3000:]
+
+
+def test_dry_run_needs_no_data_keys_a_real_run_does(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    base = ["config=configs/blt_1b.yaml", f"dump_dir={tmp_path}"]
+    args = parse_args(TrainArgs, [*base, "dry_run=true"])
+    assert args.data.root_dir is None and args.data.preprocess_dir is None
+    given = parse_args(TrainArgs, [*base, "dry_run=true", "data.root_dir=d"])
+    assert given.data.root_dir == "d"  # a value that is set is kept
+    with pytest.raises(ConfigError, match=r"^data\.root_dir: mandatory value"):
+        parse_args(TrainArgs, base)
+    with pytest.raises(ConfigError, match=r"^dump_dir: mandatory value"):
+        parse_args(TrainArgs, ["config=configs/blt_1b.yaml", "dry_run=true"])  # not data: still
 
 
 def tiny(tmp_path, *extra: str) -> TrainArgs:
