@@ -149,7 +149,9 @@ def test_help_lists_every_config_section(capsys):
         assert {"data", "model", "optim", "distributed", "checkpoint", "eval"} <= set(sections)
         for name in sections:  # each with the description of its field
             description = TrainArgs.model_fields[name].description
-            assert description and re.search(rf"^  {name}\s+{re.escape(description)}", out, re.M), name
+            assert description and re.search(
+                rf"^  {name}\s+{re.escape(description)}", out, re.M
+            ), name
         top_level = out.split("Top-level keys")[1].split("Config sections")[0]
         for name in set(TrainArgs.model_fields) - set(sections):
             assert re.search(rf"^  {name} = ", top_level, re.M), name
