@@ -135,6 +135,7 @@ def test_model_info_lists_every_parameter_and_component(tmp_path, monkeypatch):
     rows = info_rows(tmp_path / MODEL_INFO)
     assert [r[0] for r in rows] == [name for name, _ in model.named_parameters()]
     assert sum(r[1] for r in rows) == total == sum(p.numel() for p in model.parameters())
+    assert "allocator's peak on GPU, the process's peak RSS on CPU" in text  # what `mem` is
     for component in ("tok_embeddings", "layers", "norm", "output"):
         assert re.search(rf"^  {component}\s+[\d,]+", text, re.M), component
 
