@@ -38,18 +38,26 @@ class TrainArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field("bytelatent", description="run name (wandb, SLURM job name)")
-    dump_dir: str = Field(..., description="where config.yaml, metrics.jsonl, train.log and checkpoints go")
+    dump_dir: str = Field(
+        ..., description="where config.yaml, metrics.jsonl, train.log and checkpoints go"
+    )
     seed: int = Field(42, description="torch seed for weight init and dropout")
     debug_dynamo: bool = Field(False, description="verbose torch.compile (dynamo) logging")
     grad_acc_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
     gc_collect_freq: int = Field(1000, ge=0, description="0 leaves Python's GC automatic")
     steps: int = Field(1000, ge=1, description="LR-schedule horizon and loop end")
-    max_steps: int | None = Field(None, ge=1, description="stop early at this step (schedule keeps `steps`)")
+    max_steps: int | None = Field(
+        None, ge=1, description="stop early at this step (schedule keeps `steps`)"
+    )
     relative_steps: int | None = Field(
-        None, ge=1, description="train this many more steps from the resumed step (trainer/loop_controls.py)"
+        None,
+        ge=1,
+        description="train this many more steps from the resumed step (trainer/loop_controls.py)",
     )
     probe_freq: int | None = Field(
-        None, ge=1, description="module output stats and grad norms every N steps to dump_dir/probe/"
+        None,
+        ge=1,
+        description="module output stats and grad norms every N steps to dump_dir/probe/",
     )
     train_entropy_model: bool = Field(
         False, description="train the byte LM of `entropy_model` instead of the BLT of `model`"
@@ -61,7 +69,8 @@ class TrainArgs(BaseModel):
         "rank's share of the cores less one for the async data worker)",
     )
     dry_run: bool = Field(
-        False, description="build the model on meta, write model-info.txt, print its size; no training"
+        False,
+        description="build the model on meta, write model-info.txt, print its size; no training",
     )
 
     data: DataArgs = Field(
@@ -165,6 +174,12 @@ class TrainArgs(BaseModel):
     def config_format_hint(cls, tree: dict, path: str | None) -> str | None:
         """Parser hook (config/parser.py): a reference-format config gets one line naming the converter."""
         return reference_hint(path) if looks_like_reference(tree) else None
+
+    @classmethod
+    def config_unneeded_sections(cls, tree: dict) -> tuple[str, ...]:
+        """Parser hook (config/parser.py): a dry run reads no data, so `data.root_dir: ???` and
+        the like need not be set for it."""
+        return ("data",) if tree.get("dry_run") is True else ()
 
     def active_model_args(self) -> BaseModel:
         return self.entropy_model if self.train_entropy_model else self.model

@@ -32,8 +32,7 @@ USAGE = "usage: python -m bytelatent.train config=FILE.yaml [key=value ...]   (-
 EXAMPLES = """\
   python -m bytelatent.data.prepare --out data/stdlib      # the default corpus, once
   python -m bytelatent.train config=configs/debug.yaml dump_dir=runs/debug
-  python -m bytelatent.train config=configs/blt_1b.yaml dump_dir=runs/1b dry_run=true \\
-      data.root_dir=data "data.sources={stdlib: 1.0}" data.preprocess_dir=data/entropies
+  python -m bytelatent.train config=configs/blt_1b.yaml dump_dir=runs/1b dry_run=true
   torchrun --nproc-per-node 2 -m bytelatent.train config=configs/debug.yaml \\
       dump_dir=runs/ddp distributed.dp_shard=2
   python -m bytelatent.print_config config=configs/debug.yaml optim.lr=1e-3   # resolved YAML

@@ -13,7 +13,7 @@ ENTRY_POINTS = {
     "bytelatent.eval.__main__": "usage: python -m bytelatent.eval",
     "bytelatent.eval.harness": "usage: python -m bytelatent.eval.harness",
     "bytelatent.print_config": "usage: python -m bytelatent.print_config",
-    "bytelatent.data.check": "usage: python -m bytelatent.data.check",
+    "bytelatent.data.check": "usage: python -m bytelatent.data.check config=",
     "bytelatent.data.prepare": "usage:",
     "bytelatent.checkpoint.__main__": "usage: python -m bytelatent.checkpoint",
     "bytelatent.launch.slurm": "usage:",

@@ -93,7 +93,9 @@ def _read_safetensors(fs: Any, local: str, where: str) -> dict[str, torch.Tensor
     try:
         return load(data)
     except Exception as exc:  # truncated / foreign files
-        raise CheckpointError(f"{where}: cannot read safetensors ({type(exc).__name__}: {exc})") from None
+        raise CheckpointError(
+            f"{where}: cannot read safetensors ({type(exc).__name__}: {exc})"
+        ) from None
 
 
 def _resolve_kind(params: dict[str, Any], kind: Kind) -> Literal["blt", "entropy"]:
@@ -149,12 +151,29 @@ def load_pretrained(path: str, device: str | torch.device = "cpu", kind: Kind = 
     process, no process group; see `load_any_checkpoint`).
 
     `kind="auto"` picks the entropy model when params.json says `train_entropy_model: true` (or has
-    no `model` section), else the BLT. Reference fields with no effect here are listed once in a
-    warning. `model(tokens)` (entropy model) / `model(tokens, patch_lengths=...)` (BLT) give logits
+    no `model` section), else the BLT. Reference fields with no effect here are counted in one
+    short warning line (listed with reasons at DEBUG level). `model(tokens)` (entropy model) / `model(tokens, patch_lengths=...)` (BLT) give logits
     `[batch, length, vocab]`.
     """
     model, args, _ = load_any_checkpoint(path, device, kind)
     return model, args
+
+
+def warn_ignored_fields(where: str, ignored: list[str], shown: int = 4) -> None:
+    """One short warning line naming a few of the reference fields with no effect here; the full
+    list with each reason at DEBUG. A released params.json has dozens (most did nothing in the
+    reference either): listed whole, they made one 3.5 KB warning line on every load/export."""
+    names = [note.split(" (", 1)[0].split("=", 1)[0] for note in ignored]
+    more = f", ... ({len(names) - shown} more)" if len(names) > shown else ""
+    logger.warning(
+        "%s: %d reference field(s) have no effect here: %s%s (the list with reasons is logged "
+        "at DEBUG level)",
+        where,
+        len(names),
+        ", ".join(names[:shown]),
+        more,
+    )
+    logger.debug("%s: reference fields without effect here: %s", where, ", ".join(ignored))
 
 
 def load_any_checkpoint(path: str, device: str | torch.device = "cpu", kind: Kind = "auto"):
@@ -172,7 +191,7 @@ def load_any_checkpoint(path: str, device: str | torch.device = "cpu", kind: Kin
     where = _join(path, "params.json")
     args, resolved, ignored = model_args_from_params(params, kind, where)
     if ignored:
-        logger.warning("%s: reference fields without effect here: %s", where, ", ".join(ignored))
+        warn_ignored_fields(where, ignored)
     if cfs.exists(fs, cfs.join(path, METADATA_FILE)):
         state = load_dcp_state_dict(path, keys={"model"}).get("model")
         if not state:

@@ -50,9 +50,7 @@ class _Loader(yaml.SafeLoader):
 
 
 _Loader.yaml_implicit_resolvers = {
-    first: [
-        (tag, rx) for tag, rx in resolvers if not tag.endswith((":float", ":timestamp"))
-    ]
+    first: [(tag, rx) for tag, rx in resolvers if not tag.endswith((":float", ":timestamp"))]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _FLOAT_RE = re.compile(
@@ -63,9 +61,7 @@ _FLOAT_RE = re.compile(
         |\.(?:nan|NaN|NAN))$""",
     re.VERBOSE,
 )
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", _FLOAT_RE, list("-+0123456789.")
-)
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_RE, list("-+0123456789."))
 
 
 def _construct_mapping_no_duplicates(loader: _Loader, node: yaml.MappingNode) -> dict:
@@ -189,9 +185,7 @@ def _include_list(value: Any, where: str) -> list[str]:
         return [value]
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return list(value)
-    raise ConfigError(
-        f"{where}: 'config' must be a path or a list of paths, got {value!r}"
-    )
+    raise ConfigError(f"{where}: 'config' must be a path or a list of paths, got {value!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,19 +277,34 @@ def _resolve_interpolations(tree: dict) -> dict:
         raise ConfigError(f"{key}: cannot resolve interpolation: {msg}") from None
 
 
-def load_config_tree(argv: list[str]) -> dict:
-    """Build the merged, resolved config dict from `config=...` files and dotlist overrides."""
+def _drop_missing(node: dict) -> None:
+    """Remove the `???` leaves of `node` (in place): the model's defaults apply to them."""
+    for key in [k for k, v in node.items() if isinstance(v, str) and v == MISSING]:
+        del node[key]
+    for value in node.values():
+        if isinstance(value, dict):
+            _drop_missing(value)
+
+
+def load_config_tree(argv: list[str], cls: type | None = None) -> dict:
+    """Build the merged, resolved config dict from `config=...` files and dotlist overrides.
+
+    A `cls.config_unneeded_sections(tree) -> tuple[str, ...]` classmethod (if `cls` has one) names
+    top-level sections this run does not use (TrainArgs: `data` for a dry run); their unset `???`
+    keys take the model's defaults instead of being an error."""
     cli = parse_dotlist(argv)
     layers: list[dict] = []
     for name in cli.pop(INCLUDE_KEY, []):
         layers += _expand_file(_resolve_include(name, None), [])
     tree = merge_config_trees(*layers, cli)
+    unneeded = getattr(cls, "config_unneeded_sections", None)
+    for section in unneeded(tree) if unneeded is not None else ():
+        if isinstance(tree.get(section), dict):
+            _drop_missing(tree[section])
     missing = _find_missing(tree, "")
     if missing:
         hint = missing.split("[")[0]
-        raise ConfigError(
-            f"{missing}: mandatory value ({MISSING}) not set; pass {hint}=..."
-        )
+        raise ConfigError(f"{missing}: mandatory value ({MISSING}) not set; pass {hint}=...")
     return _resolve_interpolations(tree)
 
 
@@ -312,7 +321,7 @@ def parse_args(cls: type[ModelT], argv: list[str] | None = None) -> ModelT:
     """
     argv = sys.argv[1:] if argv is None else argv
     try:
-        tree = load_config_tree(argv)
+        tree = load_config_tree(argv, cls)
     except ConfigError:
         _raise_format_hint(cls, argv)  # e.g. a reference file's `???` paths: name the converter
         raise
@@ -346,9 +355,7 @@ def _raise_format_hint(cls: type, argv: list[str], tree: dict | None = None) -> 
 
 def dump_yaml(model: pydantic.BaseModel) -> str:
     """YAML of `model` in field order; loading it back with parse_args gives an equal model."""
-    return yaml.safe_dump(
-        model.model_dump(mode="json"), sort_keys=False, allow_unicode=True
-    )
+    return yaml.safe_dump(model.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
 
 
 def validation_error_to_config_error(
@@ -383,13 +390,8 @@ def _describe(key: str, group: list[tuple[dict, list[str], list[str]]]) -> str:
     kinds = {e["type"] for e, _, _ in group}
     if len(group) > 1 and len(kinds) > 1:
         # A union where every member failed differently: list what would have been accepted.
-        allowed = (
-            ", ".join(dict.fromkeys(t[-1] for _, t, _ in group if t))
-            or "any allowed type"
-        )
-        body = (
-            f"{_short(err.get('input'))} matches none of the allowed types ({allowed})"
-        )
+        allowed = ", ".join(dict.fromkeys(t[-1] for _, t, _ in group if t)) or "any allowed type"
+        body = f"{_short(err.get('input'))} matches none of the allowed types ({allowed})"
     else:
         body = _message(err)
     if err["type"] == "extra_forbidden":

@@ -245,7 +245,14 @@ def print_table(reports: list[FileReport]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m bytelatent.data.check", allow_abbrev=False)
+    parser = argparse.ArgumentParser(
+        prog="python -m bytelatent.data.check",
+        usage="%(prog)s config=FILE [key=value ...] [--val PATH ...]",
+        description=__doc__.split("\n\n", 1)[1],
+        epilog="key=value: any training key (`python -m bytelatent.train --help data`).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
     parser.add_argument("--val", action="append", default=[], help="validation file/glob/folder")
     options, rest = parser.parse_known_args(argv)
     # here, not at the top: `--help` and option errors come without torch start-up (TrainArgs)

@@ -8,6 +8,7 @@ plain tensor, and the groups are combined; the clip itself scales the local shar
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import torch
@@ -22,12 +23,29 @@ def _group_by_mesh(grads: list[torch.Tensor]) -> dict[object, list[torch.Tensor]
     return groups
 
 
-def _group_norm(
-    grads: list[torch.Tensor], norm_type: float, foreach: bool | None
-) -> torch.Tensor:
-    norm = torch.nn.utils.get_total_norm(grads, norm_type, foreach=foreach)
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()  # reduces partial/sharded norms over the mesh
+class _SequentialReduceNotice(logging.Filter):
+    """Drops DTensor's notice that reducing a norm that is partial over two mesh dims (TP x FSDP)
+    takes "2 sequential all_reduce operations ... suboptimal ... may give inconsistent results
+    between ranks". Here it is a few norms per step (tiny collectives), and not inconsistent:
+    after the first all-reduce every rank of a group holds the same value, so the second reduces
+    identical inputs on every group. Other messages of that logger pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "sequential all_reduce operations" not in record.getMessage()
+
+
+_REDISTRIBUTE_LOG = logging.getLogger("torch.distributed.tensor._redistribute")
+
+
+def _group_norm(grads: list[torch.Tensor], norm_type: float, foreach: bool | None) -> torch.Tensor:
+    notice = _SequentialReduceNotice()  # get_total_norm's stack and full_tensor both reduce
+    _REDISTRIBUTE_LOG.addFilter(notice)
+    try:
+        norm = torch.nn.utils.get_total_norm(grads, norm_type, foreach=foreach)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()  # reduces partial/sharded norms over the mesh
+    finally:
+        _REDISTRIBUTE_LOG.removeFilter(notice)
     return norm.float()
 
 
@@ -49,14 +67,9 @@ def clip_grad_norm_(
     if not grads:
         return torch.tensor(0.0)
     norm_type = float(norm_type)
-    norms = [
-        _group_norm(group, norm_type, foreach)
-        for group in _group_by_mesh(grads).values()
-    ]
+    norms = [_group_norm(group, norm_type, foreach) for group in _group_by_mesh(grads).values()]
     device = norms[0].device
-    total = torch.linalg.vector_norm(
-        torch.stack([n.to(device) for n in norms]), norm_type
-    )
+    total = torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]), norm_type)
     if max_norm > 0:
         scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         # Scaling is linear, so scaling local shards is right for sharded, replicated and

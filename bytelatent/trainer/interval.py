@@ -91,18 +91,24 @@ class IntervalMetrics:
         self.data_time += data_time
         self.patch_stats.add(batches)
 
-    def _reduced(self) -> dict[str, float]:
-        """The interval's sums over data-parallel ranks (float64)."""
-        sums = torch.tensor([self.loss_sum.item(), *self.sums.values()], dtype=torch.float64)
+    def _reduced(self, tokens_seen: int) -> dict[str, float]:
+        """The interval's sums, and each rank's run total `tokens_seen`, over data-parallel ranks
+        (float64: exact to 2**53)."""
+        values = [self.loss_sum.item(), *self.sums.values(), float(tokens_seen)]
+        sums = torch.tensor(values, dtype=torch.float64)
         if self.dp_size > 1:
             sums = sums.to(self.device)
             dist.all_reduce(sums, group=self._dp_group())
             sums = sums.cpu()
-        return dict(zip(("loss_sum", *_HOST_SUMS), sums.tolist()))
+        return dict(zip(("loss_sum", *_HOST_SUMS, "tokens_seen"), sums.tolist()))
 
-    def compute(self, step: int, **extra: float) -> dict:
-        """The metric record of the interval that ends at `step`; starts the next interval."""
-        s = self._reduced()  # the host copy of the loss waits for the queued steps
+    def compute(self, step: int, tokens_seen: int = 0, **extra: float) -> dict:
+        """The metric record of the interval that ends at `step`; starts the next interval.
+
+        `tokens_seen` is this rank's target bytes since the run began (`TrainState`); the record
+        holds the sum over data-parallel ranks, like `n_bytes` (which counts this interval only).
+        """
+        s = self._reduced(tokens_seen)  # the host copy of the loss waits for the queued steps
         step_time = self.clock.pop()
         elapsed = max(step_time + self.data_time, 1e-9)
         m = {
@@ -110,6 +116,7 @@ class IntervalMetrics:
             "loss": s["loss_sum"] / max(s["n_targets"], 1.0),
             "bpb": bits_per_byte(s["loss_sum"], s["n_bytes"]),
             "n_bytes": int(s["n_bytes"]),
+            "tokens_seen": int(s["tokens_seen"]),
             **extra,
             "bytes_per_s": s["real_tokens"] / elapsed,
             "flops_per_s": s["useful_flops"] / elapsed,

@@ -239,6 +239,14 @@ def _fmt_shape(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
+# What the training log measures instead (trainer/metrics.py `peak_memory_gib`).
+MEASURED_NOTE = (
+    "  (tensors only, a lower bound; the log's `mem` / `peak_mem_gib` is measured: the CUDA "
+    "allocator's peak on GPU, the process's peak RSS on CPU, which also counts the interpreter, "
+    "libraries (~0.3 GiB) and allocator caches)"
+)
+
+
 def render(
     model: nn.Module, args: TrainArgs, world_size: int, rank: int, tp: int = 1
 ) -> tuple[str, int, MemoryEstimate]:
@@ -261,6 +269,7 @@ def render(
         f"estimated memory per rank (micro-batch {args.data.batch_size} rows, "
         f"activation_checkpointing={args.distributed.activation_checkpointing}):",
         *(f"  {k:<16} {v / GIB:10.3f} GiB" for k, v in memory_items(mem)),
+        MEASURED_NOTE,
         "",
         "parameters (name, shape, dtype, count, local shape, local count, placement, optim group):",
     ]

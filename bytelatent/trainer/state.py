@@ -84,7 +84,7 @@ class TrainState(BaseModel):
     data_state: dict[str, Any] | None = None  # the data iterator's state after the last batch used
     scheduler: dict[str, Any] = {}
     rng: dict[str, Any] = {}
-    tokens_seen: int = 0  # target bytes consumed on this rank
+    tokens_seen: int = 0  # target bytes consumed on this rank (metrics report the dp sum)
     actions: dict[str, Any] = {}  # each action's state (bytelatent.trainer.actions)
     # {"relative_steps": N, "stop_step": S} while a relative_steps run is under way (loop_controls)
     relative_target: dict[str, int] | None = None
@@ -96,6 +96,7 @@ class TrainState(BaseModel):
         if isinstance(data, dict) and "acc_step" in data:
             data = {k: v for k, v in data.items() if k != "acc_step"}
         return data
+
 
 def read_data_states(fs: Any, path: str, saved_dp_size: int) -> list[dict | None]:
     """The data state of every dp rank that wrote the checkpoint at `path` (elastic resume)."""

@@ -47,3 +47,21 @@ def test_folder_without_weights_names_consolidate(tmp_path):
     (tmp_path / "params.json").write_text(json.dumps({"model": {}}))
     with pytest.raises(CheckpointError, match="checkpoint consolidate STEP_DIR"):
         read_weights(str(tmp_path))
+
+
+def test_reference_fields_without_effect_warn_in_one_short_line(caplog):
+    """A released params.json: dozens of ignored fields, one short warning, the list at DEBUG."""
+    import logging
+
+    from bytelatent.checkpoint.pretrained import warn_ignored_fields
+
+    # the notes as bytelatent.model.reference_compat words them
+    many = ["dim=128 (the reference ignores it for BLT; the global transformer uses dim_global)"]
+    many += [f"field_{i} (no effect in the reference)" for i in range(60)]
+    with caplog.at_level(logging.DEBUG, logger="bytelatent"):
+        warn_ignored_fields("run/params.json", many)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and len(warnings[0]) < 300, warnings
+    assert f"{len(many)} reference field(s)" in warnings[0] and "more)" in warnings[0]
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert len(debug) == 1 and all(note in debug[0] for note in many)

@@ -15,6 +15,7 @@ import torch
 from bytelatent.args import TrainArgs
 from bytelatent.config import parse_args
 from bytelatent.config.help import sections as config_sections
+from bytelatent.errors import ConfigError
 from bytelatent.train import main
 from bytelatent.trainer.build import build_parallel_model
 from bytelatent.trainer.model_info import (
@@ -26,13 +27,7 @@ from bytelatent.trainer.model_info import (
 
 REPO = Path(__file__).resolve().parents[2]
 BLT_1B_PARAMS = 4_533_879_808
-BLT_1B = [
-    "config=configs/blt_1b.yaml",
-    "dry_run=true",
-    "data.root_dir=/nonexistent/data",  # a dry run reads no data
-    "data.sources={stdlib: 1.0}",
-    "data.preprocess_dir=/nonexistent/entropies",
-]
+BLT_1B = ["config=configs/blt_1b.yaml", "dry_run=true"]  # no data.*: a dry run reads no data
 
 
 def env() -> dict[str, str]:
@@ -96,6 +91,19 @@ def test_dry_run_blt_1b_two_ranks_fsdp(tmp_path):
         assert noise not in res.stderr, res.stderr[-3000:]
 
 
+def test_dry_run_needs_no_data_keys_a_real_run_does(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    base = ["config=configs/blt_1b.yaml", f"dump_dir={tmp_path}"]
+    args = parse_args(TrainArgs, [*base, "dry_run=true"])
+    assert args.data.root_dir is None and args.data.preprocess_dir is None
+    given = parse_args(TrainArgs, [*base, "dry_run=true", "data.root_dir=d"])
+    assert given.data.root_dir == "d"  # a value that is set is kept
+    with pytest.raises(ConfigError, match=r"^data\.root_dir: mandatory value"):
+        parse_args(TrainArgs, base)
+    with pytest.raises(ConfigError, match=r"^dump_dir: mandatory value"):
+        parse_args(TrainArgs, ["config=configs/blt_1b.yaml", "dry_run=true"])  # not data: still
+
+
 def tiny(tmp_path, *extra: str) -> TrainArgs:
     return parse_args(TrainArgs, ["config=configs/debug.yaml", f"dump_dir={tmp_path}", *extra])
 
@@ -127,6 +135,7 @@ def test_model_info_lists_every_parameter_and_component(tmp_path, monkeypatch):
     rows = info_rows(tmp_path / MODEL_INFO)
     assert [r[0] for r in rows] == [name for name, _ in model.named_parameters()]
     assert sum(r[1] for r in rows) == total == sum(p.numel() for p in model.parameters())
+    assert "allocator's peak on GPU, the process's peak RSS on CPU" in text  # what `mem` is
     for component in ("tok_embeddings", "layers", "norm", "output"):
         assert re.search(rf"^  {component}\s+[\d,]+", text, re.M), component
 
@@ -141,7 +150,9 @@ def test_help_lists_every_config_section(capsys):
         assert {"data", "model", "optim", "distributed", "checkpoint", "eval"} <= set(sections)
         for name in sections:  # each with the description of its field
             description = TrainArgs.model_fields[name].description
-            assert description and re.search(rf"^  {name}\s+{re.escape(description)}", out, re.M), name
+            assert description and re.search(
+                rf"^  {name}\s+{re.escape(description)}", out, re.M
+            ), name
         top_level = out.split("Top-level keys")[1].split("Config sections")[0]
         for name in set(TrainArgs.model_fields) - set(sections):
             assert re.search(rf"^  {name} = ", top_level, re.M), name

@@ -115,6 +115,21 @@ def test_interval_metrics_report_useful_work_and_padding(tmp_path, monkeypatch):
     assert m["loss"] == pytest.approx(1.0) and m["step_time_s"] == 1.5 and m["lr"] == 0.1
 
 
+def test_tokens_seen_is_summed_over_data_parallel_ranks_like_n_bytes(tmp_path, monkeypatch):
+    """Two data-parallel ranks with the same numbers: every sum, the run total too, doubles."""
+    monkeypatch.chdir(REPO)
+    flops = FlopsCounter(args_for(tmp_path, "config=configs/entropy_debug.yaml", *TINY_ENTROPY))
+    interval = IntervalMetrics(torch.device("cpu"), flops, None, 2, 2, lambda: None)
+    monkeypatch.setattr(interval.clock, "pop", lambda: 1.0)
+    monkeypatch.setattr(
+        "bytelatent.trainer.interval.dist.all_reduce", lambda t, group=None: t.mul_(2)
+    )
+    out = StepOutput(torch.tensor(7.0, dtype=torch.float64), 7, 7, torch.tensor(1.0))
+    interval.add(out, [padded_batch()], data_time=0.0)
+    m = interval.compute(3, tokens_seen=21, lr=0.1)  # this rank: 21 bytes since the start
+    assert m["n_bytes"] == 14 and m["tokens_seen"] == 42 and m["lr"] == 0.1
+
+
 def _attended_pairs(q, k, attn_mask, is_causal) -> int:
     b, h, sq, _ = q.shape
     sk = k.shape[2]
