@@ -50,6 +50,15 @@ SKIP = [
     ("async_launch.mode=slurm", "submits to a SLURM cluster (tests/eval/test_async_slurm.py)"),
     ("tasks=[my_task]", "needs your lm-eval task YAMLs (tests/generation/test_harness.py)"),
     (
+        "hf/Llama-3.2-1B",
+        "needs Meta's Llama weights from the HF hub (tests/trainer/test_byteify.py: tiny Llama)",
+    ),
+    ("mydata", "your own corpus (tests/trainer/test_byteify.py, tests/data/test_patch_size.py)"),
+    (
+        "runs/entropy/checkpoints/0000100000",
+        "a 100k-step entropy model (tests/data/test_patch_size.py)",
+    ),
+    (
         "blt/bytelatent/configs/",
         "a file of the reference repository (tests/interop/test_from_reference.py)",
     ),
