@@ -14,11 +14,42 @@ from tests.tiny import BLT_CONFIG, ENTROPY_CONFIG, TINY_BLT_MODEL, TINY_ENTROPY_
 REPO = Path(__file__).resolve().parents[1]
 
 
+# Test files that start two or more ranks as processes. On a CUDA host each rank takes the GPU of
+# its LOCAL_RANK, so with fewer than two GPUs they cannot run: they skip there (CPU hosts run
+# them over gloo, as CI does).
+MULTIRANK_FILES = {
+    "test_dry_run.py", "test_runs.py", "test_wandb.py", "test_slurm.py", "test_peer_faults.py",
+    "test_corrupt_resume.py", "test_slurm_launcher.py", "test_resume.py", "test_async_eval.py",
+    "test_single_device_fsdp.py", "test_multirank.py", "test_tp_run_warnings.py",
+    "test_env_mesh.py", "test_hf_llama.py", "test_reshard.py", "test_elastic_resume.py",
+    "test_kill_during_save.py", "test_checkpoint_multirank.py", "test_byteify.py",
+}  # fmt: skip
+
+
+def _gpus_for_ranks() -> int | None:
+    """The number of visible GPUs on a CUDA host; None on a CPU host (ranks use gloo)."""
+    import torch  # noqa: PLC0415 - only when the hook runs
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else None
+
+
+def multirank_skip_reason(file_name: str, gpus: int | None) -> str | None:
+    """Why a test of `file_name` cannot run with `gpus` visible GPUs (None: a CPU host)."""
+    if file_name in MULTIRANK_FILES and gpus is not None and gpus < 2:
+        return f"starts 2 ranks: needs 2 GPUs on a CUDA host ({gpus} visible)"
+    return None
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """`@pytest.mark.conformance(files...)`: skip without the fixtures, fail under CI's env var."""
+    """`@pytest.mark.conformance(files...)`: skip without the fixtures, fail under CI's env var.
+    Multi-rank test files skip on a CUDA host with fewer than two GPUs."""
     for mark in item.iter_markers("conformance"):
         require_conformance(*mark.args)
+    if item.path.name in MULTIRANK_FILES and (
+        reason := multirank_skip_reason(item.path.name, _gpus_for_ranks())
+    ):
+        pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")
