@@ -25,6 +25,7 @@ from bytelatent.args import TrainArgs
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.checkpoint.consolidate import PARAMS_FILE
 from bytelatent.checkpoint.manager import CheckpointManager, parse_step, train_state_name
+from bytelatent.checkpoint.verify import verify_step_folder
 from bytelatent.config.redact import redacted_dump
 from bytelatent.errors import ConfigError
 from bytelatent.trainer.build import build_model
@@ -98,6 +99,12 @@ def check_resume(args: TrainArgs) -> ResumeCheck:
     fs = cfs.get_fs(path, ckpt.s3_profile)
     state = _saved_state(fs, path)
     check = ResumeCheck(path=path, step=state.step, stop_step=resolve_stop_step(args, state))
+    if check.complete and not ckpt.load_path:
+        # "Nothing to do" only for a checkpoint that verifies: a damaged newest one is set aside
+        # by the trainer's resume, which then continues from the previous one.
+        report = verify_step_folder(path, ckpt.verify == "checksum", fs=fs)
+        if not report.ok:
+            return ResumeCheck(path=None)
     params_file = cfs.join(path, PARAMS_FILE)
     if cfs.exists(fs, params_file):
         saved = json.loads(cfs.read_text(fs, params_file))

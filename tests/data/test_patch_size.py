@@ -104,8 +104,8 @@ def test_debug_entropy_model_threshold_holds_in_training(tmp_path, corpus_root):
     _, val_mean = run_tool(model_dir, corpus_root / "stdlib" / "stdlib.val.jsonl", 10**6)
     assert val_mean == pytest.approx(4.5, rel=0.02)
     # The threshold for the text the BLT run reads: its 30 steps x 8 rows x 256 bytes are the
-    # first ~61 kB of the training stream (documents in file order, shuffled only within a
-    # 16-window buffer). Per-document means vary from 3.4 to 5.9 bytes here, so the validation
+    # first ~61 kB of the training stream (documents in file order: shard shuffling and
+    # interleaving are off and one stream feeds every row, shuffled only within a 16-window buffer). Per-document means vary from 3.4 to 5.9 bytes here, so the validation
     # file's 3 documents give a threshold ~0.02 nat off; the tool states the same for any text.
     threshold, _ = run_tool(
         model_dir, corpus_root / "stdlib" / "stdlib.chunk.*.jsonl", 30 * 8 * 256
@@ -122,6 +122,9 @@ def test_debug_entropy_model_threshold_holds_in_training(tmp_path, corpus_root):
         "data.patcher_args.patching_device=cpu",
         f"data.patcher_args.threshold={threshold}",
         "data.batch_size=8",
+        "data.shuffle_files=false",
+        "data.open_files=1",
+        "data.virtual_streams=1",
         "logging.freq=5",
         "steps=30",
     ]
