@@ -197,8 +197,10 @@ def slurm_master_addr(nodelist: str) -> str:
 
 
 def slurm_master_port(job_id: str, step_id: str) -> int:
-    """A port every task of a step derives alike; steps of one job get different ports."""
-    return random.Random(f"{job_id}.{step_id}").randint(20000, 60000)
+    """A port every task of a step derives alike; steps of one job get different ports. Below
+    Linux's default ephemeral range (32768-60999), where outgoing connections take ports and a
+    listening rendezvous could find its port taken (EADDRINUSE)."""
+    return random.Random(f"{job_id}.{step_id}").randint(20000, 32767)
 
 
 def _export_slurm_rendezvous(env: DistEnv) -> None:

@@ -97,7 +97,7 @@ def _srun_launch(args: SlurmArgs, train_argv: list[str]) -> tuple[str, str]:
     per_node = f"trap '' USR2; exec {torchrun}{rendezvous} {rest}"
     command = (
         'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"\n'
-        'export MASTER_ADDR MASTER_PORT="$((20000 + SLURM_JOB_ID % 40000))"\n'
+        'export MASTER_ADDR MASTER_PORT="$((20000 + SLURM_JOB_ID % 12768))"\n'
         f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c {shlex.quote(per_node)}"
     )
     # Every process of the srun steps on every node (SLURM signals the whole step), not this shell;

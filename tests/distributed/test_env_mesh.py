@@ -220,7 +220,7 @@ def test_bad_env_value_is_config_error(clean_env: pytest.MonkeyPatch):
 
 def test_slurm_port_is_stable_and_differs_per_step():
     assert slurm_master_port("123", "0") == slurm_master_port("123", "0")
-    assert 20000 <= slurm_master_port("123", "0") <= 60000
+    assert 20000 <= slurm_master_port("123", "0") <= 32767  # below the ephemeral range
     assert slurm_master_port("123", "0") != slurm_master_port("123", "1")
 
 
