@@ -592,44 +592,56 @@ def flex_self_block_mask(
 ) -> Any:
     """The flex_attention BlockMask of a self-attention mask kind for ``tokens`` [B,S].
 
-    Query q sees exactly the keys ``first_visible_key(q) .. q`` (a contiguous range whose start
-    never decreases with q), so a (query block [a,b], key block [c,d]) pair is non-empty iff
-    ``fv(max(a,c)) <= d`` with ``max(a,c) <= b``, and full iff ``d <= a`` and ``fv(b) <= c``.
-    Only [B, S] and [B, S/block, S/block] tensors are built (never S x S); ``mask_mod`` decides
-    the partial blocks. Works for CPU and CUDA tensors (flex runs only on CUDA).
+    Query q sees exactly the keys ``first_visible_key(q) .. q``: an interval mask (see
+    ``flex_interval_block_mask``). Only [B, S] and [B, S/block, S/block] tensors are built (never
+    S x S). Works for CPU and CUDA tensors (flex runs only on CUDA).
+    """
+    bsz, seqlen = tokens.shape
+    pos = torch.arange(seqlen, device=tokens.device)
+    if kind in (None, "causal"):
+        first = torch.zeros(bsz, seqlen, dtype=torch.long, device=tokens.device)
+    else:
+        first = first_visible_key(tokens, eos_id, window)
+    return flex_interval_block_mask(first, (pos + 1).expand(bsz, seqlen), seqlen, block)
+
+
+def flex_interval_block_mask(
+    lo: torch.Tensor, hi: torch.Tensor, kv_len: int, block: int = FLEX_BLOCK
+) -> Any:
+    """The flex_attention BlockMask in which query q of row b sees keys ``lo[b,q] <= j < hi[b,q]``.
+
+    ``lo``, ``hi`` [B, Q] never decrease with q and chain (``lo[b,q+1] <= hi[b,q]``), so the keys
+    seen by a query block [a, e] are the one interval ``lo[a] .. hi[e]``: a (query block, key block
+    [c, d]) pair is non-empty iff ``lo[a] <= d`` and ``hi[e] > c``, and full iff ``lo[e] <= c`` and
+    ``hi[a] > d`` (blocks cut by a row end are never full). Without chaining the non-empty test
+    only over-approximates, which ``mask_mod`` corrects. Only [B, Q] and [B, Q/block, K/block]
+    tensors are built; ``mask_mod`` decides the partial blocks from ``lo``/``hi``.
     """
     from torch.nn.attention.flex_attention import BlockMask  # the flex stack: only when used
 
-    seqlen = tokens.shape[1]
-    doc = None
-    if kind in (None, "causal"):
-        first = torch.zeros(1, seqlen, dtype=torch.long, device=tokens.device)
-    else:
-        first = first_visible_key(tokens, eos_id, window)
-        doc = document_ids(tokens, eos_id)
-    starts = torch.arange(0, seqlen, block, device=tokens.device)
-    ends = (starts + block - 1).clamp(max=seqlen - 1)
-    q_lo = torch.maximum(starts[:, None], starts[None, :]).clamp(max=seqlen - 1)
-    nonempty = (q_lo <= ends[:, None]) & (first[:, q_lo] <= ends[None, None, :])
-    complete = starts + block <= seqlen  # a block past the row end is never marked full
-    full = (ends[None, :] <= starts[:, None]) & complete[:, None] & complete[None, :]
-    full = full & (first[:, ends][:, :, None] <= starts[None, None, :])
-    window = window if kind == "local_block_causal" else None
+    q_len = lo.shape[1]
+
+    def bounds(length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        starts = torch.arange(0, length, block, device=lo.device)
+        lasts = (starts + block - 1).clamp(max=length - 1)
+        return starts, lasts, starts + block <= length
+
+    q_starts, q_lasts, q_complete = bounds(q_len)
+    k_starts, k_lasts, k_complete = bounds(kv_len)
+    lo_a, lo_e = lo[:, q_starts, None], lo[:, q_lasts, None]  # [B, nQ, 1]
+    hi_a, hi_e = hi[:, q_starts, None], hi[:, q_lasts, None]
+    nonempty = (lo_a <= k_lasts) & (hi_e > k_starts)
+    full = (lo_e <= k_starts) & (hi_a > k_lasts) & q_complete[:, None] & k_complete
 
     def mask_mod(b, h, q_idx, kv_idx):
-        keep = kv_idx <= q_idx
-        if doc is not None:
-            keep = keep & (doc[b, q_idx] == doc[b, kv_idx])
-        if window is not None:
-            keep = keep & (kv_idx > q_idx - window)
-        return keep
+        return (kv_idx >= lo[b, q_idx]) & (kv_idx < hi[b, q_idx])
 
     return BlockMask.from_kv_blocks(
         *_ordered_blocks(nonempty & ~full),
         *_ordered_blocks(full),
         BLOCK_SIZE=block,
         mask_mod=mask_mod,
-        seq_lengths=(seqlen, seqlen),
+        seq_lengths=(q_len, kv_len),
     )
 
 

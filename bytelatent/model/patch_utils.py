@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from bytelatent.errors import DataError
-from bytelatent.model.attention import AttnMask
+from bytelatent.model.attention import AttnMask, flex_interval_block_mask
 
 POOLING_MODES = ("avg", "min", "max")
 _POOL_REDUCE = {"avg": "mean", "min": "amin", "max": "amax"}
@@ -193,27 +193,49 @@ def build_cross_mask(
     backend: str = "sdpa",
     structured: bool = True,
 ) -> PatchCrossMask:
-    """The cross-attention mask of one side; dense only when a window is set or ``structured`` is off."""
+    """The cross-attention mask of one side: structured without a window (unless ``structured``
+    is off), else a mask for ``attend`` in ``backend``'s representation (flex: a BlockMask from
+    per-query key bounds, never a [P*k, N] tensor; sdpa and xformers: a dense bool mask)."""
     if side not in ("encoder", "decoder"):
         raise ValueError(f"side must be 'encoder' or 'decoder', got {side!r}")
     if structured and window is None:
         return PatchCrossMask(side, patch_ids, num_patches, k)
-    build = encoder_cross_attn_allowed if side == "encoder" else decoder_cross_attn_allowed
-    attn = AttnMask.from_dense(build(patch_ids, num_patches, k, window), backend=backend)
     if backend == "flex_attention":
-        attn.block_mask = _flex_block_mask(attn.dense)
+        attn = _flex_cross_mask(side, patch_ids, num_patches, k, window)
+    else:
+        build = encoder_cross_attn_allowed if side == "encoder" else decoder_cross_attn_allowed
+        attn = AttnMask.from_dense(build(patch_ids, num_patches, k, window), backend=backend)
     return PatchCrossMask(side, patch_ids, num_patches, k, attn)
 
 
-def _flex_block_mask(dense: torch.Tensor) -> object:
-    # the flex stack: imported only when a flex mask is used
-    from torch.nn.attention.flex_attention import create_block_mask
+def cross_attn_key_bounds(
+    side: str, patch_ids: torch.Tensor, num_patches: int, k: int, window: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lo, hi) [B, queries]: query q attends exactly the keys ``lo[b,q] <= j < hi[b,q]``.
 
-    if not dense.is_cuda:
-        raise RuntimeError("flex_attention masks need CUDA tensors; use backend='sdpa'")
-    bsz, _, q_len, kv_len = dense.shape
+    The same function as ``encoder_/decoder_cross_attn_allowed`` (w = window or 1): patch ids never
+    decrease along the bytes, so the bytes of patches ``p-w+1 .. p`` (encoder) and the slots of
+    patches ``d-w+1 .. d`` (decoder) are contiguous. Both bounds never decrease with q and chain
+    (lo[q+1] <= hi[q]), as ``flex_interval_block_mask`` wants.
+    """
+    span = 1 if window is None else window
+    if side == "encoder":  # slot q of patch p = q // k sees bytes with p - w < patch_ids <= p
+        patch = torch.arange(num_patches * k, device=patch_ids.device) // k
+        patch = patch.expand(patch_ids.shape[0], -1).contiguous()
+        ids = patch_ids.contiguous()
+        lo = torch.searchsorted(ids, patch - span, right=True)
+        return lo, torch.searchsorted(ids, patch, right=True)
+    # byte i sees the slots of patches d_i - w < p <= d_i
+    return ((patch_ids - span + 1) * k).clamp(min=0), (patch_ids + 1) * k
 
-    def mask_mod(b, h, q_idx, kv_idx):
-        return dense[b, 0, q_idx, kv_idx]
 
-    return create_block_mask(mask_mod, bsz, None, q_len, kv_len, device=dense.device)
+def _flex_cross_mask(
+    side: str, patch_ids: torch.Tensor, num_patches: int, k: int, window: int | None
+) -> AttnMask:
+    lo, hi = cross_attn_key_bounds(side, patch_ids, num_patches, k, window)
+    kv_len = patch_ids.shape[1] if side == "encoder" else num_patches * k
+    return AttnMask(
+        block_mask=flex_interval_block_mask(lo, hi, kv_len),
+        query_has_key=(hi > lo)[:, None, :, None],
+        backend="flex_attention",
+    )

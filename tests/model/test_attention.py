@@ -16,6 +16,7 @@ from bytelatent.model.attention import (
     resolve_backend,
     self_attn_mask,
 )
+from tests.model.mask_helpers import LargestTensor, flex_elementwise
 
 EOS = 2
 HAS_CUDA = torch.cuda.is_available()
@@ -206,47 +207,6 @@ def test_cuda_only_backends_fail_clearly_on_cpu(backend):
             self_attn_mask("block_causal", tokens, backend=backend)
 
 
-class _LargestTensor(torch.utils._python_dispatch.TorchDispatchMode):
-    """Records the largest number of elements of any tensor an op produces."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in torch.utils._pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
-def _flex_elementwise(block_mask, bsz: int, seqlen: int) -> torch.Tensor:
-    """The [B, S, S] mask a BlockMask applies: full blocks, partial blocks through mask_mod."""
-    from torch.nn.attention.flex_attention import create_mask
-
-    block = block_mask.BLOCK_SIZE[0]
-
-    def expand(blocks: torch.Tensor) -> torch.Tensor:  # [B,1,nQ,nK] -> [B,S,S]
-        return (
-            blocks[:, 0]
-            .repeat_interleave(block, 1)
-            .repeat_interleave(block, 2)[:, :seqlen, :seqlen]
-            .expand(bsz, seqlen, seqlen)
-        )
-
-    # to_dense() of a BlockMask rebuilt from the full blocks alone: only the full blocks
-    full = (
-        type(block_mask)
-        .from_kv_blocks(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, BLOCK_SIZE=block)
-        .to_dense()
-        .bool()
-    )
-    touched = block_mask.to_dense().bool()  # partial or full
-    inner = create_mask(block_mask.mask_mod, bsz, 1, seqlen, seqlen, device="cpu")[:, 0]
-    return expand(full) | (expand(touched) & inner)
-
-
 @pytest.mark.parametrize(("kind", "window"), CASES)
 @pytest.mark.parametrize("seqlen", [300, 384])
 def test_flex_block_mask_equals_brute_force_and_create_block_mask(kind, window, seqlen):
@@ -259,7 +219,7 @@ def test_flex_block_mask_equals_brute_force_and_create_block_mask(kind, window, 
     assert mask.backend == "flex_attention" and mask.dense is None and not mask.is_causal
     block_mask = mask.block_mask
     expected = brute_force_allowed(kind, tokens, window)
-    assert torch.equal(_flex_elementwise(block_mask, 2, seqlen), expected)
+    assert torch.equal(flex_elementwise(block_mask, 2, seqlen), expected)
     # block classification is exact: the same blocks as torch's own builder from the dense mask
     reference = create_block_mask(
         lambda b, h, q, kv: expected[b, q, kv], 2, None, seqlen, seqlen, device="cpu"
@@ -302,7 +262,7 @@ def test_flex_and_xformers_masks_never_allocate_s_by_s(monkeypatch, kind, window
     monkeypatch.setattr(attention, "_import_xformers_fmha", lambda: _FakeFmha)
     seqlen = 1024
     tokens = packed_rows(2, seqlen, seed=1)
-    with _LargestTensor() as sizes:
+    with LargestTensor() as sizes:
         mask = self_attn_mask(kind, tokens, eos_id=EOS, window=window, backend=backend)
     assert sizes.largest < seqlen * seqlen // 8
     assert mask.dense is None and mask.backend == backend
@@ -310,7 +270,7 @@ def test_flex_and_xformers_masks_never_allocate_s_by_s(monkeypatch, kind, window
         assert mask.xformers_bias.seqlens == document_lengths(tokens, EOS)
         assert mask.xformers_bias.window == window
         assert sum(mask.xformers_bias.seqlens) == tokens.numel()
-    with _LargestTensor() as sizes:  # the sdpa path does build it (the check can fail)
+    with LargestTensor() as sizes:  # the sdpa path does build it (the check can fail)
         self_attn_mask(kind, tokens, eos_id=EOS, window=window)
     if kind == "block_causal":
         assert sizes.largest >= seqlen * seqlen

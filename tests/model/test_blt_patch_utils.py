@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from bytelatent.errors import DataError
+from bytelatent.model.attention import attend
 from bytelatent.model.cross_attention import CrossAttention
 from bytelatent.model.patch_utils import (
     build_cross_mask,
@@ -16,6 +17,7 @@ from bytelatent.model.patch_utils import (
     patch_ids_from_lengths,
     pool_patches,
 )
+from tests.model.mask_helpers import LargestTensor, flex_elementwise
 
 
 def random_lengths(gen: torch.Generator, bsz: int, seq_len: int, max_len: int = 5) -> torch.Tensor:
@@ -193,3 +195,82 @@ def test_parse_pooling() -> None:
 def test_check_patch_lengths_errors(lengths: list[list[int]], message: str) -> None:
     with pytest.raises(DataError, match=message):
         check_patch_lengths(torch.tensor(lengths), 9)
+
+
+def _cross_layout(seed: int, seq_len: int, k: int, extra_padding: int):
+    """Random patch lengths (one row ends early: many padded patches, i.e. empty encoder rows)."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.nn.functional.pad(
+        random_lengths(gen, 3, seq_len, max_len=7), (0, extra_padding)
+    )
+    return lengths, lengths.shape[1]
+
+
+def _cross_ids(side: str, lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
+    build = patch_ids_from_lengths if side == "encoder" else decoder_patch_ids_from_lengths
+    return build(lengths, seq_len)
+
+
+def _dense_cross(side, ids, num_patches, k, window) -> torch.Tensor:
+    build = encoder_cross_attn_allowed if side == "encoder" else decoder_cross_attn_allowed
+    return build(ids, num_patches, k, window)[:, 0]
+
+
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+@pytest.mark.parametrize(("window", "k"), [(None, 2), (1, 1), (2, 2), (3, 3), (40, 2)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_flex_cross_block_mask_equals_brute_force(side, window, k, seed) -> None:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    seq_len = 300
+    lengths, num_patches = _cross_layout(seed, seq_len, k, extra_padding=70)
+    ids = _cross_ids(side, lengths, seq_len)
+    mask = build_cross_mask(side, ids, num_patches, k, window, "flex_attention", structured=False)
+    attn = mask.attn
+    assert attn.backend == "flex_attention" and attn.dense is None and not mask.structured
+    expected = _dense_cross(side, ids, num_patches, k, window)
+    q_len, kv_len = expected.shape[1:]
+    assert torch.equal(flex_elementwise(attn.block_mask, 3, q_len, kv_len), expected)
+    assert torch.equal(attn.query_has_key[:, 0, :, 0], expected.any(-1))
+    if side == "encoder" and window is None:
+        assert not attn.query_has_key.all()  # the padded patches: empty query rows
+    # block classification is exact: the blocks torch's own builder finds in the dense mask
+    reference = create_block_mask(
+        lambda b, h, q, kv: expected[b, q, kv], 3, None, q_len, kv_len, device="cpu"
+    )
+    assert torch.equal(attn.block_mask.to_dense(), reference.to_dense())
+    assert torch.equal(attn.block_mask.full_kv_num_blocks, reference.full_kv_num_blocks)
+
+
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_flex_cross_mask_never_allocates_the_dense_mask(side) -> None:
+    seq_len, k, window = 2048, 2, 3
+    lengths, num_patches = _cross_layout(4, seq_len, k, extra_padding=8)
+    ids = _cross_ids(side, lengths, seq_len)
+    dense_size = 3 * num_patches * k * seq_len
+    with LargestTensor() as sizes:
+        build_cross_mask(side, ids, num_patches, k, window, "flex_attention", structured=False)
+    assert sizes.largest < dense_size // 64
+    with LargestTensor() as sizes:  # the sdpa path builds it (the check can fail)
+        build_cross_mask(side, ids, num_patches, k, window)
+    assert sizes.largest >= dense_size
+
+
+@pytest.mark.parametrize(("side", "window"), [("encoder", None), ("encoder", 2), ("decoder", 3)])
+def test_flex_cross_forward_on_cpu_matches_dense(side, window) -> None:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    seq_len, k = 260, 2
+    lengths, num_patches = _cross_layout(7, seq_len, k, extra_padding=30)
+    ids = _cross_ids(side, lengths, seq_len)
+    dense = build_cross_mask(side, ids, num_patches, k, window, structured=False).attn
+    flex = build_cross_mask(
+        side, ids, num_patches, k, window, "flex_attention", structured=False
+    ).attn
+    q_len, kv_len = dense.dense.shape[2:]
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 4, q_len, 16, generator=gen, dtype=torch.float64)
+    kv = torch.randn(2, 3, 4, kv_len, 16, generator=gen, dtype=torch.float64)
+    want = attend(q, kv[0], kv[1], dense)
+    got = flex_attention(q, kv[0], kv[1], block_mask=flex.block_mask)  # eager CPU forward
+    torch.testing.assert_close(got * flex.query_has_key, want)
