@@ -44,8 +44,9 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -284,6 +285,7 @@ def self_attn_mask(
     eos_id: int = 2,
     window: int | None = None,
     backend: str = "sdpa",
+    docs: HostDocuments | None = None,
 ) -> AttnMask:
     """Build the self-attention mask of ``kind`` for packed rows ``tokens`` [B,S] once per forward.
 
@@ -291,12 +293,15 @@ def self_attn_mask(
     gets only the representation it runs: sdpa a causal flag, a dense mask (plus a CPU plan) or,
     for a local mask over a row much longer than the window, a band (see BandedMask); flex a
     BlockMask built from per-position document starts (never an S x S tensor); xformers a
-    block-diagonal bias over the flattened batch.
+    block-diagonal bias over the flattened batch, whose document lengths come from ``docs`` (the
+    batch's host copy: no device sync) when given, else from ``tokens`` (one device-to-host copy).
     """
     _check_kind(kind, window)
     _check_backend(backend)
+    if docs is not None:
+        docs.check_shape(tokens)
     if backend == "xformers":
-        return _xformers_self_mask(kind, tokens, eos_id, window)
+        return _xformers_self_mask(kind, tokens, eos_id, window, docs)
     if backend == "flex_attention":
         return AttnMask(
             block_mask=flex_self_block_mask(kind, tokens, eos_id, window), backend=backend
@@ -559,12 +564,16 @@ def _import_xformers_fmha() -> Any:
 
 
 def _xformers_self_mask(
-    kind: str | None, tokens: torch.Tensor, eos_id: int, window: int | None
+    kind: str | None,
+    tokens: torch.Tensor,
+    eos_id: int,
+    window: int | None,
+    docs: HostDocuments | None,
 ) -> AttnMask:
     if kind in (None, "causal"):
         return AttnMask.causal(backend="xformers")
     fmha = _import_xformers_fmha()
-    seqlens = document_lengths(tokens, eos_id)
+    seqlens = document_lengths(tokens, eos_id) if docs is None else docs.lengths()
     bias = fmha.attn_bias.BlockDiagonalCausalMask.from_seqlens(seqlens)
     if kind == "local_block_causal":
         bias = bias.make_local_attention(window)
@@ -574,13 +583,59 @@ def _xformers_self_mask(
 def document_lengths(tokens: torch.Tensor, eos_id: int) -> list[int]:
     """Lengths of the documents of the flattened batch (row ends also end a document).
 
-    xformers' block-diagonal biases take these as host integers: one device-to-host copy of the
-    [B*S] end flags per mask (once per forward, shared by every layer), none for CPU tokens.
+    xformers' block-diagonal biases take these as host integers: this costs one device-to-host
+    copy of the [B*S] end flags (none for CPU tokens). The training forward avoids it by handing
+    the model the batch's host tokens (see HostDocuments).
     """
     ends = tokens == eos_id
     ends[:, -1] = True
     flat_ends = ends.reshape(-1).cpu().nonzero().flatten()
     return torch.diff(flat_ends, prepend=flat_ends.new_full((1,), -1)).tolist()
+
+
+class HostBatch(Protocol):
+    """The host (numpy) arrays of a batch, as the data pipeline produced them before the copy to
+    the device (``bytelatent.data.batch.Batch`` is one). Models read them for masks that need host
+    integers (see HostDocuments)."""
+
+    x: np.ndarray  # tokens [B, S]
+    patch_lengths: np.ndarray | None  # [B, P] (BLT patch mode)
+
+
+class HostDocuments:
+    """Where the documents of each row of a batch end, known on the host.
+
+    ``ends`` is a numpy bool [B, S] (True where a document ends; the end of a row always ends one),
+    e.g. ``tokens == eos_id`` of the numpy tokens the data pipeline produced before they went to the
+    device. xformers' block-diagonal biases need document lengths as host integers; reading them
+    here instead of from the device tokens costs no device-to-host copy. Only the shape can be
+    checked against the device tokens (the contents would need a copy): the caller promises they
+    are the same rows. A plain object, not a tensor, so that no wrapper moves it to the device.
+    """
+
+    def __init__(self, ends: np.ndarray) -> None:
+        ends = np.array(ends, dtype=bool)  # a copy: the caller's array is left alone
+        if ends.ndim != 2 or ends.shape[1] == 0:
+            raise ValueError(f"document ends must be [batch, positions], got shape {ends.shape}")
+        ends[:, -1] = True
+        self.ends = ends
+
+    @classmethod
+    def from_tokens(cls, tokens: np.ndarray, eos_id: int) -> HostDocuments:
+        """Documents of host tokens [B, S]: each ends at and including an EOS."""
+        return cls(np.asarray(tokens) == eos_id)
+
+    def lengths(self) -> list[int]:
+        """Lengths of the documents of the flattened batch (xformers' ``seqlens``)."""
+        flat_ends = np.flatnonzero(self.ends.reshape(-1))
+        return np.diff(flat_ends, prepend=-1).tolist()
+
+    def check_shape(self, tokens: torch.Tensor) -> None:
+        if self.ends.shape != tuple(tokens.shape):
+            raise ValueError(
+                f"host documents are for rows of shape {self.ends.shape}, the tokens have "
+                f"{tuple(tokens.shape)}: pass the host copy of these tokens"
+            )
 
 
 # flex_attention's default sparse block size: masks are classified per (query block, key block)

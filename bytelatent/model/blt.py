@@ -17,7 +17,12 @@ import torch
 from torch import nn
 
 from bytelatent.errors import ConfigError
-from bytelatent.model.attention import resolve_backend, self_attn_mask
+from bytelatent.model.attention import (
+    HostBatch,
+    HostDocuments,
+    resolve_backend,
+    self_attn_mask,
+)
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.hashing import compute_hash_embeddings, hash_table_specs
 from bytelatent.model.local_models import GlobalTransformer, LocalDecoder, LocalEncoder
@@ -27,6 +32,7 @@ from bytelatent.model.patch_utils import (
     check_patch_lengths,
     concat_patches,
     decoder_patch_ids_from_lengths,
+    host_patch_has_eos,
     patch_ids_from_lengths,
     pool_patches,
 )
@@ -97,7 +103,10 @@ class ByteLatentTransformer(nn.Module):
         tokens: torch.Tensor,
         patch_lengths: torch.Tensor | None = None,
         ngram_ids: torch.Tensor | None = None,
+        host: HostBatch | None = None,
     ) -> torch.Tensor:
+        """``host``: the batch's host arrays (tokens, and patch lengths when those were passed),
+        from which xformers masks take their document lengths without a device sync."""
         args = self.args
         seq_len = tokens.shape[1]
         patch_lengths = self._checked_patch_lengths(tokens, patch_lengths)
@@ -110,6 +119,7 @@ class ByteLatentTransformer(nn.Module):
             eos_id=args.eos_id,
             window=args.local_attention_window_len,
             backend=backend,
+            docs=None if host is None else HostDocuments.from_tokens(host.x, args.eos_id),
         )
         # local encoder: bytes -> byte states (and, with cross-attention, patch states)
         embeds = self._byte_embeddings(tokens, ngram_ids)
@@ -117,7 +127,9 @@ class ByteLatentTransformer(nn.Module):
         h_bytes, h_cross = self.local_encoder(embeds, local_mask, patch_ids, num_patches, enc_cross)
         # global transformer: one state per patch
         h = self._patch_representations(h_bytes, h_cross, patch_ids, patch_lengths)
-        h = self.global_transformer(h, self._patch_has_eos(tokens, patch_ids, num_patches))
+        h = self.global_transformer(
+            h, self._patch_has_eos(tokens, patch_ids, num_patches), self._patch_documents(host)
+        )
         # local decoder: byte states + the state of the last complete patch -> logits
         decoder_patch_ids = decoder_patch_ids_from_lengths(patch_lengths, seq_len)
         dec_cross = self._cross_mask("decoder", decoder_patch_ids, num_patches, backend)
@@ -174,6 +186,12 @@ class ByteLatentTransformer(nn.Module):
             tokens.shape[0], num_patches, dtype=torch.long, device=tokens.device
         )
         return eos_count.scatter_add(1, patch_ids, (tokens == self.args.eos_id).long()) > 0
+
+    def _patch_documents(self, host: HostBatch | None) -> HostDocuments | None:
+        """The global model's documents from the host arrays (None: they come from the device)."""
+        if host is None or host.patch_lengths is None or self.args.attn_bias_type != "block_causal":
+            return None
+        return HostDocuments(host_patch_has_eos(host.x, host.patch_lengths, self.args.eos_id))
 
     def _check_lengths(self, seq_len: int, num_patches: int) -> None:
         args = self.args

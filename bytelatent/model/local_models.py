@@ -21,7 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bytelatent.model.attention import AttnMask, resolve_backend, self_attn_mask
+from bytelatent.model.attention import (
+    AttnMask,
+    HostDocuments,
+    resolve_backend,
+    self_attn_mask,
+)
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.cross_attention import CrossAttention
 from bytelatent.model.layers import (
@@ -278,15 +283,21 @@ class GlobalTransformer(nn.Module):
             nn.Linear(in_dim, self.dim, bias=False) if in_dim != self.dim else None
         )
 
-    def forward(self, h: torch.Tensor, patch_has_eos: torch.Tensor | None) -> torch.Tensor:
-        """h [B,P,in]; patch_has_eos [B,P] bool (documents end at patches holding an EOS)."""
+    def forward(
+        self,
+        h: torch.Tensor,
+        patch_has_eos: torch.Tensor | None,
+        docs: HostDocuments | None = None,
+    ) -> torch.Tensor:
+        """h [B,P,in]; patch_has_eos [B,P] bool (documents end at patches holding an EOS);
+        ``docs``: the same documents known on the host (xformers then needs no device sync)."""
         kind = self.args.attn_bias_type
         if kind == "block_causal":
             tokens = torch.where(patch_has_eos, self.eos_id, BOE_ID)
         else:
             tokens = torch.zeros(h.shape[:2], dtype=torch.long, device=h.device)
         backend = resolve_backend(self.args.attn_impl, h.device)
-        mask = self_attn_mask(kind, tokens, eos_id=self.eos_id, backend=backend)
+        mask = self_attn_mask(kind, tokens, eos_id=self.eos_id, backend=backend, docs=docs)
         if self.token_embedding_projection is not None:
             h = self.token_embedding_projection(h)
         h = _dropout(h, self.dropout, self.training)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from bytelatent.distributed.env import host_to_device
 from bytelatent.model.blt import ByteLatentTransformer
+from bytelatent.model.transformer import LMTransformer
 
 
 class Batch(Protocol):
@@ -30,10 +31,19 @@ class Batch(Protocol):
 
 
 def forward_logits(model: torch.nn.Module, batch: Batch, device: torch.device) -> torch.Tensor:
-    """Logits [B, L, V] of `batch`; patch lengths go to a BLT whenever the batch has them."""
+    """Logits [B, L, V] of `batch`; patch lengths go to a BLT whenever the batch has them.
+
+    Our models also get the batch itself as `host`: masks that need host integers (xformers'
+    document lengths) read its numpy arrays, so the forward never waits on a device-to-host copy.
+    """
     x = host_to_device(batch.x, device)
-    if batch.patch_lengths is not None and isinstance(model, ByteLatentTransformer):
-        return model(x, patch_lengths=host_to_device(batch.patch_lengths, device))
+    if isinstance(model, ByteLatentTransformer):
+        # without patch lengths in the batch the model patches in its forward
+        lengths = batch.patch_lengths
+        lengths = None if lengths is None else host_to_device(lengths, device)
+        return model(x, patch_lengths=lengths, host=batch)
+    if isinstance(model, LMTransformer):
+        return model(x, host=batch)
     return model(x)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from bytelatent.errors import DataError
@@ -50,6 +51,19 @@ def decoder_patch_ids_from_lengths(patch_lengths: torch.Tensor, seq_len: int) ->
     # zero-length right padding "ends" at the row total; never point at a padded patch
     n_real = (patch_lengths > 0).sum(dim=1, keepdim=True)
     return torch.minimum(complete, n_real - 1)
+
+
+def host_patch_has_eos(tokens: np.ndarray, patch_lengths: np.ndarray, eos_id: int) -> np.ndarray:
+    """[B, P] bool: the patches that hold an EOS, from the batch's host arrays (no device copy).
+
+    tokens [B, N], patch_lengths [B, P] as for ``patch_ids_from_lengths`` (byte i belongs to the
+    number of patches that end at or before it)."""
+    ends = np.cumsum(patch_lengths, axis=1)
+    has_eos = np.zeros(patch_lengths.shape, dtype=bool)
+    for row, (row_tokens, row_ends) in enumerate(zip(tokens, ends)):
+        eos_positions = np.flatnonzero(np.asarray(row_tokens) == eos_id)
+        has_eos[row, np.searchsorted(row_ends, eos_positions, side="right")] = True
+    return has_eos
 
 
 def check_patch_lengths(patch_lengths: torch.Tensor, seq_len: int) -> None:

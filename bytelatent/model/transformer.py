@@ -14,7 +14,13 @@ import torch
 from pydantic import BaseModel, ConfigDict, model_validator
 from torch import nn
 
-from bytelatent.model.attention import BACKENDS, resolve_backend, self_attn_mask
+from bytelatent.model.attention import (
+    BACKENDS,
+    HostBatch,
+    HostDocuments,
+    resolve_backend,
+    self_attn_mask,
+)
 from bytelatent.model.layers import (
     INIT_STD_FACTORS,
     RMSNorm,
@@ -150,7 +156,9 @@ class LMTransformer(nn.Module):
         self._tie_weights()
         return result
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, host: HostBatch | None = None) -> torch.Tensor:
+        """``host``: the batch's host arrays (``host.x`` = ``tokens`` before the copy to the
+        device), from which xformers masks take their document lengths without a device sync."""
         seqlen = tokens.shape[1]
         backend = resolve_backend(self.args.attn_impl, tokens.device)
         mask = self_attn_mask(
@@ -159,6 +167,7 @@ class LMTransformer(nn.Module):
             eos_id=self.args.eos_id,
             window=self.args.sliding_window,
             backend=backend,
+            docs=None if host is None else HostDocuments.from_tokens(host.x, self.args.eos_id),
         )
         freq_cis = self.rope_embeddings(seqlen=seqlen)
         h = self.tok_embeddings(tokens)

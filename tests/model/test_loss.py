@@ -26,10 +26,11 @@ class Recorder(torch.nn.Module):
 class RecordingBLT(ByteLatentTransformer):
     def __init__(self):  # no layers: only the type and the call matter here
         torch.nn.Module.__init__(self)
-        self.calls = []
+        self.calls, self.hosts = [], []
 
-    def forward(self, tokens, patch_lengths=None, ngram_ids=None):
+    def forward(self, tokens, patch_lengths=None, ngram_ids=None, host=None):
         self.calls.append(patch_lengths)
+        self.hosts.append(host)
         return torch.zeros(*tokens.shape, 5)
 
 
@@ -41,8 +42,8 @@ def batch() -> Batch:
 
 
 def test_patch_lengths_go_to_a_blt_and_never_to_a_byte_lm():
-    blt, lm = RecordingBLT(), Recorder()
-    forward_logits(blt, batch(), torch.device("cpu"))
+    blt, lm, first = RecordingBLT(), Recorder(), batch()
+    forward_logits(blt, first, torch.device("cpu"))
     forward_logits(lm, batch(), torch.device("cpu"))
     assert blt.calls[0].tolist() == [[1, 2, 2]]
     assert lm.calls == [None]
@@ -50,6 +51,8 @@ def test_patch_lengths_go_to_a_blt_and_never_to_a_byte_lm():
     no_patches.patch_lengths = None
     forward_logits(blt, no_patches, torch.device("cpu"))
     assert blt.calls[1] is None
+    # the host arrays ride along (xformers masks read their document lengths there)
+    assert blt.hosts[0] is first and blt.hosts[1] is no_patches
 
 
 def test_loss_is_the_ce_sum_over_unmasked_targets():
