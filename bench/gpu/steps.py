@@ -154,6 +154,7 @@ def step_attention(ctx: Ctx) -> dict:
                     if max(err.values()) > tol[dtype]:
                         failures.append(row)
         results += _cross_cases(ctx, backends, tol, failures)
+    results += _patch_cross_cases(ctx, backends, tol, failures)
     if ctx.cuda:
         torch.cuda.empty_cache()
     expect(not failures, f"{len(failures)} attention case(s) above tolerance: {failures[:4]}")
@@ -245,7 +246,9 @@ def _cross_cases(ctx: Ctx, backends, tol, failures) -> list[dict]:
     case = _attention_case(ctx, 2, 4, 4, q_len, k_len, 32)
     ref = _brute_force(case, allowed)
     mask = A.AttnMask.from_dense(allowed[:, None])
-    for backend in [b for b in backends if b != "flex_attention"]:  # flex: self masks only
+    for backend in [
+        b for b in backends if b != "flex_attention"
+    ]:  # flex: BLT patch masks only (_patch_cross_cases)
         for dtype in (torch.float32, torch.bfloat16):
             err = _compare(case, ref, dtype, mask, backend)
             row = {
@@ -259,6 +262,48 @@ def _cross_cases(ctx: Ctx, backends, tol, failures) -> list[dict]:
             if max(err.values()) > tol[dtype]:
                 failures.append(row)
     return rows
+
+
+def _patch_cross_cases(ctx: Ctx, backends, tol, failures) -> list[dict]:
+    """The BLT's windowed patch cross-attention masks (build_cross_mask: flex gets a BlockMask
+    from per-query key bounds), encoder and decoder side, with padded patches (empty rows)."""
+    import torch
+
+    from bytelatent.model import patch_utils as PU
+
+    n_bytes, k = (200, 2) if ctx.quick else (4096, 2)
+    gen = torch.Generator().manual_seed(n_bytes)
+    rows = []
+    for row in range(2):
+        lengths = [1] + torch.randint(1, 9, (n_bytes,), generator=gen).tolist()
+        ends = torch.tensor(lengths).cumsum(0)
+        rows.append(lengths[: int((ends < n_bytes + row).sum())])
+        rows[-1].append(n_bytes + row - sum(rows[-1]))  # rows sum to N or N+1
+    width = max(map(len, rows)) + 5  # padded patches: empty encoder query rows
+    lengths = torch.tensor([r + [0] * (width - len(r)) for r in rows], device=ctx.device)
+    results = []
+    for side, window in (("encoder", None), ("encoder", 3), ("decoder", 2)):
+        ids_of = (
+            PU.patch_ids_from_lengths if side == "encoder" else PU.decoder_patch_ids_from_lengths
+        )
+        ids = ids_of(lengths, n_bytes)
+        dense_of = (
+            PU.encoder_cross_attn_allowed if side == "encoder" else PU.decoder_cross_attn_allowed
+        )
+        allowed = dense_of(ids, width, k, window)[:, 0]
+        q_len, k_len = allowed.shape[1:]
+        case = _attention_case(ctx, 2, 4, 4, q_len, k_len, 32)
+        ref = _brute_force(case, allowed)
+        for backend in backends:
+            mask = PU.build_cross_mask(side, ids, width, k, window, backend, structured=False).attn
+            for dtype in (torch.float32, torch.bfloat16):
+                err = _compare(case, ref, dtype, mask, backend)
+                row = {"S": f"{q_len}x{k_len}", "kind": f"{side}_cross(w={window})",
+                       "backend": backend, "dtype": str(dtype)[6:], **err}  # fmt: skip
+                results.append(row)
+                if max(err.values()) > tol[dtype]:
+                    failures.append(row)
+    return results
 
 
 # ---------------------------------------------------------------------------------------------

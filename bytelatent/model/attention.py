@@ -17,7 +17,9 @@ on a machine that cannot run them falls back to sdpa with the same mask (see ``r
 ``attend`` itself never silently changes the mask. A mask carries the backend it was built for
 and only the representation that backend reads: flex a BlockMask (built from block-level document
 bounds, never an S×S tensor; masks are built once per forward and shared by every layer), xformers
-a block-diagonal bias over the flattened batch.
+a block-diagonal bias over the flattened batch, whose document lengths come from the batch's host
+arrays when the caller hands them over (``HostDocuments``; the training forward always does), so
+building it needs no device-to-host copy.
 
 Cost on sdpa: a mask is built once per forward and shared by every layer. Plain causal uses the
 ``is_causal`` kernel (no tensor); document masks are a dense bool [B,1,S,S]; a local mask over a

@@ -11,7 +11,8 @@ Two ways to compute the same function (see ``patch_utils.PatchCrossMask``):
   "the bytes of my patch" is a segment softmax and the decoder's softmax over "the k slots of my
   patch" is a softmax over k gathered keys. Both cost O(N * k * dim) instead of the dense
   O(P * k * N * dim) and never materialise a [P*k, N] score matrix;
-- dense: a bool mask through ``attention.attend`` (any window; sdpa, flex on CUDA).
+- masked: through ``attention.attend`` (any window): a dense bool mask on sdpa, a BlockMask from
+  per-query key bounds on flex (CUDA), never a [P*k, N] tensor there.
 """
 
 from __future__ import annotations

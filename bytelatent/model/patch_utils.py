@@ -184,7 +184,8 @@ class PatchCrossMask:
 
     ``structured`` (window None): each byte belongs to exactly one patch, so attention is computed
     from ``patch_ids`` with gathers/segment sums in O(N*k*D) (see ``CrossAttention``), instead of
-    a dense [P*k, N] score matrix. Otherwise ``attn`` holds the dense mask for ``attend``.
+    a dense [P*k, N] score matrix. Otherwise ``attn`` holds the mask for ``attend`` (flex: a
+    BlockMask from per-query key bounds; sdpa and xformers: a dense bool mask).
     """
 
     side: str  # "encoder" (patch slots attend bytes) or "decoder" (bytes attend patch slots)
