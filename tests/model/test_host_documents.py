@@ -17,7 +17,12 @@ from bytelatent.model.attention import HostDocuments, document_lengths, self_att
 from bytelatent.model.blt import ByteLatentTransformer
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.loss import forward_logits
-from bytelatent.model.patch_utils import host_patch_has_eos, patch_ids_from_lengths
+from bytelatent.model.patch_utils import (
+    build_cross_mask,
+    decoder_patch_ids_from_lengths,
+    host_patch_has_eos,
+    patch_ids_from_lengths,
+)
 from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
 from bytelatent.tokenizers.constants import BOE_ID
 from tests.generation.conftest import BLT_BASE, BLT_VARIANTS, build
@@ -248,3 +253,18 @@ def test_trainer_forward_builds_lm_xformers_masks_from_host_data(xformers_on_cpu
     # a direct call without the host arrays takes the device path (here: refused)
     with pytest.raises(HostSync):
         model(torch.from_numpy(batch.x))
+
+
+def test_flex_masks_build_without_host_sync(monkeypatch):
+    """flex BlockMasks (self and windowed patch cross masks) come from device tensors alone."""
+    rng = np.random.default_rng(0)
+    tokens = torch.from_numpy(random_tokens(rng, 3, 300))
+    lengths = torch.from_numpy(random_patch_lengths(rng, 3, 300))
+    num_patches = lengths.shape[1]
+    enc_ids = patch_ids_from_lengths(lengths, 300)
+    dec_ids = decoder_patch_ids_from_lengths(lengths, 300)
+    with no_host_sync(monkeypatch):
+        for kind, window in KINDS:
+            self_attn_mask(kind, tokens, EOS, window, backend="flex_attention")
+        build_cross_mask("encoder", enc_ids, num_patches, 2, 3, "flex_attention")
+        build_cross_mask("decoder", dec_ids, num_patches, 2, 3, "flex_attention")
