@@ -71,7 +71,7 @@ class AttnMask:
     bias), so that no dense [B,1,S,S] tensor exists for backends that never read it.
     ``query_has_key`` ([B,1,Q,1] bool) is set when some query rows may allow no key at all:
     those rows were opened up in ``dense`` (so no kernel ever sees an empty row, which some
-    produce NaN for) and ``attend`` writes zeros to them. ``backend`` is the backend ``attend``
+    produce NaN for; a flex BlockMask leaves them empty) and ``attend`` writes zeros to them. ``backend`` is the backend ``attend``
     runs the mask on (the one it was built for).
     """
 
