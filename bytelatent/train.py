@@ -22,6 +22,7 @@ from bytelatent.trainer.build import build_parallel_model
 from bytelatent.trainer.metrics import setup_logging
 from bytelatent.trainer.model_info import MODEL_INFO, summary_line, write_model_info
 from bytelatent.trainer.resume_check import changes_line, check_resume, complete_line
+from bytelatent.trainer.run_files import log_final_error, raise_log_file_error
 from bytelatent.trainer.run_lock import hold_run_lock
 from bytelatent.trainer.trainer import Trainer
 
@@ -116,15 +117,21 @@ def run(args: TrainArgs) -> int:
                 logger.warning(changes_line(check))
             trainer = Trainer(args, env)
             trainer.train()
+            raise_log_file_error()  # train.log failed on the last lines (a full disk)
             proc.code = trainer.exit_code
         except RuntimeError as e:
             proc.code = _peer_failure(e, env, trainer)  # a hung or dead peer: one line, exit 4
+        except UserError as e:  # Process prints it on stderr; train.log gets it too, if it can
+            log_final_error(e.one_line())
+            raise
         finally:
-            if trainer is not None:  # an exception on the way out marks the wandb run failed
-                failed = sys.exc_info()[1]
-                trainer.close(2 if isinstance(failed, UserError) else 1 if failed else proc.code)
-            if lock is not None:  # held by rank 0 only
-                lock.release()
+            try:
+                if trainer is not None:  # an exception on the way out marks the wandb run failed
+                    failed = sys.exc_info()[1]
+                    trainer.close(2 if isinstance(failed, UserError) else 1 if failed else proc.code)
+            finally:
+                if lock is not None:  # held by rank 0 only; released whatever close() did
+                    lock.release()
     return proc.code
 
 

@@ -78,7 +78,7 @@ from bytelatent.checkpoint.verify import (
     write_folder_manifest,
 )
 from bytelatent.checkpoint.warm_start import InitLoadReport  # noqa: F401  (re-exported)
-from bytelatent.errors import CheckpointError, ConfigError
+from bytelatent.errors import FILE_ONLY, CheckpointError, ConfigError, UserError
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,8 @@ class _PendingSave:
                     self._finalize_fn()
             except BaseException as e:  # re-raised by wait() on the main thread
                 self.error = e
-                logger.exception("finalizing checkpoint %s failed", self.folder)
+                if not isinstance(e, UserError):  # a UserError is its own one line (in wait)
+                    logger.exception("finalizing checkpoint %s failed", self.folder)
 
 
 class CheckpointManager:
@@ -438,7 +439,8 @@ class CheckpointManager:
             f"{folder}: cannot write the checkpoint ({first_line(error)}); {kept}; free space or fix "
             "permissions under checkpoint.path and run again to resume"
         )
-        logger.error("checkpoint error: %s", line)
+        # train.log only: the console gets the line once, from the CheckpointError that ends the run
+        logger.error("checkpoint error: %s", line, extra=FILE_ONLY)
         return line
 
     def _write_small_files(
@@ -469,7 +471,9 @@ class CheckpointManager:
             error.__cause__ = e
         if self.is_rank0 and error is None:
             pending.finalize()
-            if pending.error is not None:
+            if isinstance(pending.error, CheckpointError):
+                error = pending.error  # already the one line (a full disk writing the marker)
+            elif pending.error is not None:
                 error = CheckpointError(f"{pending.folder}: finalizing failed ({pending.error})")
                 error.__cause__ = pending.error
         if self._async_group is not None:
