@@ -128,7 +128,9 @@ def run(args: TrainArgs) -> int:
             try:
                 if trainer is not None:  # an exception on the way out marks the wandb run failed
                     failed = sys.exc_info()[1]
-                    trainer.close(2 if isinstance(failed, UserError) else 1 if failed else proc.code)
+                    trainer.close(
+                        2 if isinstance(failed, UserError) else 1 if failed else proc.code
+                    )
             finally:
                 if lock is not None:  # held by rank 0 only; released whatever close() did
                     lock.release()

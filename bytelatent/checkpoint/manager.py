@@ -40,6 +40,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -155,6 +156,21 @@ class _PendingSave:
                 self.error = e
                 if not isinstance(e, UserError):  # a UserError is its own one line (in wait)
                     logger.exception("finalizing checkpoint %s failed", self.folder)
+
+
+def _os_error_in(error: BaseException | None, depth: int = 0) -> OSError | None:
+    """The OS error behind a failed write, if any: torch's zip writer reports a full disk as
+    "RuntimeError: ... unexpected pos 704 vs 598" with the ENOSPC only in `__context__`, and DCP
+    wraps each rank's failure in a CheckpointException."""
+    if error is None or depth > 8:
+        return None
+    if isinstance(error, OSError):
+        return error
+    if isinstance(error, CheckpointException):
+        for _rank, (cause, _trace) in sorted(error.failures.items(), key=lambda kv: kv[0]):
+            if (found := _os_error_in(cause, depth + 1)) is not None:
+                return found
+    return _os_error_in(error.__cause__ or error.__context__, depth + 1)
 
 
 class CheckpointManager:
@@ -436,7 +452,8 @@ class CheckpointManager:
             else ("no earlier checkpoint exists")
         )
         line = (
-            f"{folder}: cannot write the checkpoint ({first_line(error)}); {kept}; free space or fix "
+            f"{folder}: cannot write the checkpoint ({first_line(_os_error_in(error) or error)}); "
+            f"{kept}; free space or fix "
             "permissions under checkpoint.path and run again to resume"
         )
         # train.log only: the console gets the line once, from the CheckpointError that ends the run

@@ -165,7 +165,9 @@ class Trainer:
             logger.info(complete_line(self.args, self.state.step))
             return None  # config.yaml stays the one of the run that trained
         if self.env.rank == 0:  # secret-looking values (tokens, keys, passwords) redacted
-            write_text_atomic(os.path.join(self.args.dump_dir, "config.yaml"), redacted_yaml(self.args))
+            write_text_atomic(
+                os.path.join(self.args.dump_dir, "config.yaml"), redacted_yaml(self.args)
+            )
         if self.args.gc_collect_freq > 0:
             gc.disable()
         self.interval.start()
