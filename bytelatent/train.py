@@ -119,11 +119,12 @@ def run(args: TrainArgs) -> int:
             trainer.train()
             raise_log_file_error()  # train.log failed on the last lines (a full disk)
             proc.code = trainer.exit_code
-        except RuntimeError as e:
-            proc.code = _peer_failure(e, env, trainer)  # a hung or dead peer: one line, exit 4
         except UserError as e:  # Process prints it on stderr; train.log gets it too, if it can
             log_final_error(e.one_line())
             raise
+        except Exception as e:
+            # a hung or dead peer: one line, exit 4; torn down by the launcher: quiet, 128 + signal
+            proc.code = _peer_failure(e, env, trainer) or _stopped_by_launcher(e, env, trainer)
         finally:
             try:
                 if trainer is not None:  # an exception on the way out marks the wandb run failed
@@ -137,16 +138,29 @@ def run(args: TrainArgs) -> int:
     return proc.code
 
 
-def _peer_failure(exc: RuntimeError, env, trainer) -> int:
-    """The exit code for a collective that a peer never answered (one line said); else re-raise."""
+def _stopped_by_launcher(exc: Exception, env, trainer) -> int:
+    """128 + SIGTERM, without a traceback, for an error on the way down after the launcher sent
+    SIGTERM to stop a multi-rank job (another rank failed and said why; e.g. the data loader's
+    forkserver died with the signal while this rank started its worker); else re-raise."""
+    import signal
+
+    received = None if trainer is None else trainer.preemption.received
+    if received != signal.SIGTERM or env is None or env.world_size < 2:
+        raise exc
+    logger.debug("stopping on SIGTERM: %s: %s", type(exc).__name__, exc)
+    return 128 + int(signal.SIGTERM)
+
+
+def _peer_failure(exc: Exception, env, trainer) -> int | None:
+    """The exit code for a collective that a peer never answered (one line said); else None."""
     from bytelatent.distributed.faults import PEER_FAILURE_EXIT_CODE, describe_peer_failure
 
     step = "init" if trainer is None else str(trainer.state.step + 1)
     line = None
-    if env is not None:
+    if env is not None and isinstance(exc, RuntimeError):
         line = describe_peer_failure(exc, env.rank, env.world_size, step)
     if line is None:
-        raise exc
+        return None
     print(line, file=sys.stderr, flush=True)
     logger.error("%s", line)
     return PEER_FAILURE_EXIT_CODE
