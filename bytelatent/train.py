@@ -17,7 +17,7 @@ from bytelatent.config.help import (
 )
 from bytelatent.distributed.lifecycle import Process
 from bytelatent.distributed.mesh import build_mesh
-from bytelatent.errors import UserError
+from bytelatent.errors import FILE_ONLY, UserError
 from bytelatent.trainer.build import build_parallel_model
 from bytelatent.trainer.metrics import setup_logging
 from bytelatent.trainer.model_info import MODEL_INFO, summary_line, write_model_info
@@ -124,7 +124,10 @@ def run(args: TrainArgs) -> int:
             raise
         except Exception as e:
             # a hung or dead peer: one line, exit 4; torn down by the launcher: quiet, 128 + signal
-            proc.code = _peer_failure(e, env, trainer) or _stopped_by_launcher(e, env, trainer)
+            code = _stopped_by_launcher(e, env, trainer) or _peer_failure(e, env, trainer)
+            if code is None:
+                raise
+            proc.code = code
         finally:
             try:
                 if trainer is not None:  # an exception on the way out marks the wandb run failed
@@ -138,16 +141,18 @@ def run(args: TrainArgs) -> int:
     return proc.code
 
 
-def _stopped_by_launcher(exc: Exception, env, trainer) -> int:
-    """128 + SIGTERM, without a traceback, for an error on the way down after the launcher sent
-    SIGTERM to stop a multi-rank job (another rank failed and said why; e.g. the data loader's
-    forkserver died with the signal while this rank started its worker); else re-raise."""
+def _stopped_by_launcher(exc: Exception, env, trainer) -> int | None:
+    """128 + SIGTERM, said by nobody, for an error on the way down after the launcher sent SIGTERM
+    to stop a multi-rank job (another rank failed and said why; e.g. the data loader's forkserver
+    died with the signal while this rank started its worker, or a collective lost that rank)."""
     import signal
 
     received = None if trainer is None else trainer.preemption.received
     if received != signal.SIGTERM or env is None or env.world_size < 2:
-        raise exc
-    logger.debug("stopping on SIGTERM: %s: %s", type(exc).__name__, exc)
+        return None
+    first = " ".join(str(exc).split())[:200]  # kept in train.log (rank 0), not on the console
+    logger.warning("stopped by SIGTERM; on the way: %s: %s", type(exc).__name__, first,
+                   extra=FILE_ONLY)  # fmt: skip
     return 128 + int(signal.SIGTERM)
 
 
