@@ -158,6 +158,17 @@ class _PendingSave:
                     logger.exception("finalizing checkpoint %s failed", self.folder)
 
 
+def train_state_text(train_state: dict[str, Any]) -> str:
+    """A train state as JSON: one top-level key per line (readable: step, tokens_seen, ...), each
+    value compact. The data state's file lists were ~2/3 indentation with `indent=2` (402 KB of
+    a 10,000-file state at dp=1, 151 KB like this); any JSON reader loads either."""
+    lines = [
+        f"  {json.dumps(key)}: {json.dumps(value, separators=(',', ':'))}"
+        for key, value in train_state.items()
+    ]
+    return "{\n" + ",\n".join(lines) + "\n}\n" if lines else "{}\n"
+
+
 def _os_error_in(error: BaseException | None, depth: int = 0) -> OSError | None:
     """The OS error behind a failed write, if any: torch's zip writer reports a full disk as
     "RuntimeError: ... unexpected pos 704 vs 598" with the ENOSPC only in `__context__`, and DCP
@@ -466,7 +477,7 @@ class CheckpointManager:
         # Written first and synchronously (also for async saves): the marker never precedes them.
         cfs.makedirs(self.fs, folder)
         if self.is_tp_rank0:
-            text = json.dumps(train_state, indent=2)
+            text = train_state_text(train_state)
             cfs.write_text_atomic(self.fs, cfs.join(folder, train_state_name(self.dp_rank)), text)
         if self.is_rank0 and params is not None:
             text = json.dumps(params, indent=2, default=str)
