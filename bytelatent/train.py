@@ -22,7 +22,7 @@ from bytelatent.trainer.build import build_parallel_model
 from bytelatent.trainer.metrics import setup_logging
 from bytelatent.trainer.model_info import MODEL_INFO, summary_line, write_model_info
 from bytelatent.trainer.resume_check import changes_line, check_resume, complete_line
-from bytelatent.trainer.run_files import log_final_error, raise_log_file_error
+from bytelatent.trainer.run_files import disk_error_of, log_final_error, raise_log_file_error
 from bytelatent.trainer.run_lock import hold_run_lock
 from bytelatent.trainer.trainer import Trainer
 
@@ -123,6 +123,9 @@ def run(args: TrainArgs) -> int:
             log_final_error(e.one_line())
             raise
         except Exception as e:
+            if (disk := disk_error_of(e)) is not None:  # a full disk under another writer
+                log_final_error(disk.one_line())
+                raise disk from e
             # a hung or dead peer: one line, exit 4; torn down by the launcher: quiet, 128 + signal
             code = _stopped_by_launcher(e, env, trainer) or _peer_failure(e, env, trainer)
             if code is None:

@@ -17,6 +17,7 @@ Every OS error while writing becomes one `DiskError` line naming the file:
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -101,7 +102,7 @@ class LineAppender:
             while written < len(data):
                 n = os.write(self._fd, data[written:])
                 if n <= 0:
-                    raise OSError(28, os.strerror(28))
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 written += n
         except OSError as e:
             self._cut_back(size)
@@ -185,6 +186,18 @@ class QuietStreamHandler(logging.StreamHandler):
                 super().flush()
             except OSError:
                 self.failed = True
+
+
+# Out of space, over quota, over the file size limit, a read-only mount: the disk, not a bug.
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
+
+
+def disk_error_of(exc: BaseException) -> DiskError | None:
+    """The one-line DiskError for an OS error of the disk that a writer outside this module let
+    through (e.g. a JSONL shared with eval jobs), or None for any other exception."""
+    if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
+        return DiskError.writing(exc.filename or "a file of the run", exc)
+    return None
 
 
 def run_log_handlers() -> list[RunLogHandler]:

@@ -158,3 +158,16 @@ def test_line_appender_refuses_after_close(tmp_path):
     appender.close()
     with pytest.raises(DiskError, match="closed"):
         appender.append("{}")
+
+
+def test_disk_errors_from_other_writers_become_one_line():
+    from bytelatent.trainer.run_files import disk_error_of
+
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/runs/x/metrics.eval.jsonl")
+    assert disk_error_of(full).one_line() == (
+        f"disk error: writing /runs/x/metrics.eval.jsonl: {ENOSPC_LINE}"
+    )
+    quota = OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+    assert disk_error_of(quota).one_line().startswith("disk error: writing a file of the run: ")
+    assert disk_error_of(FileNotFoundError(errno.ENOENT, "gone", "/x")) is None
+    assert disk_error_of(RuntimeError("bug")) is None
