@@ -139,3 +139,12 @@ def test_file_size_limit(tmp_path, corpus_root):
     )
     assert (dump / "metrics.jsonl").stat().st_size <= 40_000
     assert (dump / "train.log").read_text().splitlines()[-1].endswith(line)
+    # A kill in the middle of a record (simulated): the next start cuts it off and says so.
+    n_rows = len((dump / "metrics.jsonl").read_text().splitlines())
+    with open(dump / "metrics.jsonl", "a") as f:
+        f.write('{"created_at": "2026-')
+    res = _train(dump, corpus_root, ["steps=3", "checkpoint.dump.every=0", "logging.console=false"])
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    rows = [json.loads(r) for r in (dump / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == n_rows + 3 and [r["global_step"] for r in rows[-3:]] == [1, 2, 3]
+    assert "dropped 21 bytes of a partial last line" in (dump / "train.log").read_text()
