@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 from bytelatent.args import TrainArgs
@@ -148,8 +149,6 @@ def _stopped_by_launcher(exc: Exception, env, trainer) -> int | None:
     """128 + SIGTERM, said by nobody, for an error on the way down after the launcher sent SIGTERM
     to stop a multi-rank job (another rank failed and said why; e.g. the data loader's forkserver
     died with the signal while this rank started its worker, or a collective lost that rank)."""
-    import signal
-
     received = None if trainer is None else trainer.preemption.received
     if received != signal.SIGTERM or env is None or env.world_size < 2:
         return None

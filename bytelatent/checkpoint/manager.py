@@ -161,7 +161,7 @@ class _PendingSave:
 def train_state_text(train_state: dict[str, Any]) -> str:
     """A train state as JSON: one top-level key per line (readable: step, tokens_seen, ...), each
     value compact. The data state's file lists were ~2/3 indentation with `indent=2` (402 KB of
-    a 10,000-file state at dp=1, 151 KB like this); any JSON reader loads either."""
+    a 10,000-file state at dp=1, 140 KB like this); any JSON reader loads either."""
     lines = [
         f"  {json.dumps(key)}: {json.dumps(value, separators=(',', ':'))}"
         for key, value in train_state.items()
