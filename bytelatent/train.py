@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 from bytelatent.args import TrainArgs
@@ -17,11 +18,12 @@ from bytelatent.config.help import (
 )
 from bytelatent.distributed.lifecycle import Process
 from bytelatent.distributed.mesh import build_mesh
-from bytelatent.errors import UserError
+from bytelatent.errors import FILE_ONLY, UserError
 from bytelatent.trainer.build import build_parallel_model
 from bytelatent.trainer.metrics import setup_logging
 from bytelatent.trainer.model_info import MODEL_INFO, summary_line, write_model_info
 from bytelatent.trainer.resume_check import changes_line, check_resume, complete_line
+from bytelatent.trainer.run_files import disk_error_of, log_final_error, raise_log_file_error
 from bytelatent.trainer.run_lock import hold_run_lock
 from bytelatent.trainer.trainer import Trainer
 
@@ -116,28 +118,56 @@ def run(args: TrainArgs) -> int:
                 logger.warning(changes_line(check))
             trainer = Trainer(args, env)
             trainer.train()
+            raise_log_file_error()  # train.log failed on the last lines (a full disk)
             proc.code = trainer.exit_code
-        except RuntimeError as e:
-            proc.code = _peer_failure(e, env, trainer)  # a hung or dead peer: one line, exit 4
+        except UserError as e:  # Process prints it on stderr; train.log gets it too, if it can
+            log_final_error(e.one_line())
+            raise
+        except Exception as e:
+            if (disk := disk_error_of(e)) is not None:  # a full disk under another writer
+                log_final_error(disk.one_line())
+                raise disk from e
+            # a hung or dead peer: one line, exit 4; torn down by the launcher: quiet, 128 + signal
+            code = _stopped_by_launcher(e, env, trainer) or _peer_failure(e, env, trainer)
+            if code is None:
+                raise
+            proc.code = code
         finally:
-            if trainer is not None:  # an exception on the way out marks the wandb run failed
-                failed = sys.exc_info()[1]
-                trainer.close(2 if isinstance(failed, UserError) else 1 if failed else proc.code)
-            if lock is not None:  # held by rank 0 only
-                lock.release()
+            try:
+                if trainer is not None:  # an exception on the way out marks the wandb run failed
+                    failed = sys.exc_info()[1]
+                    trainer.close(
+                        2 if isinstance(failed, UserError) else 1 if failed else proc.code
+                    )
+            finally:
+                if lock is not None:  # held by rank 0 only; released whatever close() did
+                    lock.release()
     return proc.code
 
 
-def _peer_failure(exc: RuntimeError, env, trainer) -> int:
-    """The exit code for a collective that a peer never answered (one line said); else re-raise."""
+def _stopped_by_launcher(exc: Exception, env, trainer) -> int | None:
+    """128 + SIGTERM, said by nobody, for an error on the way down after the launcher sent SIGTERM
+    to stop a multi-rank job (another rank failed and said why; e.g. the data loader's forkserver
+    died with the signal while this rank started its worker, or a collective lost that rank)."""
+    received = None if trainer is None else trainer.preemption.received
+    if received != signal.SIGTERM or env is None or env.world_size < 2:
+        return None
+    first = " ".join(str(exc).split())[:200]  # kept in train.log (rank 0), not on the console
+    logger.warning("stopped by SIGTERM; on the way: %s: %s", type(exc).__name__, first,
+                   extra=FILE_ONLY)  # fmt: skip
+    return 128 + int(signal.SIGTERM)
+
+
+def _peer_failure(exc: Exception, env, trainer) -> int | None:
+    """The exit code for a collective that a peer never answered (one line said); else None."""
     from bytelatent.distributed.faults import PEER_FAILURE_EXIT_CODE, describe_peer_failure
 
     step = "init" if trainer is None else str(trainer.state.step + 1)
     line = None
-    if env is not None:
+    if env is not None and isinstance(exc, RuntimeError):
         line = describe_peer_failure(exc, env.rank, env.world_size, step)
     if line is None:
-        raise exc
+        return None
     print(line, file=sys.stderr, flush=True)
     logger.error("%s", line)
     return PEER_FAILURE_EXIT_CODE

@@ -178,12 +178,19 @@ def _refusal(error: BaseException) -> CheckpointError | None:
     return _refusal(cause) if cause is not None and cause is not error else None
 
 
+_SINGLE_PROCESS_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"
+
+
 @contextlib.contextmanager
 def quiet_single_process() -> Iterator[None]:
-    """Silence DCP's "assuming a single process" warning: without a process group that is the intent."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
+    """Silence DCP's "assuming a single process" warning: without a process group that is the intent.
+
+    A filter for the whole process, not `catch_warnings`: an async save warns from its upload
+    thread, after this block has ended (and catch_warnings is not thread-safe). Adding the same
+    filter again replaces it, so the list does not grow.
+    """
+    warnings.filterwarnings("ignore", message=_SINGLE_PROCESS_WARNING, category=UserWarning)
+    yield
 
 
 def first_line(error: BaseException) -> str:

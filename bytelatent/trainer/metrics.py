@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from bytelatent.trainer.run_files import LineAppender, QuietStreamHandler, RunLogHandler
 from bytelatent.trainer.wandb_sink import WandbArgs, WandbSink
 
 logger = logging.getLogger("bytelatent")
@@ -39,7 +40,8 @@ class LoggingArgs(BaseModel):
 
 
 def setup_logging(dump_dir: str | None, rank: int) -> None:
-    """Console for every rank (rank-prefixed); `dump_dir/train.log` on rank 0."""
+    """Console for every rank (rank-prefixed); `dump_dir/train.log` on rank 0 (whole lines; a full
+    disk stops it quietly and ends the run with one line, see `run_files`)."""
     root = logging.getLogger("bytelatent")
     root.setLevel(logging.INFO)
     root.propagate = False
@@ -47,12 +49,12 @@ def setup_logging(dump_dir: str | None, rank: int) -> None:
         root.removeHandler(h)
         h.close()
     fmt = logging.Formatter(f"{rank}: %(levelname)s %(asctime)s - %(message)s", "%y-%m-%d %H:%M:%S")
-    stream = logging.StreamHandler(sys.stdout)
+    stream = QuietStreamHandler(sys.stdout)
     stream.setFormatter(fmt)
+    stream.addFilter(lambda record: not getattr(record, "file_only", False))
     root.addHandler(stream)
     if dump_dir and rank == 0:
-        Path(dump_dir).mkdir(parents=True, exist_ok=True)
-        file_handler = logging.FileHandler(Path(dump_dir) / "train.log", mode="a")
+        file_handler = RunLogHandler(Path(dump_dir) / "train.log")
         file_handler.setFormatter(fmt)
         root.addHandler(file_handler)
 
@@ -115,20 +117,19 @@ def peak_flops_per_device(
 
 
 class JsonlSink:
-    """Appends one JSON object per record to `path` and flushes it."""
+    """Appends one JSON object per record to `path`, as a whole line or not at all (a partial last
+    line left by a kill is cut off when the file is opened again; a full disk is a DiskError)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "a", buffering=1)
+        self._lines = LineAppender(self.path)
 
     def log(self, metrics: dict) -> None:
         record = {"created_at": datetime.now(timezone.utc).isoformat(), **metrics}
-        self._fh.write(json.dumps(record) + "\n")
-        self._fh.flush()
+        self._lines.append(json.dumps(record) + "\n")
 
     def close(self, exit_code: int = 0) -> None:  # noqa: ARG002 - the sink interface
-        self._fh.close()
+        self._lines.close()
 
 
 class ConsoleSink:

@@ -36,6 +36,7 @@ from bytelatent.distributed.mesh import tp_rank_and_size
 from bytelatent.distributed.parallelize import checkpoint_blocks, forward_context, fsdp_units
 from bytelatent.model.loss import batch_loss_sum
 from bytelatent.trainer.optim import group_label
+from bytelatent.trainer.run_files import write_text_atomic
 
 GIB = 2**30
 MODEL_INFO = "model-info.txt"
@@ -306,10 +307,7 @@ def write_model_info(
     world_size = mesh.size() if mesh is not None else 1
     text, total, mem = render(model, args, world_size, rank, tp_rank_and_size(mesh)[1])
     path = Path(path) if path is not None else Path(args.dump_dir) / MODEL_INFO
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_text_atomic(path, text)
     return total, mem
 
 

@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from bytelatent.trainer.run_files import append_line
+
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
@@ -87,9 +89,7 @@ class Probe:
             "grad_norm": {k: v[0] for k, v in grads.items()},
         }
         self._module_stats, self._grad_norms = {}, {}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_line(self.path, json.dumps(record))
 
     @staticmethod
     def _to_host(values: dict[str, torch.Tensor]) -> dict[str, list[float]]:

@@ -44,6 +44,7 @@ from bytelatent.trainer.optim import build_optimizer
 from bytelatent.trainer.probe import build_probe
 from bytelatent.trainer.profiling import build_profiler
 from bytelatent.trainer.resume_check import complete_line
+from bytelatent.trainer.run_files import raise_log_file_error, write_text_atomic
 from bytelatent.trainer.state import (
     TrainState,
     capture_rng_state,
@@ -164,8 +165,9 @@ class Trainer:
             logger.info(complete_line(self.args, self.state.step))
             return None  # config.yaml stays the one of the run that trained
         if self.env.rank == 0:  # secret-looking values (tokens, keys, passwords) redacted
-            with open(os.path.join(self.args.dump_dir, "config.yaml"), "w") as f:
-                f.write(redacted_yaml(self.args))
+            write_text_atomic(
+                os.path.join(self.args.dump_dir, "config.yaml"), redacted_yaml(self.args)
+            )
         if self.args.gc_collect_freq > 0:
             gc.disable()
         self.interval.start()
@@ -272,6 +274,7 @@ class Trainer:
             **self.guard.read(),
         )
         self.metrics.log(self.last)
+        raise_log_file_error()  # train.log could not be written: end the run with that line
         return self.last
 
     # ---------------------------------------------------------------- checkpoints

@@ -190,13 +190,20 @@ class MultiprocessIterator(StatefulIterator[Batch]):
         self._queue = ctx.Queue(maxsize=self.prefetch_size)
         self._stop = ctx.Event()
         base_json = self._state_json or self._initial.model_dump_json()
-        self._process = ctx.Process(
+        process = ctx.Process(
             target=_worker,
             args=(base_json, self._queue, self._stop),
             name="bytelatent-data",
             daemon=True,
         )
-        self._process.start()
+        try:
+            process.start()  # fails if the job is being torn down (its forkserver got SIGTERM)
+        except BaseException:
+            self._queue.close()
+            self._queue.cancel_join_thread()
+            self._queue = self._stop = None
+            raise
+        self._process = process  # only a started process: close() joins it
         _LIVE.add(self)
 
     def __next__(self) -> Batch:

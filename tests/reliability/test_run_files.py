@@ -1,0 +1,173 @@
+"""Files of the run directory under a full disk and after a kill (`bytelatent/trainer/run_files.py`):
+whole lines or nothing, a partial last line repaired on the next start, atomic whole files, and a
+train.log handler that stops quietly (issue 22.5). End to end: test_disk_full.py."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+
+import pytest
+
+from bytelatent.errors import DiskError
+from bytelatent.trainer import run_files
+from bytelatent.trainer.metrics import JsonlSink, setup_logging
+from bytelatent.trainer.run_files import (
+    LineAppender,
+    log_final_error,
+    raise_log_file_error,
+    repair_partial_line,
+    write_text_atomic,
+)
+
+ENOSPC_LINE = "[Errno 28] No space left on device"
+
+
+def _full_after(monkeypatch, budget: int) -> None:
+    """os.write in run_files writes at most `budget` more bytes, then fails with ENOSPC (a short
+    write first, as a real full disk does)."""
+    left = {"n": budget}
+    real_write = os.write
+
+    def write(fd, data):
+        if left["n"] <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        n = real_write(fd, bytes(data[: left["n"]]))
+        left["n"] -= n
+        return n
+
+    monkeypatch.setattr(run_files.os, "write", write)
+
+
+@pytest.mark.parametrize(
+    ("content", "kept", "dropped"),
+    [
+        (b'{"a": 1}\n{"a": 2}\n', b'{"a": 1}\n{"a": 2}\n', 0),
+        (b'{"a": 1}\n{"a": 2}\n{"a"', b'{"a": 1}\n{"a": 2}\n', 4),
+        (b'{"a": 1', b"", 7),
+        (b"", b"", 0),
+    ],
+)
+def test_repair_partial_line(tmp_path, content, kept, dropped):
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(content)
+    assert repair_partial_line(path) == dropped
+    assert path.read_bytes() == kept
+    assert repair_partial_line(tmp_path / "missing.jsonl") == 0
+
+
+def test_repair_scans_back_over_a_long_partial_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b"whole\n" + b"x" * 200_000)  # longer than one read-back chunk
+    assert repair_partial_line(path) == 200_000
+    assert path.read_bytes() == b"whole\n"
+
+
+def test_metrics_sink_repairs_partial_last_line_and_says_so(tmp_path, caplog):
+    """A kill (or a full disk on an older version) left half a record: the next run's first record
+    must not be glued to it (that made both unreadable)."""
+    path = tmp_path / "metrics.jsonl"
+    partial = '{"global_step": 2, "lo'
+    path.write_text(json.dumps({"global_step": 1}) + "\n" + partial)
+    with caplog.at_level(logging.WARNING, logger="bytelatent"):
+        sink = JsonlSink(path)
+        sink.log({"global_step": 2})
+        sink.close()
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["global_step"] for r in rows] == [1, 2]
+    warnings = [r.getMessage() for r in caplog.records if "partial last line" in r.getMessage()]
+    assert warnings == [
+        f"{path}: dropped {len(partial)} bytes of a partial last line "
+        "(a write cut short by a kill or a full disk)"
+    ]
+
+
+def test_metrics_sink_full_disk_leaves_whole_lines_and_one_line_error(tmp_path, monkeypatch):
+    path = tmp_path / "metrics.jsonl"
+    sink = JsonlSink(path)
+    sink.log({"global_step": 1})
+    _full_after(monkeypatch, 30)  # the next record is cut short on the disk, then ENOSPC
+    with pytest.raises(DiskError) as info:
+        sink.log({"global_step": 2, "loss": 1.5})
+    sink.close()
+    assert info.value.one_line() == f"disk error: writing {path}: {ENOSPC_LINE}"
+    lines = path.read_text().splitlines(keepends=True)
+    assert len(lines) == 1 and lines[0].endswith("\n") and json.loads(lines[0])["global_step"] == 1
+
+
+def test_write_text_atomic_keeps_the_old_file_on_a_full_disk(tmp_path, monkeypatch):
+    path = tmp_path / "config.yaml"
+    write_text_atomic(path, "a: 1\n")
+    real_fsync = os.fsync
+
+    def full(fd):
+        real_fsync(fd)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(run_files.os, "fsync", full)
+    with pytest.raises(DiskError) as info:
+        write_text_atomic(path, "a: 2\n" * 1000)
+    assert info.value.one_line() == f"disk error: writing {path}: {ENOSPC_LINE}"
+    assert path.read_text() == "a: 1\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]  # no temporary left
+
+
+def test_train_log_on_a_full_disk_stops_quietly_and_ends_the_run(tmp_path, monkeypatch, capsys):
+    setup_logging(str(tmp_path), rank=0)
+    logger = logging.getLogger("bytelatent")
+    try:
+        logger.info("before")
+        _full_after(monkeypatch, 10)
+        for i in range(50):
+            logger.info("step %d", i)
+        err = capsys.readouterr().err
+        assert "Logging error" not in err and "Traceback" not in err, err
+        with pytest.raises(DiskError) as info:
+            raise_log_file_error()
+        assert (
+            info.value.one_line() == f"disk error: writing {tmp_path / 'train.log'}: {ENOSPC_LINE}"
+        )
+        text = (tmp_path / "train.log").read_text()
+        assert text.endswith("before\n") and "step" not in text  # the cut-short line was removed
+        monkeypatch.undo()  # space again: the closing line is written once, the console skipped
+        log_final_error(info.value.one_line())
+        last = (tmp_path / "train.log").read_text().splitlines()[-1]
+        assert last.endswith(info.value.one_line()) and " ERROR " in last
+        assert info.value.one_line() not in capsys.readouterr().out
+    finally:
+        setup_logging(None, rank=0)
+
+
+def test_file_only_records_skip_the_console(tmp_path, capsys):
+    from bytelatent.errors import FILE_ONLY
+
+    setup_logging(str(tmp_path), rank=0)
+    try:
+        logging.getLogger("bytelatent").error("checkpoint error: x", extra=FILE_ONLY)
+        log_final_error("checkpoint error: x")  # already the last line: not written twice
+    finally:
+        setup_logging(None, rank=0)
+    assert "checkpoint error" not in capsys.readouterr().out
+    assert (tmp_path / "train.log").read_text().count("checkpoint error: x") == 1
+
+
+def test_line_appender_refuses_after_close(tmp_path):
+    appender = LineAppender(tmp_path / "x.jsonl")
+    appender.close()
+    with pytest.raises(DiskError, match="closed"):
+        appender.append("{}")
+
+
+def test_disk_errors_from_other_writers_become_one_line():
+    from bytelatent.trainer.run_files import disk_error_of
+
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/runs/x/metrics.eval.jsonl")
+    assert disk_error_of(full).one_line() == (
+        f"disk error: writing /runs/x/metrics.eval.jsonl: {ENOSPC_LINE}"
+    )
+    quota = OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+    assert disk_error_of(quota).one_line().startswith("disk error: writing a file of the run: ")
+    assert disk_error_of(FileNotFoundError(errno.ENOENT, "gone", "/x")) is None
+    assert disk_error_of(RuntimeError("bug")) is None
