@@ -7,6 +7,10 @@ checkpoint files) would show here. The first run meets through the c10d rendezvo
 SLURM launcher's srun script uses; it orders nodes itself), the resume through the static one
 with `--node-rank`. Both runs must be bitwise the uninterrupted 2-rank single-node run: the same
 losses at every step and the same data-loader state per rank.
+
+The SLURM half runs the launcher's multi-node (`srun`) script on a two-node cluster whose
+slurmd each live in a network namespace of their own (slurm_cluster.NetnsSlurmCluster): one
+torchrun agent per node, USR2 to the batch shell, a save, a requeue and a bitwise resume.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import time
 
 import pytest
 from harness import TrainRun, env_of, losses_by_step, model_args, read_metrics
+from slurm_cluster import NetnsSlurmCluster, slurm_two_nodes_fixture  # noqa: F401 (the fixture)
 from test_resume import PREEMPT_AT, STEP_DELAY, checkpoint_steps
+from test_slurm import preempt_requeue_resume
 
 NNODES = 2
 STEPS = 20  # the reference run's length (harness.COMMON)
@@ -117,3 +123,20 @@ def test_two_nodes_preempt_then_resume_is_bitwise(runner, references) -> None:
     assert states[0] != states[1], "both ranks read the same data"
     assert states == data_states(reference / "checkpoints" / f"{STEPS:010d}")
     assert not (dump_dir / ".lock").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_slurm_two_nodes_srun_preempt_requeue_resume(
+    slurm_two_nodes: NetnsSlurmCluster, runner, references, tmp_path
+) -> None:
+    expected = losses_by_step(references.dump_dir("entropy", NNODES))
+    options = [f"--nodes={NNODES}", "--nproc-per-node=1", "--cpus-per-task=1"]
+    dump_dir = tmp_path / "job"
+    text, job = preempt_requeue_resume(slurm_two_nodes, runner, options, dump_dir, expected)
+    assert "srun --ntasks-per-node=1" in (dump_dir / "submit.slurm").read_text()
+    assert job["NumNodes"] == str(NNODES), job
+    assert "bytelatent: job" in text and f"on {slurm_two_nodes.nodes[0]} at" in text
+    for rank in range(NNODES):  # both ranks logged, and both wrote their part of the checkpoint
+        assert f"{rank}: INFO" in text, text[-4000:]
+        assert (dump_dir / "checkpoints" / "0000000020" / f"__{rank}_0.distcp").is_file()
