@@ -17,10 +17,21 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
-from harness import TrainRun, env_of, losses_by_step, model_args, read_metrics
+from harness import (
+    ENTRY,
+    REPO_ROOT,
+    TrainRun,
+    child_env,
+    env_of,
+    losses_by_step,
+    model_args,
+    read_metrics,
+)
 from slurm_cluster import NetnsSlurmCluster, slurm_two_nodes_fixture  # noqa: F401 (the fixture)
 from test_resume import PREEMPT_AT, STEP_DELAY, checkpoint_steps
 from test_slurm import preempt_requeue_resume
@@ -140,3 +151,27 @@ def test_slurm_two_nodes_srun_preempt_requeue_resume(
     for rank in range(NNODES):  # both ranks logged, and both wrote their part of the checkpoint
         assert f"{rank}: INFO" in text, text[-4000:]
         assert (dump_dir / "checkpoints" / "0000000020" / f"__{rank}_0.distcp").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_srun_python_on_two_nodes_matches_one_node(
+    slurm_two_nodes: NetnsSlurmCluster, runner, references, tmp_path
+) -> None:
+    """`srun -N2 python -m bytelatent.train` without torchrun: each task finds its rank, the
+    rendezvous host (the first node, by `scontrol show hostnames`) and port from SLURM alone."""
+    expected = losses_by_step(references.dump_dir("entropy", NNODES))
+    dump_dir = tmp_path / "srun"
+    done = subprocess.run(
+        [
+            "srun", f"--nodes={NNODES}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+            sys.executable, str(ENTRY), *runner.config(model_args("entropy", NNODES), dump_dir),
+        ],
+        cwd=REPO_ROOT,
+        env=child_env(slurm_two_nodes.env()),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert losses_by_step(dump_dir) == expected
