@@ -10,7 +10,8 @@ losses at every step and the same data-loader state per rank.
 
 The SLURM half runs the launcher's multi-node (`srun`) script on a two-node cluster whose
 slurmd each live in a network namespace of their own (slurm_cluster.NetnsSlurmCluster): one
-torchrun agent per node, USR2 to the batch shell, a save, a requeue and a bitwise resume.
+torchrun agent per node, USR2 to the batch shell, a save, a requeue and a bitwise resume; and
+`srun -N2 python` without torchrun (ranks and rendezvous from SLURM's variables alone).
 """
 
 from __future__ import annotations
