@@ -277,7 +277,7 @@ class NetnsSlurmCluster(SlurmCluster):
         super().__init__(root)
         rng = random.Random()
         self.tag = f"{rng.randrange(16**4):04x}"
-        self.subnet = f"10.{rng.randint(100, 250)}.{rng.randint(0, 255)}"
+        self.subnet = ""  # 10.x.y (a /24), picked at start
         self.bridge = f"blbr{self.tag}"
         self.nodes = [f"bln{i + 1}" for i in range(nnodes)]
         self.netns = [f"bl{self.tag}n{i + 1}" for i in range(nnodes)]
@@ -317,7 +317,18 @@ class NetnsSlurmCluster(SlurmCluster):
             (self.root / "state" / "d" / name).mkdir(parents=True, exist_ok=True)
         super().start()
 
+    def _pick_subnet(self) -> str:
+        """A 10.x.y.0/24 that no route of this host mentions."""
+        routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
+        rng = random.Random()
+        for _ in range(50):
+            subnet = f"10.{rng.randint(100, 250)}.{rng.randint(0, 255)}"
+            if f"{subnet}." not in routes:
+                return subnet
+        raise ClusterUnavailable(f"no free 10.x.y.0/24 for the test nodes (routes: {routes!r})")
+
     def _make_network(self) -> None:
+        self.subnet = self._pick_subnet()
         _ip("link", "add", self.bridge, "type", "bridge")
         self.made.append(("link", self.bridge))
         _ip("addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
@@ -348,7 +359,8 @@ class NetnsSlurmCluster(SlurmCluster):
 
     def stop(self) -> None:
         super().stop()
-        for ns in self.netns:  # anything still running on a node
+        made_netns = [name for kind, name in self.made if kind == "netns"]
+        for ns in made_netns:  # anything still running on a node
             pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
             for pid in pids.stdout.split():
                 _stop_pid(int(pid), timeout=2)
