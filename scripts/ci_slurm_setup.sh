@@ -7,11 +7,12 @@
 # BYTELATENT_REQUIRE_SLURM=1 so that a missing SLURM fails the test instead of skipping it.
 set -euo pipefail
 
-# procps: the generated batch scripts forward signals with pkill.
-PACKAGES=(slurmctld slurmd slurm-client munge procps)
+# procps: the generated batch scripts forward signals with pkill. iproute2: the two-node test
+# cluster puts each slurmd in a network namespace (`ip netns`).
+PACKAGES=(slurmctld slurmd slurm-client munge procps iproute2)
 
 missing=0
-for binary in slurmctld slurmd sbatch munged pkill; do
+for binary in slurmctld slurmd sbatch munged pkill ip; do
     command -v "$binary" >/dev/null 2>&1 || [ -x "/usr/sbin/$binary" ] || missing=1
 done
 if [ "$missing" = 0 ]; then

@@ -23,6 +23,7 @@ MULTIRANK_FILES = {
     "test_single_device_fsdp.py", "test_multirank.py", "test_tp_run_warnings.py",
     "test_env_mesh.py", "test_hf_llama.py", "test_reshard.py", "test_elastic_resume.py",
     "test_kill_during_save.py", "test_checkpoint_multirank.py", "test_byteify.py",
+    "test_two_nodes.py",
 }  # fmt: skip
 
 

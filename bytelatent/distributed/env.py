@@ -203,6 +203,21 @@ def slurm_master_port(job_id: str, step_id: str) -> int:
     return random.Random(f"{job_id}.{step_id}").randint(20000, 32767)
 
 
+def slurm_tasks_on_node(tasks_per_node: str, node_id: int) -> int:
+    """Tasks of a step on its node `node_id`, from SLURM's compressed SLURM_STEP_TASKS_PER_NODE
+    ("2(x3),1": two tasks on each of nodes 0-2, one on node 3)."""
+    counts: list[int] = []
+    try:
+        for part in tasks_per_node.split(","):
+            count, _, repeat = part.partition("(x")
+            counts += [int(count)] * (int(repeat.rstrip(")")) if repeat else 1)
+        return counts[node_id]
+    except (ValueError, IndexError):
+        raise ConfigError(
+            f"SLURM_STEP_TASKS_PER_NODE={tasks_per_node!r} has no task count for node {node_id}"
+        ) from None
+
+
 def _export_slurm_rendezvous(env: DistEnv) -> None:
     """torch's env:// rendezvous needs the torchrun variables; derive them from SLURM's."""
     if "MASTER_ADDR" not in os.environ:
@@ -215,6 +230,12 @@ def _export_slurm_rendezvous(env: DistEnv) -> None:
     os.environ["RANK"] = str(env.rank)
     os.environ["LOCAL_RANK"] = str(env.local_rank)
     os.environ["WORLD_SIZE"] = str(env.world_size)
+    # Processes on this node (what torchrun exports): CPU thread defaults split this node's
+    # cores among them, not among every rank of the job.
+    tasks = os.environ.get("SLURM_STEP_TASKS_PER_NODE")
+    if tasks and "SLURM_NODEID" in os.environ and "LOCAL_WORLD_SIZE" not in os.environ:
+        local = slurm_tasks_on_node(tasks, _int_env("SLURM_NODEID"))
+        os.environ["LOCAL_WORLD_SIZE"] = str(local)
 
 
 def _set_numerics(args: DistributedArgs) -> None:

@@ -224,3 +224,50 @@ def test_os_exit_leaks_no_semaphores(corpus, tmp_path, leave):
     )
     assert done.returncode == 0 and "closed" in done.stdout, done.stderr
     assert "leaked semaphore" not in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+def test_step_wide_usr2_spares_the_loader_helpers(corpus, tmp_path):
+    """Under `srun` a preemption signal reaches every process of the step (the launcher's
+    multi-node script does `scancel --signal=USR2 $SLURM_JOB_ID`): the resource tracker and the
+    fork server must survive it (a dead tracker is relaunched and prints a KeyError traceback per
+    semaphore), while the trainer still gets the signal and the batches keep coming."""
+    (tmp_path / "loader_usr2.py").write_text(
+        textwrap.dedent(
+            f"""
+            import os, signal
+            from bytelatent.data.args import DataArgs
+
+            def main():
+                got = []
+                signal.signal(signal.SIGUSR2, lambda signum, frame: got.append(signum))
+                args = DataArgs(root_dir={str(corpus)!r}, sources={{"a": 1.0}}, batch_size=2, seq_len=8,
+                                max_encoder_seq_length=32, prefetch_size=2,
+                                patcher_args={{"patching_mode": "space"}})
+                it = args.build_from_rank(0, 1)
+                next(it)
+                os.killpg(0, signal.SIGUSR2)  # this process, the worker and every helper
+                for _ in range(4):
+                    next(it)
+                it.close()
+                print("handled", len(got), flush=True)
+
+            if __name__ == "__main__":
+                main()
+            """
+        )
+    )
+    env = os.environ | {"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "loader_usr2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+        start_new_session=True,  # its own process group: the signal goes nowhere else
+    )
+    assert done.returncode == 0, done.stderr
+    assert "handled 1" in done.stdout, (done.stdout, done.stderr)
+    for noise in ("resource_tracker", "Traceback", "leaked semaphore"):
+        assert noise not in done.stderr, done.stderr

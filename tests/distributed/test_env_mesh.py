@@ -21,7 +21,7 @@ from bytelatent.distributed import (
     setup_distributed,
     tp_rank_and_size,
 )
-from bytelatent.distributed.env import slurm_master_port
+from bytelatent.distributed.env import slurm_master_port, slurm_tasks_on_node
 from bytelatent.distributed.mesh import MESH_DIMS, dp_rank_from_coords
 from bytelatent.errors import ConfigError
 
@@ -38,6 +38,9 @@ LAUNCH_VARS = (
     "SLURM_NTASKS",
     "SLURM_STEP_NUM_TASKS",
     "SLURM_JOB_NODELIST",
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_NODEID",
+    "LOCAL_WORLD_SIZE",
 )
 
 
@@ -238,7 +241,7 @@ from bytelatent.distributed import DistributedArgs, setup_distributed, cleanup_a
 env = setup_distributed(DistributedArgs())
 import os
 print(env.launcher, env.rank, env.world_size, dist.get_world_size(), os.environ["MASTER_ADDR"],
-      flush=True)
+      os.environ.get("LOCAL_WORLD_SIZE"), flush=True)
 cleanup_and_exit(0)
 """
 
@@ -255,6 +258,8 @@ def test_setup_under_slurm_step_with_one_task(tmp_path: Path):
         "SLURM_LOCALID": "0",
         "SLURM_NTASKS": "1",
         "SLURM_JOB_NODELIST": "node[1-2]",
+        "SLURM_STEP_TASKS_PER_NODE": "1",
+        "SLURM_NODEID": "0",
         "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
         "CUDA_VISIBLE_DEVICES": "",
     }
@@ -266,7 +271,17 @@ def test_setup_under_slurm_step_with_one_task(tmp_path: Path):
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["slurm", "0", "1", "1", "127.0.0.1"]
+    assert out.stdout.split() == ["slurm", "0", "1", "1", "127.0.0.1", "1"]
+
+
+def test_slurm_tasks_on_node_reads_the_compressed_list():
+    """LOCAL_WORLD_SIZE under srun: this node's task count, not the job's (thread defaults)."""
+    assert slurm_tasks_on_node("8", 0) == 8
+    assert [slurm_tasks_on_node("2(x3),1", n) for n in range(4)] == [2, 2, 2, 1]
+    assert slurm_tasks_on_node("4,2(x2)", 2) == 2
+    for bad, node in (("2(x3)", 3), ("two", 0)):
+        with pytest.raises(ConfigError, match="SLURM_STEP_TASKS_PER_NODE"):
+            slurm_tasks_on_node(bad, node)
 
 
 def test_setup_single_process_needs_no_process_group(clean_env: pytest.MonkeyPatch):

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -91,6 +93,45 @@ def train_command(args: Sequence[str], nproc: int = 1, script: Path = ENTRY) -> 
     ]
 
 
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 below Linux's ephemeral range (32768-60999), where outgoing
+    connections could take it between this check and the rendezvous binding it (EADDRINUSE)."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randint(20000, 32767)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32767")
+
+
+def node_commands(
+    args: Sequence[str], nnodes: int, rdzv: str, port: int, script: Path = ENTRY
+) -> list[list[str]]:
+    """One torchrun agent per emulated node (one worker each) meeting on 127.0.0.1:`port`.
+
+    rdzv "c10d": the dynamic rendezvous the SLURM launcher uses (node ranks follow join order,
+    `--node-rank` is ignored); "static": `--node-rank i` and the master address, so node i's
+    worker is rank i. Either way every worker has LOCAL_RANK 0, so RANK != LOCAL_RANK off node 0.
+    """
+    if rdzv == "c10d":
+        where = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={port}"]
+    elif rdzv == "static":
+        where = ["--rdzv-backend=static", "--master-addr=127.0.0.1", f"--master-port={port}"]
+    else:
+        raise ValueError(f"rdzv={rdzv!r}: expected c10d or static")
+    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}"]
+
+    def node(i: int) -> list[str]:
+        rank = [f"--node-rank={i}"] if rdzv == "static" else []
+        return [*launcher, "--nproc-per-node=1", *where, *rank, str(script), *args]
+
+    return [node(i) for i in range(nnodes)]
+
+
 def read_metrics(dump_dir: str | os.PathLike) -> list[dict]:
     path = Path(dump_dir) / "metrics.jsonl"
     if not path.exists():
@@ -163,6 +204,7 @@ class TrainRun:
         self.log_path = self.dump_dir.parent / f"{self.dump_dir.name}.{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "w")
         self.command = command
+        self.agent = "torch.distributed.run" in command  # torchrun: workers are its children
         self.proc = subprocess.Popen(
             self.command,
             cwd=REPO_ROOT,
@@ -212,7 +254,7 @@ class TrainRun:
 
     def worker_pids(self) -> dict[int, int]:
         """rank -> pid of the training processes (the process itself, or torchrun's workers)."""
-        if self.nproc == 1:
+        if not self.agent:
             return {0: self.proc.pid}
         ranks = {}
         for pid in children_of(self.proc.pid):
@@ -280,6 +322,22 @@ class Runner:
         run = TrainRun(train_command(self.config(args, dump_dir), nproc), dump_dir, nproc, env)
         self.runs.append(run)
         return run
+
+    def start_nodes(
+        self,
+        name: str,
+        args: Sequence[str],
+        nnodes: int,
+        rdzv: str,
+        env: dict[str, str] | None = None,
+    ) -> list[TrainRun]:
+        """`nnodes` torchrun agents, one worker each, as if on `nnodes` machines sharing `name`'s
+        dump_dir (see `node_commands`); each agent has its own log."""
+        dump_dir = self.tmp / name
+        commands = node_commands(self.config(args, dump_dir), nnodes, rdzv, free_port())
+        nodes = [TrainRun(command, dump_dir, 1, env) for command in commands]
+        self.runs.extend(nodes)
+        return nodes
 
     def probe(
         self,

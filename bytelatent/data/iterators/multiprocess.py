@@ -16,7 +16,10 @@ batches still queued are simply produced again by whoever resumes from that stat
 * `close()`, the context manager, garbage collection and interpreter exit stop the worker; the
   worker also exits by itself when its parent dies. It ignores SIGINT/SIGTERM/SIGUSR2 (under
   `srun`, SLURM signals every process of the step) so that a Ctrl-C or a preemption signal
-  reaches only the trainer, which then saves the (already exact) state.
+  reaches only the trainer, which then saves the (already exact) state. The helpers that
+  multiprocessing starts for it (the resource tracker, the fork server) are started with those
+  signals blocked, which they inherit: a USR2 to the whole step would otherwise kill them, and
+  the tracker's restart prints a KeyError traceback for every semaphore it never saw.
 """
 
 from __future__ import annotations
@@ -43,6 +46,20 @@ from bytelatent.distributed.env import run_before_os_exit
 
 _LIVE: weakref.WeakSet[MultiprocessIterator] = weakref.WeakSet()
 _POLL_S = 0.5
+# What `srun` delivers to every process of a step (preemption, the end of the job).
+_STEP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _step_signals_blocked():
+    """Block `_STEP_SIGNALS` in this thread meanwhile. Processes started meanwhile (the resource
+    tracker and fork server, started on first use) inherit the blocked mask across fork and exec
+    and keep it; here a signal that arrives meanwhile is only deferred until the block ends."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STEP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class RemoteTraceback(Exception):
@@ -184,25 +201,26 @@ class MultiprocessIterator(StatefulIterator[Batch]):
         self._finished = False
 
     def _start(self) -> None:
-        ctx = mp.get_context(self.start_method)
-        if self.start_method == "forkserver":
-            ctx.set_forkserver_preload([__name__])
-        self._queue = ctx.Queue(maxsize=self.prefetch_size)
-        self._stop = ctx.Event()
-        base_json = self._state_json or self._initial.model_dump_json()
-        process = ctx.Process(
-            target=_worker,
-            args=(base_json, self._queue, self._stop),
-            name="bytelatent-data",
-            daemon=True,
-        )
-        try:
-            process.start()  # fails if the job is being torn down (its forkserver got SIGTERM)
-        except BaseException:
-            self._queue.close()
-            self._queue.cancel_join_thread()
-            self._queue = self._stop = None
-            raise
+        with _step_signals_blocked():  # see the module docstring
+            ctx = mp.get_context(self.start_method)
+            if self.start_method == "forkserver":
+                ctx.set_forkserver_preload([__name__])
+            self._queue = ctx.Queue(maxsize=self.prefetch_size)
+            self._stop = ctx.Event()
+            base_json = self._state_json or self._initial.model_dump_json()
+            process = ctx.Process(
+                target=_worker,
+                args=(base_json, self._queue, self._stop),
+                name="bytelatent-data",
+                daemon=True,
+            )
+            try:
+                process.start()  # fails if the job is being torn down (its forkserver got SIGTERM)
+            except BaseException:
+                self._queue.close()
+                self._queue.cancel_join_thread()
+                self._queue = self._stop = None
+                raise
         self._process = process  # only a started process: close() joins it
         _LIVE.add(self)
 
