@@ -8,7 +8,8 @@ batches still queued are simply produced again by whoever resumes from that stat
 * Start method: `forkserver` where available, else `spawn`: both work under `python -m ...`,
   under torchrun and with threads (gloo, CUDA) already running, unlike `fork`; the entry point
   needs the usual `if __name__ == "__main__":` guard. The fork server preloads this module (and
-  so torch), so only the first worker of a process pays for the imports. The worker receives
+  so torch), so only the first worker of a process pays for the imports; `python -m
+  bytelatent.train` starts that server before its own imports (data/worker_server.py). The worker receives
   only the state as JSON.
 * A worker error re-raises in the consumer as the same exception (DataError stays DataError),
   chained to a `RemoteTraceback` holding the worker's traceback. A worker that dies without a
@@ -24,11 +25,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import multiprocessing as mp
-import os
 import pickle
 import queue
 import signal
-import sys
 import traceback
 import weakref
 from typing import Literal
@@ -39,6 +38,12 @@ from pydantic import Field
 from bytelatent.data.batch import Batch
 from bytelatent.data.iterators.base import IteratorState, StatefulIterator
 from bytelatent.data.iterators.packing import PackingIteratorState
+from bytelatent.data.worker_server import (
+    apply_environment,
+    default_start_method,
+    worker_context,
+    worker_environment,
+)
 from bytelatent.distributed.env import run_before_os_exit
 
 _LIVE: weakref.WeakSet[MultiprocessIterator] = weakref.WeakSet()
@@ -59,15 +64,6 @@ class MultiprocessIteratorState(IteratorState):
 
     def build(self) -> MultiprocessIterator:
         return MultiprocessIterator(self)
-
-
-def default_start_method() -> str:
-    """forkserver (else spawn); fork only when the main module cannot be re-imported (stdin, REPL
-    files that are gone), which spawn and forkserver need."""
-    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
-    if main_file is not None and not os.path.exists(main_file):
-        return "fork"
-    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
 def _compact(array: np.ndarray) -> np.ndarray:
@@ -141,8 +137,9 @@ def _put(q, item, stop) -> bool:
     return False
 
 
-def _worker(state_json: str, q, stop) -> None:
+def _worker(state_json: str, q, stop, env: dict[str, str]) -> None:
     """Body of the worker process: produce (batch, state) pairs until stopped or done."""
+    apply_environment(env)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
@@ -184,15 +181,13 @@ class MultiprocessIterator(StatefulIterator[Batch]):
         self._finished = False
 
     def _start(self) -> None:
-        ctx = mp.get_context(self.start_method)
-        if self.start_method == "forkserver":
-            ctx.set_forkserver_preload([__name__])
+        ctx = worker_context(self.start_method)
         self._queue = ctx.Queue(maxsize=self.prefetch_size)
         self._stop = ctx.Event()
         base_json = self._state_json or self._initial.model_dump_json()
         self._process = ctx.Process(
             target=_worker,
-            args=(base_json, self._queue, self._stop),
+            args=(base_json, self._queue, self._stop, worker_environment()),
             name="bytelatent-data",
             daemon=True,
         )
