@@ -66,7 +66,9 @@ def main() -> None:
         walls = [w for w, _ in got]
         waits = [d for _, d in got]
         shown = " ".join(f"{w:.1f}" for w in walls)
-        print(f"| {row} | {statistics.median(walls):.2f} | {statistics.median(waits):.2f} | {shown} |")
+        print(
+            f"| {row} | {statistics.median(walls):.2f} | {statistics.median(waits):.2f} | {shown} |"
+        )
 
 
 if __name__ == "__main__":
