@@ -45,6 +45,8 @@ def worker_context(start_method: str | None = None):
 def will_load_async(argv: list[str]) -> bool:
     """Whether this training command will start a data-loader worker, as far as the config files
     and overrides say without validating them (the real parse reports any problem)."""
+    if not argv:
+        return False  # the usage line
     try:
         tree = load_config_tree(argv)
     except Exception:  # noqa: BLE001 - any config problem: start nothing, let the parse say it
