@@ -29,6 +29,7 @@ EXTRAS = {
     "test": [
         "pytest>=8",
         "pytest-timeout>=2.3",
+        "pytest-xdist==3.8.0",  # `pytest -n 2`: files spread over two workers (tests/conftest.py)
         "moto[server]==5.2.5",
         "boto3==1.43.117",  # moto's client; its botocore must fit aiobotocore's range
         "botocore==1.43.117",

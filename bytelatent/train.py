@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import sys
+
+from bytelatent.data.worker_server import start_early
+
+if __name__ == "__main__":
+    # Before torch is imported (hence E402 below, ruff.toml): the data loader's fork server
+    # then imports it alongside us.
+    start_early(sys.argv[1:])
+
 import logging
 import os
 import signal
-import sys
 
 from bytelatent.args import TrainArgs
 from bytelatent.config import parse_args

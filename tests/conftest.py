@@ -41,6 +41,16 @@ def multirank_skip_reason(file_name: str, gpus: int | None) -> str | None:
     return None
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under `pytest -n 2` (the README's command; `--dist loadgroup` in pytest.ini) a worker takes a
+    whole file, so module fixtures are built once and a file's tests never race each other; every
+    test on a SLURM cluster goes to one worker (the clusters share one munged)."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            name = "slurm" if "slurm_cluster" in getattr(item, "fixturenames", ()) else None
+            item.add_marker(pytest.mark.xdist_group(name or item.nodeid.split("::")[0]))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """`@pytest.mark.conformance(files...)`: skip without the fixtures, fail under CI's env var.

@@ -1,4 +1,4 @@
-"""End to end: train an entropy model, consolidate it, precompute entropies, train a BLT on them."""
+"""End to end: a trained entropy model, consolidated; precompute entropies; train a BLT on them."""
 
 import json
 import subprocess
@@ -11,18 +11,16 @@ import pytest
 
 from bytelatent.args import TrainArgs
 from bytelatent.config import parse_args
-from tests.trainer.test_cli import REPO, TINY_BLT, TINY_ENTROPY, run_cli
+from tests.trainer.test_cli import REPO, TINY_BLT, run_cli
 
 
-def train_and_consolidate_entropy_model(tmp_path: Path, corpus_root: Path) -> Path:
-    ent = tmp_path / "entropy"
-    argv = [*TINY_ENTROPY, f"dump_dir={ent}", f"data.root_dir={corpus_root}", "steps=10"]
-    res = run_cli("bytelatent.train", argv)
+def consolidate_entropy_model(entropy_run: Path, tmp_path: Path) -> Path:
+    """The session's tiny trained entropy model (tests/conftest.py), consolidated into tmp_path."""
+    step_dir = entropy_run / "checkpoints" / f"{20:010d}"
+    out = tmp_path / "entropy_model"
+    res = run_cli("bytelatent.checkpoint", ["consolidate", str(step_dir), "--out", str(out)])
     assert res.returncode == 0, res.stderr[-3000:]
-    step_dir = ent / "checkpoints" / f"{10:010d}"
-    res = run_cli("bytelatent.checkpoint", ["consolidate", str(step_dir)])
-    assert res.returncode == 0, res.stderr[-3000:]
-    return step_dir / "consolidated"
+    return out
 
 
 def small_raw_source(tmp_path: Path, corpus_root: Path) -> Path:
@@ -38,7 +36,15 @@ def small_raw_source(tmp_path: Path, corpus_root: Path) -> Path:
 
 def preprocess(shard: Path, out: Path, model_dir: Path) -> Path:
     cmd = [sys.executable, "-m", "apps.preprocess_entropies", "--input", str(shard)]
-    cmd += ["--output-dir", str(out), "--entropy-model", str(model_dir), "--device", "cpu", "--no-progress"]
+    cmd += [
+        "--output-dir",
+        str(out),
+        "--entropy-model",
+        str(model_dir),
+        "--device",
+        "cpu",
+        "--no-progress",
+    ]
     res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     arrow = out / "stdlib" / "transformer_100m" / "stdlib.chunk.00.jsonl.arrow"
@@ -55,8 +61,8 @@ def median_entropy(arrow: Path) -> float:
 
 
 @pytest.mark.slow
-def test_entropy_model_to_entropy_patched_blt(tmp_path, corpus_root):
-    model_dir = train_and_consolidate_entropy_model(tmp_path, corpus_root)
+def test_entropy_model_to_entropy_patched_blt(tmp_path, corpus_root, tiny_entropy_run):
+    model_dir = consolidate_entropy_model(tiny_entropy_run, tmp_path)
     shard = small_raw_source(tmp_path, corpus_root)
     pre = tmp_path / "preprocessed"
     threshold = median_entropy(preprocess(shard, pre, model_dir))

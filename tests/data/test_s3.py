@@ -66,3 +66,43 @@ def test_missing_s3_prefix_is_a_data_error(corpus, s3_env):
         DataArgs(
             root_dir="s3://blt-data2/data", sources={"nope": 1.0}, load_async=False
         ).build_from_rank(0, 1)
+
+
+# Run in a fresh interpreter: pytest's own fork server may already hold an S3 environment.
+_ENV_AFTER_SERVER = """
+import os, sys
+from multiprocessing import forkserver
+from bytelatent.data.args import DataArgs
+from bytelatent.data.worker_server import worker_context
+
+worker_context("forkserver")
+forkserver.ensure_running()  # in the environment of this moment: no S3 endpoint
+os.environ.update(AWS_ENDPOINT_URL=sys.argv[2], **dict(a.split("=", 1) for a in sys.argv[3:]))
+args = DataArgs.model_validate_json(sys.argv[1])
+for load_async in (True, False):
+    it = args.model_copy(update={"load_async": load_async}).build_from_rank(0, 1)
+    print(load_async, [int(next(it).x.sum()) for _ in range(4)])
+    if load_async:
+        it.close()
+"""
+
+
+def test_async_loader_reads_s3_with_the_environment_set_after_its_fork_server_started(
+    corpus, s3_env
+):
+    """`python -m bytelatent.train` starts the data loader's fork server before anything else
+    (data/worker_server.py), so the server's environment predates the run's `env:` keys and
+    credentials; the worker must use the trainer's environment as it is when the worker starts."""
+    import subprocess
+    import sys
+
+    from tests.conftest import S3_ENV
+
+    root = upload(corpus, "blt-data-env")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    argv = [args_for(root).model_dump_json(), s3_env, *(f"{k}={v}" for k, v in S3_ENV.items())]
+    res = subprocess.run([sys.executable, "-c", _ENV_AFTER_SERVER, *argv], env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    async_line, sync_line = res.stdout.splitlines()
+    assert async_line.split(" ", 1)[1] == sync_line.split(" ", 1)[1], res.stdout

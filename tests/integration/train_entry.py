@@ -54,6 +54,9 @@ def install_delays() -> None:
 
 
 def main() -> int:
+    from bytelatent.data.worker_server import start_early
+
+    start_early(sys.argv[1:])  # as `python -m bytelatent.train` does, before torch is imported
     install_delays()
     from bytelatent.train import main as train_main
 

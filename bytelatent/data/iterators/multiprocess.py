@@ -8,8 +8,9 @@ batches still queued are simply produced again by whoever resumes from that stat
 * Start method: `forkserver` where available, else `spawn`: both work under `python -m ...`,
   under torchrun and with threads (gloo, CUDA) already running, unlike `fork`; the entry point
   needs the usual `if __name__ == "__main__":` guard. The fork server preloads this module (and
-  so torch), so only the first worker of a process pays for the imports. The worker receives
-  only the state as JSON.
+  so torch), so only the first worker of a process pays for the imports; `python -m
+  bytelatent.train` starts that server before its own imports (data/worker_server.py). The
+  worker receives the state as JSON and the trainer's environment.
 * A worker error re-raises in the consumer as the same exception (DataError stays DataError),
   chained to a `RemoteTraceback` holding the worker's traceback. A worker that dies without a
   word (killed, segfault) raises RuntimeError with its exit code. Nothing waits forever.
@@ -27,11 +28,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import multiprocessing as mp
-import os
 import pickle
 import queue
 import signal
-import sys
 import traceback
 import weakref
 from typing import Literal
@@ -42,24 +41,17 @@ from pydantic import Field
 from bytelatent.data.batch import Batch
 from bytelatent.data.iterators.base import IteratorState, StatefulIterator
 from bytelatent.data.iterators.packing import PackingIteratorState
+from bytelatent.data.worker_server import (
+    apply_environment,
+    default_start_method,
+    step_signals_blocked,
+    worker_context,
+    worker_environment,
+)
 from bytelatent.distributed.env import run_before_os_exit
 
 _LIVE: weakref.WeakSet[MultiprocessIterator] = weakref.WeakSet()
 _POLL_S = 0.5
-# What `srun` delivers to every process of a step (preemption, the end of the job).
-_STEP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def _step_signals_blocked():
-    """Block `_STEP_SIGNALS` in this thread meanwhile. Processes started meanwhile (the resource
-    tracker and fork server, started on first use) inherit the blocked mask across fork and exec
-    and keep it; here a signal that arrives meanwhile is only deferred until the block ends."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STEP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class RemoteTraceback(Exception):
@@ -76,15 +68,6 @@ class MultiprocessIteratorState(IteratorState):
 
     def build(self) -> MultiprocessIterator:
         return MultiprocessIterator(self)
-
-
-def default_start_method() -> str:
-    """forkserver (else spawn); fork only when the main module cannot be re-imported (stdin, REPL
-    files that are gone), which spawn and forkserver need."""
-    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
-    if main_file is not None and not os.path.exists(main_file):
-        return "fork"
-    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
 def _compact(array: np.ndarray) -> np.ndarray:
@@ -158,8 +141,9 @@ def _put(q, item, stop) -> bool:
     return False
 
 
-def _worker(state_json: str, q, stop) -> None:
+def _worker(state_json: str, q, stop, env: dict[str, str]) -> None:
     """Body of the worker process: produce (batch, state) pairs until stopped or done."""
+    apply_environment(env)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
@@ -201,16 +185,14 @@ class MultiprocessIterator(StatefulIterator[Batch]):
         self._finished = False
 
     def _start(self) -> None:
-        with _step_signals_blocked():  # see the module docstring
-            ctx = mp.get_context(self.start_method)
-            if self.start_method == "forkserver":
-                ctx.set_forkserver_preload([__name__])
+        with step_signals_blocked():  # see the module docstring
+            ctx = worker_context(self.start_method)
             self._queue = ctx.Queue(maxsize=self.prefetch_size)
             self._stop = ctx.Event()
             base_json = self._state_json or self._initial.model_dump_json()
             process = ctx.Process(
                 target=_worker,
-                args=(base_json, self._queue, self._stop),
+                args=(base_json, self._queue, self._stop, worker_environment()),
                 name="bytelatent-data",
                 daemon=True,
             )

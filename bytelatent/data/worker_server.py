@@ -1,0 +1,93 @@
+"""The data loader's process context, and starting its fork server before the trainer imports torch.
+
+A data-loader worker (data/iterators/multiprocess.py) is forked from multiprocessing's fork server,
+which preloads the worker module and so torch. Started lazily at the first batch, that import
+(seconds) comes after the trainer's own and delays step 1; `start_early(argv)`, called by
+`python -m bytelatent.train` before it imports anything heavy, starts the server at once so that
+both imports run side by side. This module imports only the standard library and the config
+parser, so calling it costs nothing measurable.
+
+A fork server started early has the environment of that moment, not the one the trainer sets up
+afterwards (`env:` keys, thread counts); workers therefore apply the trainer's environment as it
+is when they start (`worker_environment()`), whichever process forked them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import signal
+import sys
+from multiprocessing import forkserver
+
+from bytelatent.config.parser import load_config_tree
+
+WORKER_MODULE = "bytelatent.data.iterators.multiprocess"
+# What `srun` delivers to every process of a step (preemption, the end of the job).
+STEP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def step_signals_blocked():
+    """Block `STEP_SIGNALS` in this thread meanwhile. Processes started meanwhile (the resource
+    tracker and fork server, started on first use) inherit the blocked mask across fork and exec
+    and keep it, so a USR2 to the whole step cannot kill them; here a signal that arrives
+    meanwhile is only deferred until the block ends."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STEP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def default_start_method() -> str:
+    """forkserver (else spawn); fork only when the main module cannot be re-imported (stdin, REPL
+    files that are gone), which spawn and forkserver need."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file is not None and not os.path.exists(main_file):
+        return "fork"
+    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+
+
+def worker_context(start_method: str | None = None):
+    """The multiprocessing context data workers start from (the fork server preloads the worker)."""
+    method = start_method or default_start_method()
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload([WORKER_MODULE])
+    return ctx
+
+
+def will_load_async(argv: list[str]) -> bool:
+    """Whether this training command will start a data-loader worker, as far as the config files
+    and overrides say without validating them (the real parse reports any problem)."""
+    if not argv:
+        return False  # the usage line
+    try:
+        tree = load_config_tree(argv)
+    except Exception:  # noqa: BLE001 - any config problem: start nothing, let the parse say it
+        return False
+    data = tree.get("data") if isinstance(tree.get("data"), dict) else {}
+    return tree.get("dry_run") is not True and data.get("load_async", True) is not False
+
+
+def start_early(argv: list[str]) -> bool:
+    """Start the fork server now if this command will need it; True when started."""
+    if default_start_method() != "forkserver" or not will_load_async(argv):
+        return False
+    with step_signals_blocked():
+        worker_context("forkserver")
+        forkserver.ensure_running()
+    return True
+
+
+def worker_environment() -> dict[str, str]:
+    """The trainer's environment, handed to each worker it starts (see the module docstring)."""
+    return dict(os.environ)
+
+
+def apply_environment(env: dict[str, str]) -> None:
+    """In the worker: take the trainer's environment as it was when the worker was started."""
+    os.environ.clear()
+    os.environ.update(env)
