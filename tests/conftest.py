@@ -1,5 +1,6 @@
 """Shared fixtures: a small copy of the embedded stdlib corpus, built once per session."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.paths import require_conformance
+from tests.shared_fixtures import built_once
 from tests.tiny import BLT_CONFIG, ENTROPY_CONFIG, TINY_BLT_MODEL, TINY_ENTROPY_MODEL
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,6 +25,7 @@ MULTIRANK_FILES = {
     "test_single_device_fsdp.py", "test_multirank.py", "test_tp_run_warnings.py",
     "test_env_mesh.py", "test_hf_llama.py", "test_reshard.py", "test_elastic_resume.py",
     "test_kill_during_save.py", "test_checkpoint_multirank.py", "test_byteify.py",
+    "test_worker_start.py",
     "test_two_nodes.py",
 }  # fmt: skip
 
@@ -39,6 +42,16 @@ def multirank_skip_reason(file_name: str, gpus: int | None) -> str | None:
     if file_name in MULTIRANK_FILES and gpus is not None and gpus < 2:
         return f"starts 2 ranks: needs 2 GPUs on a CUDA host ({gpus} visible)"
     return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under `pytest -n 2` two workers share the cores: each (and what it starts) takes one thread,
+    as two trainers on one machine would; several threads per worker thrash."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        import torch  # noqa: PLC0415 - only in xdist workers
+
+        torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -66,14 +79,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture(scope="session")
 def corpus_root(tmp_path_factory) -> Path:
     """A folder holding `stdlib/` (JSONL shards of the stdlib corpus, ~1 MB); use as data.root_dir."""
-    root = tmp_path_factory.mktemp("corpus")
-    subprocess.run(
-        [sys.executable, "-m", "bytelatent.data.prepare", "--out", str(root / "stdlib"), "--max-mb", "1"],
-        check=True,
-        capture_output=True,
-        cwd=REPO,
-    )
-    return root
+
+    def build(root: Path) -> None:
+        cmd = [sys.executable, "-m", "bytelatent.data.prepare", "--out", str(root / "stdlib"),
+               "--max-mb", "1"]  # fmt: skip
+        subprocess.run(cmd, check=True, capture_output=True, cwd=REPO)
+
+    return built_once(tmp_path_factory, "corpus", build)
 
 
 def free_port() -> int:
@@ -135,18 +147,37 @@ def s3_env(moto_server, monkeypatch):
 
 # Tiny trained runs shared by evaluation, generation and export tests (built once per session).
 TINY_BLT = [*TINY_BLT_MODEL, "data.seq_len=48", "data.batch_size=2", "data.load_async=false"]
-TINY_ENTROPY = [*TINY_ENTROPY_MODEL, "data.seq_len=128", "data.batch_size=2", "data.load_async=false"]
+TINY_ENTROPY = [
+    *TINY_ENTROPY_MODEL,
+    "data.seq_len=128",
+    "data.batch_size=2",
+    "data.load_async=false",
+]
 
 
 def train_tiny(config: str, dump_dir: Path, data_root: Path, steps: int, extra: list[str]) -> Path:
     """Train `config` for `steps` steps in a subprocess; returns dump_dir (checkpoint at `steps`)."""
     cmd = [
-        sys.executable, "-m", "bytelatent.train", f"config={config}", f"dump_dir={dump_dir}",
-        f"data.root_dir={data_root}", f"steps={steps}", "logging.freq=5", "logging.console=false",
-        "checkpoint.dump.every=0", *extra,
+        sys.executable,
+        "-m",
+        "bytelatent.train",
+        f"config={config}",
+        f"dump_dir={dump_dir}",
+        f"data.root_dir={data_root}",
+        f"steps={steps}",
+        "logging.freq=5",
+        "logging.console=false",
+        "checkpoint.dump.every=0",
+        *extra,
     ]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        cmd,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return dump_dir
 
@@ -154,11 +185,12 @@ def train_tiny(config: str, dump_dir: Path, data_root: Path, steps: int, extra: 
 @pytest.fixture(scope="session")
 def tiny_blt_run(tmp_path_factory, corpus_root) -> Path:
     """A tiny debug BLT (space patching) trained 20 steps: dump_dir with checkpoints/0000000020."""
-    return train_tiny(str(BLT_CONFIG), tmp_path_factory.mktemp("tiny_blt"), corpus_root, 20, TINY_BLT)
+    return built_once(tmp_path_factory, "tiny_blt",
+                      lambda d: train_tiny(str(BLT_CONFIG), d, corpus_root, 20, TINY_BLT))  # fmt: skip
 
 
 @pytest.fixture(scope="session")
 def tiny_entropy_run(tmp_path_factory, corpus_root) -> Path:
     """A tiny entropy model trained 20 steps: dump_dir with checkpoints/0000000020."""
-    return train_tiny(str(ENTROPY_CONFIG), tmp_path_factory.mktemp("tiny_entropy"), corpus_root,
-                      20, TINY_ENTROPY)
+    return built_once(tmp_path_factory, "tiny_entropy",
+                      lambda d: train_tiny(str(ENTROPY_CONFIG), d, corpus_root, 20, TINY_ENTROPY))  # fmt: skip

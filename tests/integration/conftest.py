@@ -10,20 +10,19 @@ from pathlib import Path
 import pytest
 from harness import REPO_ROOT, Runner, child_env, model_args
 
+from tests.shared_fixtures import built_once
+
 
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder holding `stdlib/`, made by `python -m bytelatent.data.prepare` (the documented way)."""
-    root = tmp_path_factory.mktemp("data")
-    subprocess.run(
-        [sys.executable, "-m", "bytelatent.data.prepare", "--out", str(root / "stdlib")],
-        cwd=REPO_ROOT,
-        env=child_env(),
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return root
+
+    def build(root: Path) -> None:
+        cmd = [sys.executable, "-m", "bytelatent.data.prepare", "--out", str(root / "stdlib")]
+        subprocess.run(cmd, cwd=REPO_ROOT, env=child_env(), check=True, capture_output=True,
+                       timeout=300)  # fmt: skip
+
+    return built_once(tmp_path_factory, "integration_data", build)
 
 
 @pytest.fixture
@@ -36,25 +35,24 @@ def runner(data_root: Path, tmp_path: Path) -> Iterator[Runner]:
 
 
 class References:
-    """Uninterrupted 20-step runs, one per (model, nproc), run at most once per session."""
+    """Uninterrupted 20-step runs, one per (model, nproc), run at most once per test run (shared by
+    xdist workers: tests/shared_fixtures.py)."""
 
-    def __init__(self, runner: Runner):
-        self.runner = runner
-        self._done: dict[tuple[str, int], Path] = {}
+    def __init__(self, data_root: Path, tmp_path_factory: pytest.TempPathFactory):
+        self.data_root = data_root
+        self.tmp_path_factory = tmp_path_factory
 
     def dump_dir(self, model: str, nproc: int) -> Path:
-        key = (model, nproc)
-        if key not in self._done:
-            run = self.runner.start(f"ref-{model}-{nproc}", model_args(model, nproc), nproc=nproc)
-            run.wait_ok()
-            self._done[key] = run.dump_dir
-        return self._done[key]
+        def build(folder: Path) -> None:
+            runner = Runner(self.data_root, folder)
+            try:
+                runner.start("run", model_args(model, nproc), nproc=nproc).wait_ok()
+            finally:
+                runner.cleanup()
+
+        return built_once(self.tmp_path_factory, f"ref-{model}-{nproc}", build) / "run"
 
 
 @pytest.fixture(scope="session")
-def references(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[References]:
-    r = Runner(data_root, tmp_path_factory.mktemp("references"))
-    try:
-        yield References(r)
-    finally:
-        r.cleanup()
+def references(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> References:
+    return References(data_root, tmp_path_factory)
