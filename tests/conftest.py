@@ -60,8 +60,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     test on a SLURM cluster goes to one worker (the clusters share one munged)."""
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
-            name = "slurm" if "slurm_cluster" in getattr(item, "fixturenames", ()) else None
-            item.add_marker(pytest.mark.xdist_group(name or item.nodeid.split("::")[0]))
+            fixtures = getattr(item, "fixturenames", ())
+            slurm = item.get_closest_marker("slurm") or any(
+                f.startswith("slurm_") for f in fixtures
+            )
+            item.add_marker(
+                pytest.mark.xdist_group("slurm" if slurm else item.nodeid.split("::")[0])
+            )
 
 
 @pytest.hookimpl(tryfirst=True)

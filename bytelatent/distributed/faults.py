@@ -14,6 +14,7 @@ itself does not answer, its host (rank 0) is the one that is gone.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -112,10 +113,27 @@ def _roll_call(rank: int, world_size: int) -> list[int] | None:
     if not _store_reachable():
         return None
     result: list = []
-    thread = threading.Thread(target=lambda: result.append(_ask_store(rank, world_size)), daemon=True)
-    thread.start()
-    thread.join(timeout=3 * ROLL_CALL_S)
+    thread = threading.Thread(
+        target=lambda: result.append(_ask_store(rank, world_size)), daemon=True
+    )
+    with _stderr_to_devnull():  # a host that dies after the connect above: c10d's C++ stack trace
+        thread.start()
+        thread.join(timeout=3 * ROLL_CALL_S)
     return result[0] if result else None
+
+
+@contextlib.contextmanager
+def _stderr_to_devnull():
+    """Meanwhile file descriptor 2 (where c10d's C++ logging writes) goes to /dev/null; this
+    process is about to say its one line and leave."""
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def _ask_store(rank: int, world_size: int) -> list[int] | None:

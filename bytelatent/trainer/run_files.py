@@ -163,7 +163,7 @@ class RunLogHandler(logging.Handler):
 
 
 class QuietStreamHandler(logging.StreamHandler):
-    """The console: a stream that fails (full disk under a redirected stdout, a closed pipe) is
+    """The console: a stream that fails (full disk under a redirected stdout, a closed pipe or file) is
     dropped silently instead of printing a traceback per line; the run's own files report it."""
 
     def __init__(self, stream):
@@ -175,7 +175,7 @@ class QuietStreamHandler(logging.StreamHandler):
             super().emit(record)
 
     def handleError(self, record: logging.LogRecord) -> None:
-        if isinstance(sys.exc_info()[1], OSError):
+        if isinstance(sys.exc_info()[1], OSError | ValueError):  # ValueError: a closed stream
             self.failed = True
         else:
             super().handleError(record)
@@ -184,7 +184,7 @@ class QuietStreamHandler(logging.StreamHandler):
         if not self.failed:
             try:
                 super().flush()
-            except OSError:
+            except (OSError, ValueError):
                 self.failed = True
 
 

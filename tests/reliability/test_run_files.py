@@ -171,3 +171,19 @@ def test_disk_errors_from_other_writers_become_one_line():
     assert disk_error_of(quota).one_line().startswith("disk error: writing a file of the run: ")
     assert disk_error_of(FileNotFoundError(errno.ENOENT, "gone", "/x")) is None
     assert disk_error_of(RuntimeError("bug")) is None
+
+
+def test_console_on_a_closed_stream_is_dropped_quietly():
+    """A console whose stream was closed (a test's captured stderr, a closed terminal) neither
+    raises from flush() nor prints a logging traceback; the run's files still say everything."""
+    import io
+    import logging
+
+    from bytelatent.trainer.run_files import QuietStreamHandler
+
+    stream = io.StringIO()
+    handler = QuietStreamHandler(stream)
+    stream.close()
+    handler.flush()
+    handler.emit(logging.LogRecord("bytelatent", logging.INFO, __file__, 1, "hello", None, None))
+    assert handler.failed
