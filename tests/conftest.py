@@ -45,7 +45,7 @@ def multirank_skip_reason(file_name: str, gpus: int | None) -> str | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under `pytest -n 2` two workers share the cores: each (and what it starts) takes one thread,
+    """Under `pytest -n 3` the workers share the cores: each (and what it starts) takes one thread,
     as two trainers on one machine would; several threads per worker thrash."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = "1"
@@ -55,7 +55,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under `pytest -n 2` (the README's command; `--dist loadgroup` in pytest.ini) a worker takes a
+    """Under `pytest -n 3` (the README's command; `--dist loadgroup` in pytest.ini) a worker takes a
     whole file, so module fixtures are built once and a file's tests never race each other; every
     test on a SLURM cluster goes to one worker (the clusters share one munged)."""
     for item in items:
