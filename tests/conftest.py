@@ -45,28 +45,13 @@ def multirank_skip_reason(file_name: str, gpus: int | None) -> str | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under `pytest -n 3` the workers share the cores: each (and what it starts) takes one thread,
-    as two trainers on one machine would; several threads per worker thrash."""
+    """Under `pytest -n N` (pytest-xdist, `--dist loadfile` in pytest.ini: a worker takes whole
+    files) the workers share the cores: each (and what it starts) takes one thread."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = "1"
         import torch  # noqa: PLC0415 - only in xdist workers
 
         torch.set_num_threads(1)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under `pytest -n 3` (the README's command; `--dist loadgroup` in pytest.ini) a worker takes a
-    whole file, so module fixtures are built once and a file's tests never race each other; every
-    test on a SLURM cluster goes to one worker (the clusters share one munged)."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            fixtures = getattr(item, "fixturenames", ())
-            slurm = item.get_closest_marker("slurm") or any(
-                f.startswith("slurm_") for f in fixtures
-            )
-            item.add_marker(
-                pytest.mark.xdist_group("slurm" if slurm else item.nodeid.split("::")[0])
-            )
 
 
 @pytest.hookimpl(tryfirst=True)

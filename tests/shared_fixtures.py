@@ -1,4 +1,4 @@
-"""Session artifacts built once per test run, also under `pytest -n 3` (xdist).
+"""Session artifacts built once per test run, also under `pytest -n N` (xdist).
 
 Each xdist worker runs its own session, so a session fixture would otherwise be built once per
 worker (a trained run, the reference runs). `built_once` builds it in the folder that all workers

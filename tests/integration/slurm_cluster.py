@@ -4,7 +4,7 @@ Follows shared/reference/SLURM_RECIPE.md: Debian's slurm 22.05 and munge run as 
 systemd or cgroups (proctrack/linuxproc, task/none), on 127.0.0.1, with fast requeues
 (`AuthInfo=cred_expire=5`, `sched_interval=1`). The config lives in the temp dir and is found
 through SLURM_CONF (never /etc/slurm); the ports are picked free, so several clusters can coexist.
-munged is started only when none answers, and then stopped again.
+munged is started only when none answers, and left running (clusters may overlap under xdist).
 """
 
 from __future__ import annotations
@@ -143,8 +143,16 @@ class SlurmCluster:
         )
 
     def _start_munge(self) -> None:
-        if self._munge_ok():
-            return
+        """munged for every cluster on this machine: started once (under a lock, as clusters of
+        other pytest-xdist workers may start at the same moment) and left running, since another
+        cluster may be using it."""
+        from filelock import FileLock  # noqa: PLC0415 - torch's dependency, only for clusters
+
+        with FileLock("/run/bytelatent-test-munge.lock"):
+            if not self._munge_ok():
+                self._launch_munged()
+
+    def _launch_munged(self) -> None:
         run_dir = Path("/run/munge")
         run_dir.mkdir(parents=True, exist_ok=True)
         shutil.chown(run_dir, "munge", "munge")
@@ -200,7 +208,7 @@ class SlurmCluster:
         )
 
     def stop(self) -> None:
-        """Cancel jobs, stop the daemons and any job process left; munged only if we started it."""
+        """Cancel jobs, stop the daemons and any job process left (munged stays: see _start_munge)."""
         if self.conf.exists():
             self._run("scancel", "--full", "--signal=KILL", "--user=root", check=False, timeout=10)
             self._run("scancel", "--user=root", check=False, timeout=10)
@@ -209,10 +217,6 @@ class SlurmCluster:
                 _stop_pid(int(pidfile.read_text().strip() or 0))
         for pid in self._processes_using_root():
             _stop_pid(pid, timeout=2)
-        if self.started_munge:
-            pidfile = Path("/run/munge/munged.pid")
-            if pidfile.exists():
-                _stop_pid(int(pidfile.read_text().strip() or 0))
 
     def _processes_using_root(self) -> list[int]:
         """slurmstepd and job processes: anything with a file open or a cwd/argument in our dir."""
