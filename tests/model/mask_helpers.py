@@ -49,3 +49,26 @@ def flex_elementwise(block_mask, bsz: int, q_len: int, kv_len: int | None = None
     touched = block_mask.to_dense().bool()  # partial or full
     inner = create_mask(block_mask.mask_mod, bsz, 1, q_len, kv_len, device="cpu")[:, 0]
     return expand(full) | (expand(touched) & inner)
+
+
+class FakeBias:
+    """Stands in for xformers' BlockDiagonalCausalMask: records what it was built from."""
+
+    def __init__(self, seqlens, window=None):
+        self.seqlens, self.window = list(seqlens), window
+
+    @classmethod
+    def from_seqlens(cls, seqlens):
+        return cls(seqlens)
+
+    def make_local_attention(self, window):
+        return FakeBias(self.seqlens, window)
+
+    def allowed(self) -> torch.Tensor:
+        """The [T, T] bool mask of the flattened batch (block-diagonal causal, + window)."""
+        doc = torch.repeat_interleave(torch.arange(len(self.seqlens)), torch.tensor(self.seqlens))
+        pos = torch.arange(len(doc))
+        allowed = (doc[:, None] == doc[None, :]) & (pos[None, :] <= pos[:, None])
+        if self.window is not None:
+            allowed &= pos[:, None] - pos[None, :] < self.window
+        return allowed

@@ -16,7 +16,7 @@ from bytelatent.model.attention import (
     resolve_backend,
     self_attn_mask,
 )
-from tests.model.mask_helpers import LargestTensor, flex_elementwise
+from tests.model.mask_helpers import FakeBias, LargestTensor, flex_elementwise
 
 EOS = 2
 HAS_CUDA = torch.cuda.is_available()
@@ -239,21 +239,9 @@ def test_flex_forward_on_cpu_matches_brute_force(kind, window):
     torch.testing.assert_close(out, ref)
 
 
-class _FakeBias:
-    def __init__(self, seqlens, window=None):
-        self.seqlens, self.window = list(seqlens), window
-
-    @classmethod
-    def from_seqlens(cls, seqlens):
-        return cls(seqlens)
-
-    def make_local_attention(self, window):
-        return _FakeBias(self.seqlens, window)
-
-
 class _FakeFmha:
     class attn_bias:  # noqa: N801 - mirrors xformers.ops.fmha.attn_bias
-        BlockDiagonalCausalMask = _FakeBias
+        BlockDiagonalCausalMask = FakeBias
 
 
 @pytest.mark.parametrize(("kind", "window"), CASES[2:])

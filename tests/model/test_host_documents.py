@@ -26,6 +26,7 @@ from bytelatent.model.patch_utils import (
 from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
 from bytelatent.tokenizers.constants import BOE_ID
 from tests.generation.conftest import BLT_BASE, BLT_VARIANTS, build
+from tests.model.mask_helpers import FakeBias
 
 EOS = 2
 KINDS = [("block_causal", None), ("local_block_causal", 1), ("local_block_causal", 5)]
@@ -68,32 +69,9 @@ def test_host_lengths_equal_the_device_path(seed):
     assert all(isinstance(n, int) for n in host)
 
 
-class _Bias:
-    """Stands in for xformers' BlockDiagonalCausalMask: records what it was built from."""
-
-    def __init__(self, seqlens, window=None):
-        self.seqlens, self.window = list(seqlens), window
-
-    @classmethod
-    def from_seqlens(cls, seqlens):
-        return cls(seqlens)
-
-    def make_local_attention(self, window):
-        return _Bias(self.seqlens, window)
-
-    def allowed(self) -> torch.Tensor:
-        """The [T, T] bool mask of the flattened batch (block-diagonal causal, + window)."""
-        doc = torch.repeat_interleave(torch.arange(len(self.seqlens)), torch.tensor(self.seqlens))
-        pos = torch.arange(len(doc))
-        allowed = (doc[:, None] == doc[None, :]) & (pos[None, :] <= pos[:, None])
-        if self.window is not None:
-            allowed &= pos[:, None] - pos[None, :] < self.window
-        return allowed
-
-
 class _Fmha:
     class attn_bias:  # noqa: N801 - mirrors xformers.ops.fmha.attn_bias
-        BlockDiagonalCausalMask = _Bias
+        BlockDiagonalCausalMask = FakeBias
 
 
 class HostSync(AssertionError):
@@ -202,7 +180,7 @@ def xformers_on_cpu(monkeypatch):
     monkeypatch.setattr(attention, "_attend_xformers", _fake_xformers_attention)
     built = []
     monkeypatch.setattr(
-        _Bias, "from_seqlens", classmethod(lambda cls, s: built.append(s) or cls(s))
+        FakeBias, "from_seqlens", classmethod(lambda cls, s: built.append(s) or cls(s))
     )
 
     def synced(tokens, eos_id):
