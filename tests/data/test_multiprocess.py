@@ -187,6 +187,13 @@ def test_wire_format_round_trips_packed_and_other_batches():
         assert again.equals(other) and again.x.dtype == np.int64
 
 
+def _run_module(tmp_path, name: str, **kwargs) -> subprocess.CompletedProcess:
+    """`python -m name` for a script written to tmp_path, with this repo importable, one thread."""
+    env = os.environ | {"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", name], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=tmp_path, **kwargs)  # fmt: skip
+
+
 @pytest.mark.parametrize("leave", ["close(); os._exit(0)", "cleanup_and_exit(0)"])
 def test_os_exit_leaks_no_semaphores(corpus, tmp_path, leave):
     """Distributed runs leave through os._exit (no atexit, no finalizers): close() must release
@@ -213,15 +220,7 @@ def test_os_exit_leaks_no_semaphores(corpus, tmp_path, leave):
             """
         )
     )
-    env = os.environ | {"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "loader_exit"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    done = _run_module(tmp_path, "loader_exit")
     assert done.returncode == 0 and "closed" in done.stdout, done.stderr
     assert "leaked semaphore" not in done.stderr, done.stderr
 
@@ -257,16 +256,8 @@ def test_step_wide_usr2_spares_the_loader_helpers(corpus, tmp_path):
             """
         )
     )
-    env = os.environ | {"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "loader_usr2"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        cwd=tmp_path,
-        start_new_session=True,  # its own process group: the signal goes nowhere else
-    )
+    # its own process group: the signal goes nowhere else
+    done = _run_module(tmp_path, "loader_usr2", start_new_session=True)
     assert done.returncode == 0, done.stderr
     assert "handled 1" in done.stdout, (done.stdout, done.stderr)
     for noise in ("resource_tracker", "Traceback", "leaked semaphore"):
