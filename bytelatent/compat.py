@@ -29,7 +29,16 @@ APIS = (
     ("create_selective_checkpoint_contexts", lambda: __import__("torch.utils.checkpoint", fromlist=["x"]).create_selective_checkpoint_contexts),
     ("flex_attention", lambda: __import__("torch.nn.attention.flex_attention", fromlist=["x"]).create_block_mask),
     ("get_autocast_dtype", lambda: torch.get_autocast_dtype),
+    ("_disable_dynamo", lambda: torch._disable_dynamo),
 )  # fmt: skip
+
+
+def eager_only(fn):
+    """`torch.compiler.disable(fn)` without importing torch._dynamo now (~1 s of start-up in
+    every trainer and data-loader process): torch's own lazy form, which imports it on the first
+    call and which dynamo recognises when it traces a caller."""
+    lazy = getattr(torch, "_disable_dynamo", None)
+    return lazy(fn) if lazy is not None else torch.compiler.disable(fn)
 
 
 def torch_version(text: str | None = None) -> tuple[int, int]:

@@ -35,7 +35,6 @@ import torch
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from torch import nn
 
-from bytelatent.checkpoint.pretrained import load_entropy_model
 from bytelatent.data.entropy import (
     calculate_entropies,
     entropy,
@@ -156,6 +155,10 @@ def _load_realtime_model(args: PatcherArgs) -> nn.Module:
     device = resolve_device(args.model_device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    # Here, not at the top: the data-loader worker preloads this module, and only realtime
+    # patching needs the checkpoint and model stack (DCP, ~1 s of imports per process).
+    from bytelatent.checkpoint.pretrained import load_entropy_model  # noqa: PLC0415
+
     return load_entropy_model(args.entropy_model_checkpoint_dir, device)
 
 

@@ -52,6 +52,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from bytelatent.compat import eager_only
+
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("sdpa", "flex_attention", "xformers")
@@ -212,7 +214,7 @@ def chunk_plan(
     return ChunkPlan(seqlen=seqlen, pieces=pieces, allowed=allowed)
 
 
-@torch.compiler.disable
+@eager_only
 def _is_single_document(tokens: torch.Tensor, eos_id: int) -> bool:
     # a host sync: only taken for CPU tensors (see self_attn_mask)
     return not bool((tokens[:, :-1] == eos_id).any())
@@ -421,7 +423,7 @@ def _attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMa
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.dense)
 
 
-@torch.compiler.disable  # python loop over a data-dependent plan: runs eagerly inside compiled code
+@eager_only  # python loop over a data-dependent plan: runs eagerly inside compiled code
 def _attend_chunked(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: ChunkPlan
 ) -> torch.Tensor:

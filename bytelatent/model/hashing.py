@@ -31,6 +31,8 @@ import torch
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from bytelatent.compat import eager_only
+
 # the persistent-buffer gradient path of CPU hash tables (see the module docstring)
 HASH_GRAD_BUFFER = True
 
@@ -130,7 +132,7 @@ def _hash_lookups(
     return embeds
 
 
-_hash_lookups_eager = torch.compiler.disable(_hash_lookups)
+_hash_lookups_eager = eager_only(_hash_lookups)
 
 
 class _GradBuffer:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bytelatent.data import patcher as patcher_module
+from bytelatent.checkpoint import pretrained as pretrained_module
 from bytelatent.data.entropy import resolve_device
 from bytelatent.data.patcher import PatcherArgs
 
@@ -44,7 +44,7 @@ def test_realtime_patcher_builds_its_model_on_the_local_rank_gpu(two_gpus, monke
         loaded.append((checkpoint_dir, torch.device(device)))
         return torch.nn.Linear(1, 1)
 
-    monkeypatch.setattr(patcher_module, "load_entropy_model", fake_load)
+    monkeypatch.setattr(pretrained_module, "load_entropy_model", fake_load)  # imported at the call
     args = PatcherArgs(realtime_patching=True, entropy_model_checkpoint_dir="em")
     patcher = args.build()  # what the data worker does (it never calls setup_distributed)
     assert loaded == [("em", torch.device("cuda", 1))]

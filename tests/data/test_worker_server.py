@@ -38,3 +38,20 @@ def test_starting_early_imports_no_torch_and_starts_the_server():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.split() == ["True", "False", "True"]
+
+
+def test_worker_and_trainer_imports_stay_lean():
+    """Each run starts two interpreters (trainer, fork server): the fork server's preload is torch
+    and the data modules, without the model/checkpoint stack (DCP) that only realtime patching
+    loads; neither imports torch._dynamo (~1 s) unless something compiles."""
+    code = (
+        "import sys\n"
+        "import bytelatent.data.iterators.multiprocess\n"
+        "heavy = ('torch._dynamo', 'torch.distributed.checkpoint', 'bytelatent.model', 'bytelatent.checkpoint')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+        "import bytelatent.train\n"
+        "print('torch._dynamo' in sys.modules, 'torch.distributed.checkpoint' in sys.modules)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.splitlines() == ["[]", "False True"]
