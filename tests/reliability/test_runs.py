@@ -66,7 +66,9 @@ def test_diverging_run_stops_nonzero_and_leaves_only_finite_checkpoints(tmp_path
 @pytest.mark.slow
 def test_second_run_on_same_dump_dir_is_refused(tmp_path, corpus_root):
     dump = tmp_path / "locked"
-    args = [*TINY_ENTROPY, f"dump_dir={dump}", f"data.root_dir={corpus_root}", "steps=30",
+    # Far more steps than the test waits for: however slow the second start is under load, the
+    # first run is still training (and holding the lock) when the second one gives up.
+    args = [*TINY_ENTROPY, f"dump_dir={dump}", f"data.root_dir={corpus_root}", "steps=10000",
             "logging.console=false", "checkpoint.dump.every=0"]  # fmt: skip
     first = subprocess.Popen(
         [sys.executable, str(ENTRY), *args], cwd=REPO, env=_env(BYTELATENT_TEST_STEP_DELAY="0.5"),
@@ -84,11 +86,15 @@ def test_second_run_on_same_dump_dir_is_refused(tmp_path, corpus_root):
         assert len(lines) == 1, second.stderr
         assert lines[0].startswith("run lock error:") and f"pid {first.pid}" in lines[0]
         assert {p.name for p in dump.iterdir()} == set(before)  # nothing new written
+        assert first.poll() is None, "the first run ended before the second one was refused"
+        first.send_signal(signal.SIGUSR2)  # undisturbed: it stops, saves and exits 0 as usual
         out, err = first.communicate(timeout=240)
     finally:
         first.kill()
     assert first.returncode == 0, err[-3000:]
-    assert [r["global_step"] for r in metrics(dump)] == list(range(1, 31))
+    steps = [r["global_step"] for r in metrics(dump)]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) < 10000
+    assert (dump / "checkpoints" / f"{steps[-1]:010d}" / ".complete").exists()
     assert not (dump / LOCK_NAME).exists()
 
 
