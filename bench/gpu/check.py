@@ -1,9 +1,10 @@
-"""The GPU validation in one call: every step in its own process, under its own time limit.
+"""The GPU validation in one call: every step in its own forked process, under its own time limit.
 
     python bench/gpu/check.py                          # on the lent GPU (see bench/gpu/README.md)
     python bench/gpu/check.py --device cpu --quick     # CI and local: the same code, tiny shapes
 
-Each step appends its entry to ``<out>/summary.json`` as it finishes (written atomically), so a
+Each step runs in a child forked from this driver (which imports torch and the package once)
+and appends its entry to ``<out>/summary.json`` as it finishes (written atomically), so a
 kill loses nothing done before it; a step that overruns its limit or dies is recorded by this
 driver as ``timeout`` / ``error`` with the end of its output. Every step's output goes to
 ``<out>/log.txt``. At most 8 files are written to ``--out`` (default ``$OUT``, else
@@ -17,12 +18,14 @@ timeout, error (the step crashed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import subprocess
+import signal
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -57,7 +60,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--budget", type=float, default=None, help="total seconds (default 540 GPU, 280 quick)"
     )
-    p.add_argument("--step", default=None, help=argparse.SUPPRESS)  # internal: run one step
     return p.parse_args(argv)
 
 
@@ -79,7 +81,7 @@ def recorded(out: Path, name: str) -> bool:
 
 
 def run_child(args: argparse.Namespace) -> int:
-    """Run one step in this process and record its entry (status from the step or a crash)."""
+    """Run step `args.step` in this process and record its entry (status from the step)."""
     import steps
 
     out = Path(args.out)
@@ -99,38 +101,43 @@ def run_child(args: argparse.Namespace) -> int:
     return 0
 
 
+def preload() -> None:
+    """Import torch and the package once in the driver: each step is forked from it and starts at
+    once (a fresh interpreter per step spent ~4 s of imports, on the GPU machine's clock too).
+    CUDA must not be initialised here: a forked child could not use it."""
+    import torch
+
+    import bytelatent.eval.generation  # noqa: F401
+    import bytelatent.train  # noqa: F401
+    import steps  # noqa: F401
+
+    if torch.cuda.is_initialized():
+        raise RuntimeError("CUDA was initialised before forking the steps")
+
+
 def run_step(args: argparse.Namespace, name: str, limit: float, log) -> dict | None:
-    cmd = [
-        sys.executable,
-        __file__,
-        "--step",
-        name,
-        "--device",
-        args.device,
-        "--out",
-        args.out,
-        "--work",
-        args.work,
-    ] + (["--quick"] if args.quick else [])
-    env = dict(
-        os.environ,
-        PYTHONUNBUFFERED="1",
-        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(
-            os.pathsep
-        ),
-    )
+    """Fork a child that runs step `name` in a session of its own (so that a timeout kills all
+    it started), its output in `log`; record a crash or a timeout that the child could not."""
+    sys.stdout.flush()  # what the driver buffered must not be written again by the child
+    sys.stderr.flush()
     log.write(f"\n===== {name} (limit {limit:.0f} s)\n")
     log.flush()
     started = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
-    )
-    try:
-        rc = proc.wait(timeout=limit)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        proc.wait()
-        rc = None
+    pid = os.fork()
+    if pid == 0:  # the step
+        code = 1
+        try:
+            os.setsid()
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            code = run_child(argparse.Namespace(**{**vars(args), "step": name}))
+        except BaseException:  # noqa: BLE001 - a crash: its traceback goes to the log
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    rc = wait_for(pid, limit)
     seconds = round(time.perf_counter() - started, 2)
     if recorded(Path(args.out), name):
         return None
@@ -144,6 +151,21 @@ def run_step(args: argparse.Namespace, name: str, limit: float, log) -> dict | N
     }
 
 
+def wait_for(pid: int, limit: float) -> int | None:
+    """The exit code of child `pid`, or None after killing its session when it outlives `limit`."""
+    deadline = time.monotonic() + limit
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None
+        time.sleep(0.05)
+
+
 def tail(path: Path, n: int = 1500) -> str:
     text = path.read_text(errors="replace")
     return text[text.rfind("=====") :][-n:]
@@ -155,8 +177,6 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.work is None:
         args.work = tempfile.mkdtemp(prefix="bytelatent_gpu_check_")
-    if args.step is not None:
-        return run_child(args)
     names = args.only.split(",") if args.only else [s[0] for s in STEPS]
     unknown = set(names) - {s[0] for s in STEPS}
     if unknown:
@@ -176,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     budget = args.budget or (280.0 if args.quick else 540.0)
     deadline = time.monotonic() + budget
+    preload()
     with open(out / "log.txt", "w") as log:
         for name, gpu_s, quick_s in STEPS:
             if name not in names:
