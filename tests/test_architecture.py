@@ -26,6 +26,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # one-line errors, progress bars, the generic config parser, sbatch resources: no torch
     "base": (
         "bytelatent.errors",
+        "bytelatent.exit_hooks",
         "bytelatent.compat",
         "bytelatent.progress",
         "bytelatent.config",

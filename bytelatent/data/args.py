@@ -28,7 +28,7 @@ from bytelatent.data.iterators.preprocess import PreprocessIteratorState
 from bytelatent.data.iterators.sampling import SamplingIteratorState
 from bytelatent.data.iterators.sequence import SequenceArgs, SequenceIteratorState
 from bytelatent.data.iterators.states import load_state
-from bytelatent.data.patcher import PatcherArgs, PatchingMode
+from bytelatent.data.patcher_args import PatcherArgs, PatchingMode
 from bytelatent.data.sources import file_formats, source_files
 from bytelatent.errors import ConfigError
 from bytelatent.tokenizers.args import TokenizerArgs

@@ -51,16 +51,18 @@ def load_sample(
 ) -> list[SampleDocument]:
     """Whole documents from `source` until `sample_bytes` tokens, each with its entropies."""
     from bytelatent.data.args import DataArgs
-    from bytelatent.data.patcher import PatcherArgs
+    from bytelatent.data.patcher import Patcher, PatcherArgs
 
     tokenizer = DataArgs().tokenizer_for_data().build()  # BOS/EOS as the training pipeline adds
     model_patcher = None
     if entropy_model is not None:
-        model_patcher = PatcherArgs(
-            realtime_patching=True,
-            entropy_model_checkpoint_dir=entropy_model,
-            patching_device=device,
-        ).build()
+        model_patcher = Patcher(
+            PatcherArgs(
+                realtime_patching=True,
+                entropy_model_checkpoint_dir=entropy_model,
+                patching_device=device,
+            )
+        )
     sample, total = [], 0
     for doc in _documents(source):
         if total >= sample_bytes:
@@ -94,11 +96,13 @@ def patch_lengths(
     max_patch_length: int | None = None,
 ) -> np.ndarray:
     """Every patch length of the sample at `threshold`, from the training patcher."""
-    from bytelatent.data.patcher import PatcherArgs
+    from bytelatent.data.patcher import Patcher, PatcherArgs
 
-    patcher = PatcherArgs(
-        threshold=threshold, monotonicity=monotonicity, max_patch_length=max_patch_length
-    ).build()
+    patcher = Patcher(
+        PatcherArgs(
+            threshold=threshold, monotonicity=monotonicity, max_patch_length=max_patch_length
+        )
+    )
     out = []
     for doc in sample:
         lengths, _ = patcher.patch(doc.tokens, include_next_token=False, entropies=doc.entropies)

@@ -1,7 +1,8 @@
 """The data loader's process context, and starting its fork server before the trainer imports torch.
 
 A data-loader worker (data/iterators/multiprocess.py) is forked from multiprocessing's fork server,
-which preloads the worker module and so torch. Started lazily at the first batch, that import
+which preloads the worker module (torch-free) and, for a run that patches, the patcher and so
+torch (an entropy-model run's worker never imports torch). Started lazily at the first batch, that import
 (seconds) comes after the trainer's own and delays step 1; `start_early(argv)`, called by
 `python -m bytelatent.train` before it imports anything heavy, starts the server at once so that
 both imports run side by side. This module imports only the standard library and the config
@@ -23,7 +24,8 @@ from multiprocessing import forkserver
 
 from bytelatent.config.parser import load_config_tree
 
-WORKER_MODULE = "bytelatent.data.iterators.multiprocess"
+WORKER_MODULE = "bytelatent.data.iterators.multiprocess"  # torch-free
+PATCHER_MODULE = "bytelatent.data.patcher"  # torch: preloaded only for runs that patch
 # What `srun` delivers to every process of a step (preemption, the end of the job).
 STEP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 
@@ -50,34 +52,52 @@ def default_start_method() -> str:
     return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
-def worker_context(start_method: str | None = None):
-    """The multiprocessing context data workers start from (the fork server preloads the worker)."""
+def worker_context(start_method: str | None = None, patching: bool = True):
+    """The multiprocessing context data workers start from. The fork server preloads the worker
+    module and, when `patching`, the patcher with torch (a server already running keeps what it
+    preloaded)."""
     method = start_method or default_start_method()
     ctx = mp.get_context(method)
     if method == "forkserver":
-        ctx.set_forkserver_preload([WORKER_MODULE])
+        ctx.set_forkserver_preload([WORKER_MODULE, *([PATCHER_MODULE] if patching else [])])
     return ctx
 
 
-def will_load_async(argv: list[str]) -> bool:
-    """Whether this training command will start a data-loader worker, as far as the config files
-    and overrides say without validating them (the real parse reports any problem)."""
+def _data_section(argv: list[str]) -> dict | None:
+    """The `data:` section as the config files and overrides give it, without validating them
+    (the real parse reports any problem); None when no data loader will start: the usage line,
+    a dry run, `data.load_async=false`, or a config that does not load."""
     if not argv:
-        return False  # the usage line
+        return None  # the usage line
     try:
         tree = load_config_tree(argv)
     except Exception:  # noqa: BLE001 - any config problem: start nothing, let the parse say it
-        return False
+        return None
     data = tree.get("data") if isinstance(tree.get("data"), dict) else {}
-    return tree.get("dry_run") is not True and data.get("load_async", True) is not False
+    if tree.get("dry_run") is True or data.get("load_async", True) is False:
+        return None
+    return data
+
+
+def will_load_async(argv: list[str]) -> bool:
+    """Whether this training command will start a data-loader worker."""
+    return _data_section(argv) is not None
+
+
+def will_patch(data: dict) -> bool:
+    """Whether the data pipeline of this `data:` section computes patches (DataArgs' rule: unless
+    `add_patches` is false or the patching mode is `byte`); entropy-model runs do not."""
+    patcher = data.get("patcher_args") if isinstance(data.get("patcher_args"), dict) else {}
+    return data.get("add_patches", True) is not False and patcher.get("patching_mode") != "byte"
 
 
 def start_early(argv: list[str]) -> bool:
     """Start the fork server now if this command will need it; True when started."""
-    if default_start_method() != "forkserver" or not will_load_async(argv):
+    data = _data_section(argv)
+    if default_start_method() != "forkserver" or data is None:
         return False
     with step_signals_blocked():
-        worker_context("forkserver")
+        worker_context("forkserver", patching=will_patch(data))
         forkserver.ensure_running()
     return True
 

@@ -13,7 +13,6 @@ import random
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
@@ -24,6 +23,7 @@ import torch.multiprocessing as mp
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from bytelatent.errors import ConfigError
+from bytelatent.exit_hooks import before_os_exit_hooks
 
 logger = logging.getLogger(__name__)
 
@@ -316,15 +316,6 @@ def _single_process_group(env: DistEnv, args: DistributedArgs) -> DistEnv:
     return DistEnv(0, 0, 1, "single", env.device, backend)
 
 
-_BEFORE_OS_EXIT: list[Callable[[], None]] = []
-
-
-def run_before_os_exit(hook: Callable[[], None]) -> Callable[[], None]:
-    """Register `hook` to run in `cleanup_and_exit` (atexit handlers do not run under os._exit)."""
-    _BEFORE_OS_EXIT.append(hook)
-    return hook
-
-
 def cleanup_and_exit(code: int = 0) -> None:
     """Destroy the process group, flush stdio, then `os._exit(code)`.
 
@@ -336,7 +327,7 @@ def cleanup_and_exit(code: int = 0) -> None:
     """
     _finish_wandb(code)
     try:
-        for hook in _BEFORE_OS_EXIT:
+        for hook in before_os_exit_hooks():
             try:
                 hook()
             except Exception as e:  # noqa: BLE001 - leaving anyway; say what was not released

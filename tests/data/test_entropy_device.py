@@ -7,7 +7,7 @@ import torch
 
 from bytelatent.checkpoint import pretrained as pretrained_module
 from bytelatent.data.entropy import resolve_device
-from bytelatent.data.patcher import PatcherArgs
+from bytelatent.data.patcher import Patcher, PatcherArgs
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_realtime_patcher_builds_its_model_on_the_local_rank_gpu(two_gpus, monke
 
     monkeypatch.setattr(pretrained_module, "load_entropy_model", fake_load)  # imported at the call
     args = PatcherArgs(realtime_patching=True, entropy_model_checkpoint_dir="em")
-    patcher = args.build()  # what the data worker does (it never calls setup_distributed)
+    patcher = Patcher(args)  # what the data worker does (it never calls setup_distributed)
     assert loaded == [("em", torch.device("cuda", 1))]
     assert two_gpus == [torch.device("cuda", 1)]  # the worker's current device is its rank's
     assert isinstance(patcher.entropy_model, torch.nn.Linear)

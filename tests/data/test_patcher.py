@@ -27,7 +27,7 @@ def blt_tokens(text: str) -> list[int]:
 
 
 def patch_list(args: PatcherArgs, tokens: list[int], **kwargs) -> list[int]:
-    lengths, _ = args.build().patch(torch.tensor([tokens]), **kwargs)
+    lengths, _ = Patcher(args).patch(torch.tensor([tokens]), **kwargs)
     return lengths[0].tolist()
 
 
@@ -64,7 +64,7 @@ def test_reference_patcher_outputs(key: str) -> None:
             args = args.model_copy(
                 update={"threshold": case["threshold"] * threshold_scale}
             )
-        lengths, scores = args.build().patch(
+        lengths, scores = Patcher(args).patch(
             tokens, include_next_token=include_next, entropies=entropies
         )
         assert lengths.dtype == torch.long
@@ -80,7 +80,7 @@ def test_threshold_argument_overrides_args() -> None:
         torch.tensor([case["input_ids"]]),
         torch.tensor([case["entropies"]]),
     )
-    patcher = PatcherArgs(threshold=100.0).build()
+    patcher = Patcher(PatcherArgs(threshold=100.0))
     assert patcher.patch(tokens, entropies=entropies)[0].shape[1] == 2  # BOS + the rest
     lengths, _ = patcher.patch(tokens, entropies=entropies, threshold=case["threshold"])
     assert lengths[0].tolist() == case["patcher_entropy"]
@@ -97,7 +97,7 @@ def test_conformance_cases_batched_and_padded() -> None:
         entropies[row, : len(case["entropies"])] = torch.tensor(case["entropies"])
     threshold = cases[0]["threshold"]
     lengths, _ = (
-        PatcherArgs(threshold=threshold).build().patch(tokens, entropies=entropies)
+        Patcher(PatcherArgs(threshold=threshold)).patch(tokens, entropies=entropies)
     )
     for row, case in enumerate(cases):
         n = len(case["input_ids"])
@@ -119,7 +119,7 @@ def test_conformance_realtime_entropy_model() -> None:
         threshold=cases[0]["threshold"],
         patching_batch_size=2,
     )
-    patcher = args.build()
+    patcher = Patcher(args)
     for case in cases:
         lengths, scores = patcher.patch(torch.tensor([case["input_ids"]]))
         assert torch.allclose(scores[0], torch.tensor(case["entropies"]), atol=1e-4)
@@ -162,7 +162,7 @@ def test_entropy_global_threshold_rule() -> None:
     # H[t] > 1 starts a patch at t+1 (t >= 1); positions 0 and 1 always start
     entropies = torch.tensor([[9.0, 0.0, 2.0, 0.0, 0.0, 3.0, 0.0]])
     tokens = torch.full((1, 7), 100)
-    patcher = PatcherArgs(threshold=1.0).build()
+    patcher = Patcher(PatcherArgs(threshold=1.0))
     assert patcher.patch(tokens, entropies=entropies)[0].tolist() == [[1, 2, 3, 1]]
     # with the next token: H[6] does not exceed, so it joins the last patch
     got = patcher.patch(tokens, include_next_token=True, entropies=entropies)[0]
@@ -176,7 +176,7 @@ def test_entropy_monotonicity_rule() -> None:
     # rise H[t] - H[t-1] > 0.5 starts at t+1; position 2 always starts in this mode
     entropies = torch.tensor([[0.0, 1.0, 1.2, 2.0, 2.1, 0.0, 0.7]])
     tokens = torch.full((1, 7), 100)
-    patcher = PatcherArgs(threshold=0.5, monotonicity=True).build()
+    patcher = Patcher(PatcherArgs(threshold=0.5, monotonicity=True))
     assert patcher.patch(tokens, entropies=entropies)[0].tolist() == [[1, 1, 2, 3]]
 
 
@@ -184,7 +184,7 @@ def test_entropy_threshold_add_rule() -> None:
     # start at t+1 iff H[t] - H[t-1] > 0.1 and H[t] > 1; position 2 always, position 3 never
     entropies = torch.tensor([[0.0, 0.0, 5.0, 0.5, 1.5, 1.55, 3.0, 2.0]])
     tokens = torch.full((1, 8), 100)
-    patcher = PatcherArgs(threshold=1.0, threshold_add=0.1).build()
+    patcher = Patcher(PatcherArgs(threshold=1.0, threshold_add=0.1))
     # starts: 0, 1, 2, (3 excluded), 5 (H4: rise 1.0, 1.5 > 1), 7 (H6: rise 1.45, 3 > 1)
     assert patcher.patch(tokens, entropies=entropies)[0].tolist() == [[1, 1, 3, 2, 1]]
 
@@ -195,7 +195,7 @@ def test_entropy_topk_rule_without_threshold() -> None:
         [[0.0, 0.1, 0.2, 4.0, 0.1, 0.0, 0.2, 3.0, 0.1, 0.0, 0.0, 9.0]]
     )
     tokens = torch.full((1, 12), 100)
-    patcher = PatcherArgs(threshold=None, patch_size=3).build()
+    patcher = Patcher(PatcherArgs(threshold=None, patch_size=3))
     # H[11] would start position 12, outside the row: never picked without the next token
     assert patcher.patch(tokens, entropies=entropies)[0].tolist() == [[1, 3, 4, 4]]
     got = patcher.patch(tokens, include_next_token=True, entropies=entropies)[0]
@@ -228,14 +228,14 @@ def test_bpe_mode() -> None:
     assert patch_list(args, tokens) == [1, 1, 3, 4, 2]
     assert patch_list(args, tokens, include_next_token=True) == [1, 1, 3, 4, 2, 1]
     batch = torch.tensor([tokens, [1] + [104] * 10])
-    lengths, scores = args.build().patch(batch)
+    lengths, scores = Patcher(args).patch(batch)
     assert scores is None
     assert lengths.tolist() == [[1, 1, 3, 4, 2], [1, 10, 0, 0, 0]]
 
 
 def test_byte_mode() -> None:
     tokens = torch.tensor([[1, 5, 6, 7], [1, 8, 9, 2]])
-    patcher = PatcherArgs(patching_mode="byte").build()
+    patcher = Patcher(PatcherArgs(patching_mode="byte"))
     assert patcher.patch(tokens)[0].tolist() == [[1] * 4] * 2
     assert patcher.patch(tokens, include_next_token=True)[0].tolist() == [[1] * 5] * 2
 
@@ -280,7 +280,7 @@ def test_lengths_from_starts_pads_and_handles_empty() -> None:
 
 def test_short_rows() -> None:
     for mode in ("entropy", "space", "bpe", "byte"):
-        patcher = PatcherArgs(patching_mode=mode).build()
+        patcher = Patcher(PatcherArgs(patching_mode=mode))
         one = torch.tensor([[1]])
         entropies = torch.zeros((1, 1)) if mode == "entropy" else None
         assert patcher.patch(one, entropies=entropies)[0].tolist() == [[1]]
@@ -316,9 +316,9 @@ def test_batch_independence_with_model() -> None:
     model = CausalStandIn(max_seqlen=16)
     rows = torch.randint(4, 260, (4, 37))
     rows[:, 0] = 1
-    scores = PatcherArgs().build(entropy_model=model).patch(rows)[1]
+    scores = Patcher(PatcherArgs(), entropy_model=model).patch(rows)[1]
     median = float(scores.median())  # a threshold that splits about half the positions
-    patcher = PatcherArgs(threshold=median, patching_batch_size=3).build(
+    patcher = Patcher(PatcherArgs(threshold=median, patching_batch_size=3), 
         entropy_model=model
     )
     batch_lengths, batch_scores = patcher.patch(rows)
@@ -352,15 +352,15 @@ def test_bpe_patcher_mode() -> None:
         "ab cd ef gh ijklmnopqrs"
     )  # longer than the model's window of 8
     args = PatcherArgs(patching_mode="bpe_patcher")
-    patcher = args.build(entropy_model=DelimiterAfterSpace())
+    patcher = Patcher(args, entropy_model=DelimiterAfterSpace())
     got = patcher.patch(torch.tensor([tokens]))[0][0].tolist()
     assert got == [1, 3, 3, 3, 3, 12]  # a patch starts after each space
     with pytest.raises(ConfigError, match="bpe_patcher needs a model"):
-        args.build()
+        Patcher(args)
 
 
 def test_log_time_records() -> None:
-    patcher = PatcherArgs(threshold=4.0, log_time=True).build(
+    patcher = Patcher(PatcherArgs(threshold=4.0, log_time=True), 
         entropy_model=CausalStandIn()
     )
     patcher.patch(torch.randint(4, 260, (2, 20)))
@@ -395,11 +395,11 @@ def test_invalid_args(fields: dict, message: str) -> None:
 
 def test_entropy_mode_without_entropies_or_model() -> None:
     with pytest.raises(ConfigError, match="without entropies"):
-        PatcherArgs().build().patch(torch.tensor([[1, 5, 6]]))
+        Patcher(PatcherArgs()).patch(torch.tensor([[1, 5, 6]]))
 
 
 def test_bad_shapes() -> None:
-    patcher = PatcherArgs().build()
+    patcher = Patcher(PatcherArgs())
     with pytest.raises(DataError, match="does not match"):
         patcher.patch(torch.tensor([[1, 5, 6]]), entropies=torch.zeros((1, 2)))
     with pytest.raises(DataError, match=r"\[batch, seq_len\]"):
@@ -409,4 +409,4 @@ def test_bad_shapes() -> None:
 def test_patcher_constructor_matches_build() -> None:
     args = PatcherArgs(patching_mode="space")
     tokens = torch.tensor([blt_tokens("hello world")])
-    assert torch.equal(Patcher(args).patch(tokens)[0], args.build().patch(tokens)[0])
+    assert torch.equal(Patcher(args).patch(tokens)[0], Patcher(args).patch(tokens)[0])

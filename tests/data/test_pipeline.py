@@ -17,7 +17,7 @@ from bytelatent.data.iterators.packing import (
 from bytelatent.data.iterators.preprocess import PreprocessIteratorState
 from bytelatent.data.iterators.sequence import SequenceArgs, SequenceIteratorState
 from bytelatent.data.iterators.states import load_state
-from bytelatent.data.patcher import PatcherArgs
+from bytelatent.data.patcher import Patcher, PatcherArgs
 from bytelatent.errors import ConfigError, DataError
 from bytelatent.tokenizers import BltTokenizer
 
@@ -112,7 +112,7 @@ def test_patch_windows_follow_stream_patches(tmp_path, mode, pad):
         pad_to_max_length=pad,
         patcher_args=patcher_args,
     )
-    tokenizer, patcher = BltTokenizer(), PatcherArgs(**patcher_args).build()
+    tokenizer, patcher = BltTokenizer(), Patcher(PatcherArgs(**patcher_args))
     docs = [json.loads(line)["text"] for line in Path(paths[0]).read_text().splitlines()] * 3
     stream_starts, stream, offset = set(), [], 0
     import torch

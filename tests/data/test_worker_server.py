@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from bytelatent.data.worker_server import will_load_async
+from bytelatent.data.worker_server import will_load_async, will_patch
 from tests.tiny import BLT_CONFIG, ENTROPY_CONFIG
 
 
@@ -40,13 +40,29 @@ def test_starting_early_imports_no_torch_and_starts_the_server():
     assert res.stdout.split() == ["True", "False", "True"]
 
 
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({}, True),  # DataArgs' defaults: patches, entropy mode
+        ({"patcher_args": {"patching_mode": "space"}}, True),
+        ({"patcher_args": {"patching_mode": "byte"}}, False),
+        ({"add_patches": False}, False),  # entropy-model configs
+    ],
+)
+def test_will_patch(data, expected):
+    assert will_patch(data) is expected
+
+
 def test_worker_and_trainer_imports_stay_lean():
-    """Each run starts two interpreters (trainer, fork server): the fork server's preload is torch
-    and the data modules, without the model/checkpoint stack (DCP) that only realtime patching
-    loads; neither imports torch._dynamo (~1 s) unless something compiles."""
+    """Each run starts two interpreters (trainer, fork server). The worker module imports no
+    torch (the patcher brings it, for runs that patch), the patcher not the model/checkpoint
+    stack (DCP) that only realtime patching loads; the trainer no torch._dynamo (~1 s) unless
+    something compiles."""
     code = (
         "import sys\n"
         "import bytelatent.data.iterators.multiprocess\n"
+        "print('torch' in sys.modules)\n"
+        "import bytelatent.data.patcher\n"
         "heavy = ('torch._dynamo', 'torch.distributed.checkpoint', 'bytelatent.model', 'bytelatent.checkpoint')\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
         "import bytelatent.train\n"
@@ -54,4 +70,23 @@ def test_worker_and_trainer_imports_stay_lean():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.splitlines() == ["[]", "False True"]
+    assert res.stdout.splitlines() == ["False", "[]", "False True"]
+
+
+@pytest.mark.parametrize(("config", "torch_loaded"), [(ENTROPY_CONFIG, False), (BLT_CONFIG, True)])
+def test_the_fork_server_loads_torch_only_for_runs_that_patch(config, torch_loaded):
+    """The real fork server of `start_early`, after it forked a worker: is libtorch mapped in it?"""
+    code = (
+        "import os\n"
+        "from multiprocessing import forkserver\n"
+        "from bytelatent.data.worker_server import start_early, worker_context\n"
+        "if __name__ == '__main__':\n"
+        f"    assert start_early(['config={config}'])\n"
+        "    p = worker_context('forkserver').Process(target=os.getpid)\n"
+        "    p.start(); p.join()\n"
+        "    maps = open(f'/proc/{forkserver._forkserver._forkserver_pid}/maps').read()\n"
+        "    print(p.exitcode, 'libtorch' in maps)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["0", str(torch_loaded)]

@@ -7,8 +7,9 @@ batches still queued are simply produced again by whoever resumes from that stat
 
 * Start method: `forkserver` where available, else `spawn`: both work under `python -m ...`,
   under torchrun and with threads (gloo, CUDA) already running, unlike `fork`; the entry point
-  needs the usual `if __name__ == "__main__":` guard. The fork server preloads this module (and
-  so torch), so only the first worker of a process pays for the imports; `python -m
+  needs the usual `if __name__ == "__main__":` guard. The fork server preloads this module
+  (torch-free) and, when the run patches, the patcher (torch), so only the first worker of a
+  process pays for the imports and a worker that does not patch never imports torch; `python -m
   bytelatent.train` starts that server before its own imports (data/worker_server.py). The
   worker receives the state as JSON and the trainer's environment.
 * A worker error re-raises in the consumer as the same exception (DataError stays DataError),
@@ -28,9 +29,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import multiprocessing as mp
+import os
 import pickle
 import queue
 import signal
+import sys
 import traceback
 import weakref
 from typing import Literal
@@ -48,7 +51,7 @@ from bytelatent.data.worker_server import (
     worker_context,
     worker_environment,
 )
-from bytelatent.distributed.env import run_before_os_exit
+from bytelatent.exit_hooks import run_before_os_exit
 
 _LIVE: weakref.WeakSet[MultiprocessIterator] = weakref.WeakSet()
 _POLL_S = 0.5
@@ -141,6 +144,16 @@ def _put(q, item, stop) -> bool:
     return False
 
 
+def _one_thread() -> None:
+    """The worker computes with one thread (the trainer has the cores): torch's setting when the
+    fork server preloaded it (patching runs), else the environment torch reads if patching ever
+    imports it."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
 def _worker(state_json: str, q, stop, env: dict[str, str]) -> None:
     """Body of the worker process: produce (batch, state) pairs until stopped or done."""
     apply_environment(env)
@@ -148,9 +161,7 @@ def _worker(state_json: str, q, stop, env: dict[str, str]) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     try:
-        import torch
-
-        torch.set_num_threads(1)
+        _one_thread()
         iterator = PackingIteratorState.model_validate_json(state_json).build()
         for batch in iterator:
             if not _put(
@@ -186,7 +197,7 @@ class MultiprocessIterator(StatefulIterator[Batch]):
 
     def _start(self) -> None:
         with step_signals_blocked():  # see the module docstring
-            ctx = worker_context(self.start_method)
+            ctx = worker_context(self.start_method, patching=self._initial.args.mode == "patches")
             self._queue = ctx.Queue(maxsize=self.prefetch_size)
             self._stop = ctx.Event()
             base_json = self._state_json or self._initial.model_dump_json()

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import numpy as np
-import torch
 from pydantic import Field
 
 from bytelatent.data.iterators.base import IteratorState, StatefulIterator
@@ -22,9 +21,12 @@ from bytelatent.data.iterators.file import (
     FileIteratorState,
     LoopingIteratorState,
 )
-from bytelatent.data.patcher import Patcher, PatcherArgs, PatchingMode
+from bytelatent.data.patcher_args import PatcherArgs, PatchingMode
 from bytelatent.errors import DataError
 from bytelatent.tokenizers.args import TokenizerArgs
+
+if TYPE_CHECKING:
+    from bytelatent.data.patcher import Patcher
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +67,11 @@ class PreprocessIterator(StatefulIterator[TokenizedDocument]):
         self.tokenizer = state.tokenizer_args.build()
         self.patcher: Patcher | None = None
         if state.patcher_args is not None:
-            self.patcher = state.patcher_args.build()
+            # Here, not at the top: the patcher computes with torch, which a data-loader worker
+            # that does not patch (entropy-model runs) never imports.
+            from bytelatent.data.patcher import Patcher  # noqa: PLC0415
+
+            self.patcher = Patcher(state.patcher_args)
 
     def get_state(self) -> PreprocessIteratorState:
         return PreprocessIteratorState(
@@ -111,14 +117,10 @@ class PreprocessIterator(StatefulIterator[TokenizedDocument]):
         entropies = None
         if self.patcher.patching_mode == PatchingMode.entropy:
             entropies = self._entropies(doc, len(tokens))
-        patch_lengths, _ = self.patcher.patch(
-            torch.from_numpy(tokens)[None],
-            include_next_token=False,
-            entropies=entropies,
-        )
-        return TokenizedDocument(tokens=tokens, patch_lengths=patch_lengths[0].numpy())
+        patch_lengths = self.patcher.patch_document(tokens, entropies)
+        return TokenizedDocument(tokens=tokens, patch_lengths=patch_lengths)
 
-    def _entropies(self, doc: Document, n_tokens: int) -> torch.Tensor | None:
+    def _entropies(self, doc: Document, n_tokens: int) -> np.ndarray | None:
         if doc.entropies is None:
             if self.patcher.entropy_model is not None:
                 return None  # the patcher runs its entropy model
@@ -131,7 +133,7 @@ class PreprocessIterator(StatefulIterator[TokenizedDocument]):
                 f"{doc.path}: row {doc.row}: {len(doc.entropies)} entropies for {n_tokens} tokens "
                 "(one per token incl. BOS/EOS expected); were they computed with another tokenizer?"
             )
-        return torch.from_numpy(np.ascontiguousarray(doc.entropies, dtype=np.float32))[None]
+        return np.ascontiguousarray(doc.entropies, dtype=np.float32)
 
     def close(self) -> None:
         self.source.close()
