@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-pytest.importorskip("matplotlib", reason="apps.plot needs matplotlib (the plot extra)")
+from tests.extras import lazy_extra
+
+lazy_extra("matplotlib", reason="apps.plot needs matplotlib (the plot extra)")
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

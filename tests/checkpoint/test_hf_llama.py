@@ -13,8 +13,9 @@ from bytelatent.errors import CheckpointError
 from bytelatent.model.blt import ByteLatentTransformer, ByteLatentTransformerArgs
 from bytelatent.model.layers import precompute_freqs_cis
 from bytelatent.model.rope_scaling import RopeScalingArgs
+from tests.extras import lazy_extra
 
-transformers = pytest.importorskip("transformers")
+transformers = lazy_extra("transformers", reason="pip install 'bytelatent[hf]'")
 pytest.importorskip("safetensors")
 
 # theta 10000 and head_dim 16 put rotation wavelengths in all three llama3 bands for 32 positions

@@ -8,11 +8,10 @@ from datagen import batches_equal
 from bytelatent.data.args import DataArgs
 from bytelatent.data.iterators.states import load_state
 from bytelatent.errors import DataError
+from tests.extras import lazy_extra
 
-pytest.importorskip("moto", reason="S3 test needs `pip install 'moto[server]' 's3fs[boto3]'`")
-s3fs = pytest.importorskip(
-    "s3fs", reason="S3 test needs `pip install 'moto[server]' 's3fs[boto3]'`"
-)
+lazy_extra("moto", reason="S3 test needs `pip install 'moto[server]' 's3fs[boto3]'`")
+s3fs = lazy_extra("s3fs", reason="S3 test needs `pip install 'moto[server]' 's3fs[boto3]'`")
 
 pytestmark = pytest.mark.s3
 

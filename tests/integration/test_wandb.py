@@ -17,8 +17,9 @@ from harness import model_args, read_metrics
 from test_resume import PREEMPT_AT, STEP_DELAY
 
 from bytelatent.config.redact import REDACTED
+from tests.extras import lazy_extra
 
-pytest.importorskip("wandb")
+lazy_extra("wandb", reason="pip install 'bytelatent[wandb]'")
 
 SECRET = "hf_do_not_leak_0123456789"
 WANDB_ENV = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", **STEP_DELAY}

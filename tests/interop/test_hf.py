@@ -8,20 +8,19 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("transformers", reason="pip install 'bytelatent[hf]'")
-pytest.importorskip("safetensors", reason="pip install 'bytelatent[hf]'")
-from safetensors.torch import load_file  # noqa: E402
-from transformers import AutoTokenizer, BltForCausalLM  # noqa: E402
-from transformers.models.blt.modeling_blt import BltPatcher  # noqa: E402
-
-from bytelatent.checkpoint.hf import (  # noqa: E402
+from bytelatent.checkpoint.hf import (
     OURS_KEY,
     export_hf,
     import_hf,
     to_hf_patch_lengths,
 )
-from bytelatent.checkpoint.pretrained import load_any_checkpoint  # noqa: E402
-from tests.paths import CONFORMANCE  # noqa: E402
+from bytelatent.checkpoint.pretrained import load_any_checkpoint
+from tests.extras import lazy_extra
+from tests.paths import CONFORMANCE
+
+transformers = lazy_extra("transformers", reason="pip install 'bytelatent[hf]'")
+modeling_blt = lazy_extra("transformers.models.blt.modeling_blt", reason="pip install 'bytelatent[hf]'")
+safetensors_torch = lazy_extra("safetensors.torch", reason="pip install 'bytelatent[hf]'")
 
 REPO = Path(__file__).resolve().parents[2]
 needs_fixtures = pytest.mark.conformance()
@@ -41,8 +40,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
-def _hf(out: Path) -> BltForCausalLM:
-    return BltForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+def _hf(out: Path):
+    return transformers.BltForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +61,7 @@ def conformance_export(tmp_path_factory) -> Path:
 def test_conformance_logits_match(conformance_export):
     hf = _hf(conformance_export)
     ours, _, _ = load_any_checkpoint(str(CONFORMANCE / "blt"))
-    tokenizer = AutoTokenizer.from_pretrained(conformance_export)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(conformance_export)
     for case in torch.load(CONFORMANCE / "cases.pt", weights_only=True):
         ids = torch.tensor([case["input_ids"]])
         lengths = torch.tensor([case["patch_lengths"]])
@@ -104,8 +103,8 @@ def test_round_trip_is_bit_exact(conformance_export, tmp_path):
         entropy_model=str(tmp_path / "ours" / "entropy_model"),
         allow_window_mismatch=True,
     )
-    first = load_file(conformance_export / "model.safetensors")
-    second = load_file(tmp_path / "again" / "model.safetensors")
+    first = safetensors_torch.load_file(conformance_export / "model.safetensors")
+    second = safetensors_torch.load_file(tmp_path / "again" / "model.safetensors")
     assert first.keys() == second.keys()
     assert all(
         torch.equal(first[k], second[k]) and first[k].dtype == second[k].dtype for k in first
@@ -149,7 +148,7 @@ def test_entropy_model_only_export(tmp_path):
     assert refused.returncode == 2 and "entropy_model.sliding_window=512 < max_seqlen=8192" in refused.stderr
     result = _cli("export-hf", str(CONFORMANCE / "entropy_model"), out, "--allow-window-mismatch")
     assert result.returncode == 0, result.stderr
-    patcher = BltPatcher.from_pretrained(tmp_path / "ent", dtype=torch.float32).eval()
+    patcher = modeling_blt.BltPatcher.from_pretrained(tmp_path / "ent", dtype=torch.float32).eval()
     case = torch.load(CONFORMANCE / "cases.pt", weights_only=True)[0]
     with torch.no_grad():
         _, _, logits = patcher(torch.tensor([case["input_ids"]]))
@@ -171,7 +170,7 @@ def test_trained_debug_model(tiny_blt_run, tmp_path):
     hf = _hf(tmp_path / "hf")
     ours, _, _ = load_any_checkpoint(str(step))
     text = "def export(model):\n    return model.state_dict()  # ok"
-    ids = torch.tensor([AutoTokenizer.from_pretrained(tmp_path / "hf")(text).input_ids])
+    ids = torch.tensor([transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")(text).input_ids])
     lengths, _ = Patcher(PatcherArgs(patching_mode="space")).patch(ids, include_next_token=False)
     with torch.no_grad():
         mine = ours(ids, patch_lengths=lengths)

@@ -14,9 +14,10 @@ from bytelatent.config import parse_args
 from bytelatent.distributed.env import detect_env
 from bytelatent.trainer.build import build_model
 from bytelatent.trainer.trainer import Trainer
+from tests.extras import lazy_extra
 from tests.trainer.test_cli import REPO, TINY_BLT, metrics, run_cli
 
-transformers = pytest.importorskip("transformers")
+transformers = lazy_extra("transformers", reason="pip install 'bytelatent[hf]'")
 pytest.importorskip("safetensors")
 
 GLOBAL = "global_transformer.layers.*"
