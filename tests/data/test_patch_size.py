@@ -71,16 +71,16 @@ def test_text_without_entropies_needs_the_entropy_model(tmp_path, capsys):
 
 
 def train_entropy_model(tmp_path, corpus_root):
-    """The debug entropy model, briefly trained (100 steps at 64d x 2 layers), consolidated."""
+    """The debug entropy model, briefly trained (50 steps at 64d x 2 layers), consolidated."""
     from tests.trainer.test_cli import TINY_ENTROPY, run_cli
 
     dump = tmp_path / "entropy"
-    argv = [*TINY_ENTROPY, f"dump_dir={dump}", f"data.root_dir={corpus_root}", "steps=100"]
+    argv = [*TINY_ENTROPY, f"dump_dir={dump}", f"data.root_dir={corpus_root}", "steps=50"]
     argv += ["entropy_model.dim=64", "entropy_model.n_layers=2", "entropy_model.n_heads=4"]
     argv += ["data.batch_size=8", "optim.warmup=5", "logging.freq=20"]
     res = run_cli("bytelatent.train", argv)
     assert res.returncode == 0, res.stderr[-3000:]
-    step = dump / "checkpoints" / f"{100:010d}"
+    step = dump / "checkpoints" / f"{50:010d}"
     res = run_cli("bytelatent.checkpoint", ["consolidate", str(step)])
     assert res.returncode == 0, res.stderr[-3000:]
     return step / "consolidated"
