@@ -203,8 +203,10 @@ def _save_ours(folder: Path, **overrides) -> Path:
         max_seqlen=64,
     )
     args = ByteLatentTransformerArgs(**{**fields, **overrides})
-    model = ByteLatentTransformer(args)
-    model.init_weights()
+    with torch.random.fork_rng(devices=[]):  # the same weights whatever ran before in this process
+        torch.manual_seed(0)
+        model = ByteLatentTransformer(args)
+        model.init_weights()
     folder.mkdir(parents=True)
     (folder / "params.json").write_text(json.dumps({"model": args.model_dump(mode="json")}))
     torch.save({"model": model.state_dict()}, folder / "consolidated.pth")
