@@ -35,10 +35,9 @@ APIS = (
 
 def eager_only(fn):
     """`torch.compiler.disable(fn)` without importing torch._dynamo now (~1 s of start-up in
-    every trainer and data-loader process): torch's own lazy form, which imports it on the first
-    call and which dynamo recognises when it traces a caller."""
-    lazy = getattr(torch, "_disable_dynamo", None)
-    return lazy(fn) if lazy is not None else torch.compiler.disable(fn)
+    every trainer process): torch's own lazy form (in every torch >= MIN_TORCH, probed in APIS),
+    which imports it on the first call and which dynamo recognises when it traces a caller."""
+    return torch._disable_dynamo(fn)
 
 
 def torch_version(text: str | None = None) -> tuple[int, int]:

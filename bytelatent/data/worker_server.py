@@ -86,7 +86,9 @@ def will_load_async(argv: list[str]) -> bool:
 
 def will_patch(data: dict) -> bool:
     """Whether the data pipeline of this `data:` section computes patches (DataArgs' rule: unless
-    `add_patches` is false or the patching mode is `byte`); entropy-model runs do not."""
+    `add_patches` is false or the patching mode is `byte`); entropy-model runs do not. It only
+    decides what the fork server preloads: were it wrong, a worker would import the patcher
+    itself (or have it preloaded for nothing), with the same batches."""
     patcher = data.get("patcher_args") if isinstance(data.get("patcher_args"), dict) else {}
     return data.get("add_patches", True) is not False and patcher.get("patching_mode") != "byte"
 

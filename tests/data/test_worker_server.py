@@ -27,6 +27,13 @@ def test_will_load_async(argv, expected):
     assert will_load_async(argv) is expected
 
 
+def run_python(code: str) -> str:
+    """stdout of `python -c code` in a fresh interpreter (which must exit 0)."""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout
+
+
 def test_starting_early_imports_no_torch_and_starts_the_server():
     code = (
         "import sys\n"
@@ -35,9 +42,7 @@ def test_starting_early_imports_no_torch_and_starts_the_server():
         f"started = start_early(['config={BLT_CONFIG}'])\n"
         "print(started, 'torch' in sys.modules, forkserver._forkserver._forkserver_pid is not None)\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.split() == ["True", "False", "True"]
+    assert run_python(code).split() == ["True", "False", "True"]
 
 
 @pytest.mark.parametrize(
@@ -68,9 +73,7 @@ def test_worker_and_trainer_imports_stay_lean():
         "import bytelatent.train\n"
         "print('torch._dynamo' in sys.modules, 'torch.distributed.checkpoint' in sys.modules)\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.splitlines() == ["False", "[]", "False True"]
+    assert run_python(code).splitlines() == ["False", "[]", "False True"]
 
 
 @pytest.mark.parametrize(("config", "torch_loaded"), [(ENTROPY_CONFIG, False), (BLT_CONFIG, True)])
@@ -87,6 +90,4 @@ def test_the_fork_server_loads_torch_only_for_runs_that_patch(config, torch_load
         "    maps = open(f'/proc/{forkserver._forkserver._forkserver_pid}/maps').read()\n"
         "    print(p.exitcode, 'libtorch' in maps)\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.split() == ["0", str(torch_loaded)]
+    assert run_python(code).split() == ["0", str(torch_loaded)]
