@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,13 @@ def test_quick_check_on_cpu(tmp_path):
 
 def test_a_step_that_overruns_is_recorded_as_timeout(tmp_path, monkeypatch):
     """The driver records what a killed step could not; the summary still lists every step."""
-    monkeypatch.setattr(check, "STEPS", [("env", 60, 0.001)])
+    import steps
+
+    def sleeps(*args, **kwargs):  # the forked step (a copy of this process) overruns for sure
+        time.sleep(60)
+
+    monkeypatch.setattr(steps, "run", sleeps)
+    monkeypatch.setattr(check, "STEPS", [("env", 60, 0.5)])
     code = check.main(
         ["--device", "cpu", "--quick", "--out", str(tmp_path), "--work", str(tmp_path)]
     )
