@@ -19,7 +19,8 @@ import time
 
 import torch
 
-from bytelatent.checkpoint.manager import CheckpointArgs, CheckpointManager
+from bytelatent.checkpoint.args import CheckpointArgs
+from bytelatent.checkpoint.manager import CheckpointManager
 from bytelatent.checkpoint.verify import verify_step_folder
 
 

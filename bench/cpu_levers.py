@@ -321,7 +321,7 @@ def _entropy_bench_step():  # noqa: ANN202
     """(step(seed), model): one eager bf16 training step of the entropy bench on packed_batch."""
     from entropy_model_cpu import build_model, packed_batch
 
-    from bytelatent.model.transformer import LMTransformerArgs
+    from bytelatent.model.args import LMTransformerArgs
 
     args = LMTransformerArgs(
         dim=512,

@@ -28,8 +28,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bytelatent.model import attention
+from bytelatent.model.args import LMTransformerArgs
 from bytelatent.model.flops import lm_flops_per_token
-from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
+from bytelatent.model.transformer import LMTransformer
 from bytelatent.tokenizers.constants import EOS_ID, OFFSET
 
 DEFAULT_CHUNK = attention.SDPA_CHUNK

@@ -32,9 +32,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bytelatent.data.entropy import calculate_entropies  # noqa: E402
 from bytelatent.data.patcher import PatcherArgs  # noqa: E402
 from bytelatent.eval.generation import GenerationArgs, Generator  # noqa: E402
+from bytelatent.model.args import LMTransformerArgs  # noqa: E402
 from bytelatent.model.blt import ByteLatentTransformer  # noqa: E402
 from bytelatent.model.blt_args import ByteLatentTransformerArgs  # noqa: E402
-from bytelatent.model.transformer import LMTransformer, LMTransformerArgs  # noqa: E402
+from bytelatent.model.transformer import LMTransformer  # noqa: E402
 
 PROMPT = "def fibonacci(n):\n    # return the n-th Fibonacci number, iteratively\n    a, b ="
 

@@ -10,18 +10,16 @@ import os
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from bytelatent.checkpoint.manager import CheckpointArgs
+from bytelatent.checkpoint.args import CheckpointArgs
 from bytelatent.config.reference_format import looks_like_reference, reference_hint
 from bytelatent.data.args import DataArgs
-from bytelatent.distributed.env import DistributedArgs
+from bytelatent.distributed.args import DistributedArgs
 from bytelatent.eval.args import EvalArgs
 from bytelatent.launch.args import EnvVars
+from bytelatent.model.args import LMTransformerArgs
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.transformer import LMTransformerArgs
 from bytelatent.trainer.actions import ActionArgs
-from bytelatent.trainer.metrics import LoggingArgs
-from bytelatent.trainer.optim import OptimArgs
-from bytelatent.trainer.profiling import ProfilerArgs
+from bytelatent.trainer.args import LoggingArgs, OptimArgs, ProfilerArgs
 from bytelatent.trainer.run_lock import RunLockArgs
 
 # Exported before the process group is created; NCCL settings are harmless on CPU.

@@ -4,18 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from bytelatent.data.worker_server import start_early
-
-if __name__ == "__main__":
-    # Before torch is imported (hence E402 below, ruff.toml): the data loader's fork server
-    # then imports it alongside us.
-    start_early(sys.argv[1:])
-
-import logging
-import os
-import signal
-
-from bytelatent.args import TrainArgs
+from bytelatent.args import TrainArgs  # torch-free, as is everything imported up to the E402 block
 from bytelatent.config import parse_args
 from bytelatent.config.help import (
     help_topic,
@@ -24,18 +13,8 @@ from bytelatent.config.help import (
     top_level_lines,
     wants_help,
 )
-from bytelatent.distributed.lifecycle import Process
-from bytelatent.distributed.mesh import build_mesh
+from bytelatent.data.worker_server import start_early
 from bytelatent.errors import FILE_ONLY, UserError
-from bytelatent.trainer.build import build_parallel_model
-from bytelatent.trainer.metrics import setup_logging
-from bytelatent.trainer.model_info import MODEL_INFO, summary_line, write_model_info
-from bytelatent.trainer.resume_check import changes_line, check_resume, complete_line
-from bytelatent.trainer.run_files import disk_error_of, log_final_error, raise_log_file_error
-from bytelatent.trainer.run_lock import hold_run_lock
-from bytelatent.trainer.trainer import Trainer
-
-logger = logging.getLogger("bytelatent")
 
 USAGE = "usage: python -m bytelatent.train config=FILE.yaml [key=value ...]   (--help for more)"
 
@@ -71,8 +50,9 @@ Docs: README.md, docs/architecture.md, docs/slurm.md.
 """
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def parse_command(argv: list[str]) -> TrainArgs | int:
+    """The validated TrainArgs of a command, or the exit code of one that ends here without
+    loading torch: 0 after `--help`, 2 after the usage line or a config error (one line)."""
     try:
         if wants_help(argv):
             topic = help_topic(argv)
@@ -85,10 +65,43 @@ def main(argv: list[str] | None = None) -> int:
             print(USAGE, file=sys.stderr)
             print("example: python -m bytelatent.train config=configs/debug.yaml", file=sys.stderr)
             return 2
-        args = parse_args(TrainArgs, argv)
+        return parse_args(TrainArgs, argv)
     except UserError as e:
         print(e.one_line(), file=sys.stderr)
         return 2
+
+
+if __name__ == "__main__":
+    # Before torch is imported (hence E402 below, ruff.toml): help and config errors answer at
+    # once, and the data loader's fork server imports torch alongside us.
+    _COMMAND = parse_command(sys.argv[1:])
+    if isinstance(_COMMAND, int):
+        sys.exit(_COMMAND)
+    start_early(sys.argv[1:])
+
+import logging
+import os
+import signal
+
+from bytelatent.distributed.lifecycle import Process
+from bytelatent.distributed.mesh import build_mesh
+from bytelatent.trainer.build import build_parallel_model
+from bytelatent.trainer.metrics import setup_logging
+from bytelatent.trainer.model_info import MODEL_INFO, summary_line, write_model_info
+from bytelatent.trainer.resume_check import changes_line, check_resume, complete_line
+from bytelatent.trainer.run_files import disk_error_of, log_final_error, raise_log_file_error
+from bytelatent.trainer.run_lock import hold_run_lock
+from bytelatent.trainer.trainer import Trainer
+
+logger = logging.getLogger("bytelatent")
+
+
+def main(argv: list[str] | None = None) -> int:
+    command = parse_command(sys.argv[1:] if argv is None else argv)
+    return command if isinstance(command, int) else start(command)
+
+
+def start(args: TrainArgs) -> int:
     return dry_run(args) if args.dry_run else run(args)
 
 
@@ -182,4 +195,4 @@ def _peer_failure(exc: Exception, env, trainer) -> int | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(start(_COMMAND))

@@ -50,3 +50,43 @@ def test_help_prints_usage_and_exits_0(module, capsys):
 def test_help_section_lists_keys_with_defaults(module, section, key, capsys):
     assert call_main(module, ["--help", section]) == 0
     assert f"\n  {key}" in capsys.readouterr().out
+
+
+NO_TORCH_SCRIPT = """
+import contextlib, io, runpy, sys
+for module, argv, expected in COMMANDS:
+    sys.argv = [module, *argv]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code
+    if code != expected or "torch" in sys.modules:
+        print(module, argv, "exit", code, "torch loaded:", "torch" in sys.modules)
+        break
+else:
+    print("ok")
+"""
+
+
+def test_help_usage_config_errors_and_print_config_never_load_torch():
+    """They answer from the config alone (~0.7 CPU-s, not ~4): every arg class is torch-free, and
+    `python -m bytelatent.train` validates before it imports torch or starts the data loader."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    commands = [
+        ("bytelatent.train", ["--help"], 0),
+        ("bytelatent.train", [], 2),
+        ("bytelatent.train", ["config=configs/debug.yaml", "model.cross_atn_k=2"], 2),
+        ("bytelatent.train", ["config=configs/entropy_debug.yaml", "optim.lr=fast"], 2),
+        ("bytelatent.print_config", ["config=configs/debug.yaml", "model.dim=64"], 0),
+        ("bytelatent.print_config", ["--help", "model"], 0),
+    ]
+    script = f"COMMANDS = {commands!r}\n{NO_TORCH_SCRIPT}"
+    res = subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert res.stdout.strip() == "ok", res.stdout + res.stderr[-2000:]

@@ -25,10 +25,11 @@ import torch
 
 from bytelatent.checkpoint.pretrained import load_any_checkpoint
 from bytelatent.errors import CheckpointError
+from bytelatent.model.args import LMTransformerArgs, block_head_counts
 from bytelatent.model.blt import ByteLatentTransformer
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.layers import block_head_counts, ffn_hidden_dim
-from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
+from bytelatent.model.layers import ffn_hidden_dim
+from bytelatent.model.transformer import LMTransformer
 
 logger = logging.getLogger("bytelatent")
 
@@ -197,7 +198,6 @@ def check_hf_representable(args: Any) -> list[str]:
 
 
 def check_hf_entropy_representable(args: Any) -> list[str]:
-
     head_dim, n_heads, _ = block_head_counts(args)
     if head_dim * n_heads != args.dim:
         raise CheckpointError(
@@ -218,7 +218,9 @@ def window_mismatches(args: Any | None, entropy_args: Any | None) -> dict[str, i
     if args is not None and args.local_attention_window_len is not None:
         window, rows = args.local_attention_window_len, args.max_encoder_seq_length
         if window < rows:
-            found[f"model.local_attention_window_len={window} < max_encoder_seq_length={rows}"] = window
+            found[f"model.local_attention_window_len={window} < max_encoder_seq_length={rows}"] = (
+                window
+            )
     if entropy_args is not None and entropy_args.sliding_window is not None:
         window, rows = entropy_args.sliding_window, entropy_args.max_seqlen
         if window < rows:
@@ -368,7 +370,6 @@ def _local_config(args: Any, side: str, hf: dict[str, torch.Tensor]) -> dict[str
 
 
 def _global_config(args: Any, hf: dict[str, torch.Tensor]) -> dict[str, Any]:
-
     _, n_heads, n_kv = block_head_counts(args.global_block_args())
     return {
         "hidden_size": args.dim,
@@ -385,7 +386,6 @@ def _global_config(args: Any, hf: dict[str, torch.Tensor]) -> dict[str, Any]:
 
 
 def patcher_config(args: Any, hf: dict[str, torch.Tensor], prefix: str) -> dict[str, Any]:
-
     _, n_heads, n_kv = block_head_counts(args)
     return {
         "vocab_size": args.vocab_size,
@@ -787,7 +787,6 @@ def blt_args_from_hf_config(config: dict[str, Any]) -> Any:
 
 
 def entropy_args_from_hf_config(patcher: dict[str, Any], ours: dict[str, Any] | None) -> Any:
-
     if ours is not None:
         return LMTransformerArgs.model_validate(ours)
     ffn = _ffn_settings({"patcher": (patcher["hidden_size"], patcher["intermediate_size"])})

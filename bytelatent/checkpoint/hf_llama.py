@@ -31,7 +31,8 @@ from torch import nn
 
 from bytelatent.checkpoint.fs import get_fs, join
 from bytelatent.errors import CheckpointError
-from bytelatent.model.layers import block_head_counts, ffn_hidden_dim
+from bytelatent.model.args import block_head_counts
+from bytelatent.model.layers import ffn_hidden_dim
 
 logger = logging.getLogger("bytelatent")
 

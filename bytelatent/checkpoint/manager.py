@@ -33,12 +33,11 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
@@ -50,6 +49,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.checkpoint import warm_start
+from bytelatent.checkpoint.args import CheckpointArgs, SaveEvery  # noqa: F401  (re-exported)
 from bytelatent.checkpoint.consolidate import PARAMS_FILE, require_dcp_dir
 from bytelatent.checkpoint.dcp_io import (
     DCP_ERRORS,
@@ -82,40 +82,6 @@ from bytelatent.checkpoint.warm_start import InitLoadReport  # noqa: F401  (re-e
 from bytelatent.errors import FILE_ONLY, CheckpointError, ConfigError, UserError
 
 logger = logging.getLogger(__name__)
-
-
-class SaveEvery(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    every: int = Field(default=1000, ge=0)  # 0: never save checkpoints of this kind
-    keep: int = 0  # keep the newest `keep` checkpoints of this kind; <= 0 keeps all
-
-
-class CheckpointArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    dump: SaveEvery = SaveEvery()
-    eval: SaveEvery = SaveEvery()
-    # Also save at exactly these steps (T5X's checkpoint_steps); retention never removes them.
-    steps: list[PositiveInt] = Field(default_factory=list)
-    # None -> dump_dir/checkpoints (filled in by TrainArgs).
-    path: str | None = None
-    # Warm start: model weights only, from a DCP step folder or a consolidated folder/file.
-    init_ckpt_path: str | None = None
-    # With init_ckpt_path: resume model + optimizer + train state from it (a DCP folder) instead.
-    continue_training_from_init: bool = False
-    s3_profile: str | None = None
-    # Write DCP data in a background thread; the marker and retention follow when it completes.
-    async_save: bool = False
-    init_ckpt_strict: bool = True
-    # Checkpoint key prefix -> model key prefix, applied when warm starting (longest prefix wins).
-    init_ckpt_rename: dict[str, str] | None = None
-    # Resume from this step folder instead of the newest complete one under `path`.
-    load_path: str | None = None
-    # What resuming checks against the manifests of the checkpoint it loads: sizes and CRC32s
-    # (reads every file once more; a bit flip is caught), or file sizes only (truncation only).
-    # Cost: bench/checkpoint_verify.py, bench/RESULTS_reliability.md.
-    verify: Literal["size", "checksum"] = "checksum"
 
 
 @dataclass

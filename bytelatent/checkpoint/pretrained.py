@@ -24,6 +24,7 @@ from torch import nn
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.checkpoint.consolidate import METADATA_FILE, load_dcp_state_dict
 from bytelatent.errors import CheckpointError, UserError
+from bytelatent.model.args import LMTransformerArgs
 from bytelatent.model.blt import ByteLatentTransformer
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.reference_compat import (
@@ -31,7 +32,7 @@ from bytelatent.model.reference_compat import (
     blt_args_from_reference,
     lm_args_from_reference,
 )
-from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
+from bytelatent.model.transformer import LMTransformer
 
 logger = logging.getLogger("bytelatent")
 

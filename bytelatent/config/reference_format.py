@@ -7,6 +7,9 @@ gets one line pointing at the converter instead of its first unknown key. The co
 
 from __future__ import annotations
 
+from bytelatent.model.blt_args import ByteLatentTransformerArgs
+from bytelatent.model.reference_compat import reference_blt_fields
+
 CONVERTER = "python -m bytelatent.config.from_reference"
 # keys only the reference has: one of them at the top level marks a file as the reference's
 REFERENCE_ONLY_TOP = frozenset({"probe_freq", "profiling", "eval_on_gpus", "async_eval_gpus"})
@@ -18,10 +21,6 @@ def looks_like_reference(tree: dict) -> bool:
         return True
     model = tree.get("model")
     if isinstance(model, dict):
-        # here, not at the top: the converter imports CONVERTER; its `--help` needs no torch
-        from bytelatent.model.blt_args import ByteLatentTransformerArgs
-        from bytelatent.model.reference_compat import reference_blt_fields
-
         # only reference field names (a typo of ours gets the parser's did-you-mean instead)
         extra = set(model) - set(ByteLatentTransformerArgs.model_fields)
         return bool(extra) and extra <= reference_blt_fields()

@@ -17,7 +17,8 @@ import logging
 import os
 import sys
 
-from bytelatent.distributed.env import DistEnv, DistributedArgs, cleanup_and_exit, setup_distributed
+from bytelatent.distributed.args import DistributedArgs
+from bytelatent.distributed.env import DistEnv, cleanup_and_exit, setup_distributed
 from bytelatent.errors import UserError
 
 

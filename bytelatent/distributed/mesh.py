@@ -8,7 +8,7 @@ from typing import Protocol
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from bytelatent.distributed.env import DistributedArgs
+from bytelatent.distributed.args import DistributedArgs
 from bytelatent.errors import ConfigError
 
 MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
@@ -66,18 +66,14 @@ def resolve_layout(args: DistributedArgs, world_size: int) -> MeshLayout:
     return MeshLayout(sizes["dp_replicate"], sizes["dp_shard"], sizes["tp_size"])
 
 
-def build_mesh(
-    args: DistributedArgs, world_size: int, device_type: str
-) -> DeviceMesh | None:
+def build_mesh(args: DistributedArgs, world_size: int, device_type: str) -> DeviceMesh | None:
     """A 3-D mesh named MESH_DIMS (size-1 dims included); None for a single process unless it
     trains through FSDP on a 1-rank mesh (`single_device_fsdp`, on by default on CUDA)."""
     layout = resolve_layout(args, world_size)
     if world_size == 1 and not (args.use_single_device_fsdp(device_type) and dist.is_initialized()):
         return None  # (a tool that built no process group gets the plain single-process model)
     if not dist.is_initialized():
-        raise RuntimeError(
-            "build_mesh needs the process group: call setup_distributed first"
-        )
+        raise RuntimeError("build_mesh needs the process group: call setup_distributed first")
     return init_device_mesh(
         device_type,
         (layout.dp_replicate, layout.dp_shard, layout.tp),
@@ -106,8 +102,7 @@ def _coords(mesh: _MeshLike) -> dict[str, tuple[int, int]]:
         raise RuntimeError("this rank is not part of the device mesh")
     names = mesh.mesh_dim_names or ()
     return {
-        name: (rank, size)
-        for name, rank, size in zip(names, coordinate, mesh.shape, strict=True)
+        name: (rank, size) for name, rank, size in zip(names, coordinate, mesh.shape, strict=True)
     }
 
 

@@ -36,7 +36,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from bytelatent.distributed.env import DistributedArgs
+from bytelatent.distributed.args import DistributedArgs
 from bytelatent.errors import ConfigError
 
 logger = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from bytelatent.config.parser import (
     validation_error_to_config_error,
 )
 from bytelatent.data.args import DataArgs
-from bytelatent.distributed.env import DistributedArgs
+from bytelatent.distributed.args import DistributedArgs
 from bytelatent.distributed.lifecycle import Process
 from bytelatent.distributed.mesh import build_mesh, dp_group
 from bytelatent.distributed.parallelize import parallelize_model

@@ -39,13 +39,15 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pydantic
-import torch
 from pydantic import BaseModel
 
 from bytelatent.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 PROVIDERS: dict[str, str] = {
     "bpb": "bytelatent.eval.validate",

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from bytelatent.data.args import DATASET_FILES_SOURCE, DataArgs
 from bytelatent.data.batch import Batch
 from bytelatent.data.sources import source_files
-from bytelatent.distributed.env import DistributedArgs
+from bytelatent.distributed.args import DistributedArgs
 from bytelatent.distributed.parallelize import forward_context
 from bytelatent.errors import ConfigError, DataError
 from bytelatent.eval.args import EvalArgs

@@ -53,10 +53,10 @@ import torch
 import torch.nn.functional as F
 
 from bytelatent.compat import eager_only
+from bytelatent.model.args import BACKENDS
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("sdpa", "flex_attention", "xformers")
 SELF_ATTN_KINDS = (None, "causal", "block_causal", "local_block_causal")
 
 _warned_fallbacks: set[tuple[str, str]] = set()

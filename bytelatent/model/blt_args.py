@@ -16,12 +16,14 @@ from pydantic import (
     model_validator,
 )
 
+from bytelatent.model.args import (
+    HASH_PRIMES,
+    INIT_STD_FACTORS,
+    BaseTransformerArgs,
+    RopeScalingArgs,
+    parse_pooling,
+)
 from bytelatent.model.global_init import GlobalInitArgs
-from bytelatent.model.hashing import HASH_PRIMES
-from bytelatent.model.layers import INIT_STD_FACTORS
-from bytelatent.model.patch_utils import parse_pooling
-from bytelatent.model.rope_scaling import RopeScalingArgs
-from bytelatent.model.transformer import BaseTransformerArgs
 from bytelatent.tokenizers.constants import EOS_ID, VOCAB_SIZE
 
 GLOBAL_ATTN_BIAS_TYPES = (None, "causal", "block_causal")

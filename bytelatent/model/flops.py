@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from bytelatent.model.layers import block_head_counts, ffn_hidden_dim
+from bytelatent.model.args import block_head_counts
+from bytelatent.model.layers import ffn_hidden_dim
 
 
 def mean_attended_keys(seq_len: int, window: int | None = None) -> float:

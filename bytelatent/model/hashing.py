@@ -32,24 +32,10 @@ from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 from bytelatent.compat import eager_only
+from bytelatent.model.args import HASH_PRIMES
 
 # the persistent-buffer gradient path of CPU hash tables (see the module docstring)
 HASH_GRAD_BUFFER = True
-
-# one prime per hash function, indexed by function number (reference values)
-HASH_PRIMES = (
-    1000000007,
-    5915587277,
-    1500450271,
-    3267000013,
-    5754853343,
-    4093082899,
-    9576890767,
-    3628273133,
-    2860486313,
-    5463458053,
-    3367900313,
-)
 
 _UINT64 = 1 << 64
 

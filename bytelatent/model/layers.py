@@ -2,29 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bytelatent.model.args import INIT_STD_FACTORS, BlockArgs, RopeScalingArgs, block_head_counts
 from bytelatent.model.attention import AttnMask, attend
-from bytelatent.model.rope_scaling import RopeScalingArgs, scale_frequencies
-
-INIT_STD_FACTORS = ("disabled", "current_depth", "global_depth", "dim_ratio")
-
-
-class BlockArgs(Protocol):
-    """The fields TransformerBlock reads (BaseTransformerArgs satisfies it)."""
-
-    dim: int
-    head_dim: int | None
-    n_heads: int | None
-    n_kv_heads: int | None
-    ffn_dim_multiplier: float | None
-    multiple_of: int
-    norm_eps: float
-    rope_theta: float
+from bytelatent.model.rope_scaling import scale_frequencies
 
 
 class RMSNorm(nn.RMSNorm):
@@ -296,16 +280,6 @@ class FeedForward(nn.Module):
         _trunc_normal_(self.w1.weight, in_std)
         _trunc_normal_(self.w3.weight, in_std)
         _trunc_normal_(self.w2.weight, out_std)
-
-
-def block_head_counts(args: BlockArgs) -> tuple[int, int, int]:
-    """(head_dim, n_heads, n_kv_heads) resolved the reference way from dim/head_dim/n_heads."""
-    if args.head_dim is None and args.n_heads is None:
-        raise ValueError("set at least one of head_dim or n_heads")
-    head_dim = args.head_dim or args.dim // args.n_heads
-    n_heads = args.n_heads or args.dim // args.head_dim
-    n_kv_heads = args.n_kv_heads or n_heads
-    return head_dim, n_heads, n_kv_heads
 
 
 class TransformerBlock(nn.Module):

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bytelatent.model.args import BaseTransformerArgs, block_head_counts
 from bytelatent.model.attention import (
     AttnMask,
     HostDocuments,
@@ -29,15 +30,8 @@ from bytelatent.model.attention import (
 )
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.cross_attention import CrossAttention
-from bytelatent.model.layers import (
-    RMSNorm,
-    RotaryEmbedding,
-    TransformerBlock,
-    block_head_counts,
-    init_std_factor,
-)
+from bytelatent.model.layers import RMSNorm, RotaryEmbedding, TransformerBlock, init_std_factor
 from bytelatent.model.patch_utils import PatchCrossMask, pool_patches
-from bytelatent.model.transformer import BaseTransformerArgs
 from bytelatent.tokenizers.constants import BOE_ID
 
 

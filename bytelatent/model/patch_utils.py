@@ -29,7 +29,6 @@ import torch
 from bytelatent.errors import DataError
 from bytelatent.model.attention import AttnMask, flex_interval_block_mask
 
-POOLING_MODES = ("avg", "min", "max")
 _POOL_REDUCE = {"avg": "mean", "min": "amin", "max": "amax"}
 
 
@@ -104,24 +103,6 @@ def check_patch_lengths(patch_lengths: torch.Tensor, seq_len: int) -> None:
         raise DataError(
             "patch_lengths has a zero-length patch before a non-empty one; pad only on the right"
         )
-
-
-def parse_pooling(pooling: str | None) -> tuple[str, ...]:
-    """Pooling ops of a ``downsampling_by_pooling`` string, in the reference order avg, min, max.
-
-    "avg" / "mean" pool by mean; several ops are separated by commas ("avg,max") and their outputs
-    are concatenated along the feature dimension in the order avg, min, max.
-    """
-    if pooling is None or pooling.strip() == "":
-        return ()
-    names = [name.strip() for name in pooling.split(",") if name.strip()]
-    unknown = [name for name in names if name not in ("avg", "mean", "min", "max")]
-    if unknown:
-        raise ValueError(
-            f"unknown pooling {unknown[0]!r}; use avg (or mean), min, max or a comma list"
-        )
-    chosen = {"avg" if name == "mean" else name for name in names}
-    return tuple(mode for mode in POOLING_MODES if mode in chosen)
 
 
 def pool_patches(

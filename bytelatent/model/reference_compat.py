@@ -15,14 +15,15 @@ transformer's size is dim_global/n_layers_global/n_heads_global, which become di
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from bytelatent.errors import CheckpointError, ConfigError
+from bytelatent.model.args import LMTransformerArgs
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.transformer import LMTransformerArgs
 from bytelatent.tokenizers.constants import VOCAB_SIZE
+
+if TYPE_CHECKING:
+    import torch
 
 # fields the reference declares but never reads (BLT_REFERENCE_FACTS.md §2, verified)
 REFERENCE_NOOP_FIELDS = (
@@ -170,7 +171,9 @@ _LM_FIELDS = set(LMTransformerArgs.model_fields)
 
 def reference_blt_fields() -> frozenset[str]:
     """Every field name of the reference's ByteLatentTransformerArgs (model section)."""
-    known = set(_BLT_SAME) | _BLT_HANDLED | set(REFERENCE_NOOP_FIELDS) | set(REFERENCE_PATCHER_FIELDS)
+    known = (
+        set(_BLT_SAME) | _BLT_HANDLED | set(REFERENCE_NOOP_FIELDS) | set(REFERENCE_PATCHER_FIELDS)
+    )
     return frozenset(known | {"sliding_window"})
 
 
@@ -273,6 +276,12 @@ def _map_global_mask(kind: str | None, fields: dict[str, Any], ignored: list[str
         )
 
 
+def _has_cuda() -> bool:
+    import torch  # here: reading a config (print_config, a config error) must not load torch
+
+    return torch.cuda.is_available()
+
+
 def _map_attn_impl(fields: dict[str, Any], ignored: list[str]) -> None:
     impl = fields.get("attn_impl", "sdpa")
     if impl == "fmha":
@@ -280,7 +289,7 @@ def _map_attn_impl(fields: dict[str, Any], ignored: list[str]) -> None:
             "model.attn_impl=fmha attends without any mask in the reference (future bytes visible); "
             "this cannot reproduce a trained model's function: use sdpa"
         )
-    if impl in ("xformers", "flex_attention") and not torch.cuda.is_available():
+    if impl in ("xformers", "flex_attention") and not _has_cuda():
         ignored.append(f"attn_impl={impl} (needs CUDA; runs on sdpa with the same masks here)")
 
 
@@ -363,7 +372,7 @@ def lm_args_from_reference(
         raise ConfigError(
             "entropy_model.attn_impl=fmha attends without any mask in the reference; use sdpa"
         )
-    if impl in ("xformers", "flex_attention") and not torch.cuda.is_available():
+    if impl in ("xformers", "flex_attention") and not _has_cuda():
         ignored.append(f"attn_impl={impl} (needs CUDA; runs on sdpa with the same masks here)")
     try:
         return LMTransformerArgs(**fields), ignored
@@ -393,6 +402,8 @@ def adapt_reference_blt_state_dict(
     learned positions (use_rope=false) by zeros of this model's shape, so ``load_state_dict(strict=True)``
     works and the function is unchanged. Returns the new dict and a note per change.
     """
+    import torch
+
     adapted = dict(state_dict)
     notes: list[str] = []
     unused = [

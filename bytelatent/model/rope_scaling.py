@@ -10,35 +10,10 @@ interpolated. A model initialised from such a checkpoint must rotate with the sa
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, model_validator
 
-
-class RopeScalingArgs(BaseModel):
-    """HF ``rope_scaling`` of ``rope_type: llama3`` (field names as in HF's config.json)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    rope_type: Literal["llama3"] = "llama3"
-    factor: float = 8.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
-
-    @model_validator(mode="after")
-    def _check(self) -> RopeScalingArgs:
-        if self.factor <= 0 or self.original_max_position_embeddings < 1:
-            raise ValueError(
-                "rope_scaling: factor and original_max_position_embeddings must be > 0"
-            )
-        if not 0 < self.low_freq_factor < self.high_freq_factor:
-            raise ValueError(
-                f"rope_scaling: need 0 < low_freq_factor ({self.low_freq_factor}) < "
-                f"high_freq_factor ({self.high_freq_factor})"
-            )
-        return self
+from bytelatent.model.args import RopeScalingArgs
 
 
 def scale_frequencies(freqs: torch.Tensor, scaling: RopeScalingArgs | None) -> torch.Tensor:

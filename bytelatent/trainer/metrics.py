@@ -17,26 +17,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
+from bytelatent.trainer.args import LoggingArgs
 from bytelatent.trainer.run_files import LineAppender, QuietStreamHandler, RunLogHandler
-from bytelatent.trainer.wandb_sink import WandbArgs, WandbSink
+from bytelatent.trainer.wandb_sink import WandbSink
 
 logger = logging.getLogger("bytelatent")
 LN2 = math.log(2.0)
-
-
-class LoggingArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    freq: int = Field(10, ge=1, description="log every `freq` optimizer steps")
-    console: bool = True
-    peak_tflops: float | None = Field(
-        None,
-        gt=0,
-        description="per-device peak for MFU; default: known GPUs' dense bf16 peak, none on CPU",
-    )
-    wandb: WandbArgs | None = Field(None, description="wandb run (rank 0); unset: no wandb")
 
 
 def setup_logging(dump_dir: str | None, rank: int) -> None:

@@ -13,64 +13,12 @@ from __future__ import annotations
 import fnmatch
 import math
 from functools import partial
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch.optim.lr_scheduler import LambdaLR
 
 from bytelatent.errors import ConfigError
-
-
-class ParamGroupArgs(BaseModel):
-    """One AdamW parameter group: `params` is a glob over parameter names (fnmatch, `*` crosses dots)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    params: str
-    lr_scale: float = Field(1.0, ge=0.0)
-    weight_decay: float | None = Field(None, ge=0.0, description="None: optim.weight_decay")
-    freeze_until_step: int = Field(0, ge=0, description="no updates in optimizer steps 1..N")
-
-
-class OptimArgs(BaseModel):
-    """Optimizer and schedule. Field names follow the reference BLT/lingua `OptimArgs`."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    lr: float = 3e-4
-    weight_decay: float = 0.1
-    epsilon: float = 1e-8
-    beta1: float = 0.9
-    beta2: float = 0.95
-    clip: float = 1.0  # max global grad norm, applied once per optimizer step; <= 0 disables
-    scheduler: Literal["constant", "linear", "inv_sqrt", "cosine", "wsd"] = "cosine"
-    warmup: int = 2000
-    lr_min_ratio: float = 0.1
-    cycle_length: float = 1.0  # cosine / wsd: cycle length as a fraction of `steps`
-    cosine_theta: float = 1.0
-    decay_fraction: float = 0.1  # wsd: fraction of each cycle spent decaying
-    exp_factor: float = 0.5  # inv_sqrt exponent
-    # None: fused AdamW on CUDA and CPU (the CPU kernel is several times faster than foreach:
-    # bench/RESULTS_blt_cpu.md); False: foreach
-    fused: bool | None = None
-    # Non-finite guard: stop after this many consecutive skipped updates (0: never stop, only skip).
-    max_skipped_steps: int = Field(5, ge=0)
-    groups: list[ParamGroupArgs] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _check(self) -> OptimArgs:
-        if self.lr <= 0:
-            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
-        if self.warmup < 0:
-            raise ValueError(f"optim.warmup must be >= 0, got {self.warmup}")
-        if not 0.0 <= self.lr_min_ratio <= 1.0:
-            raise ValueError(f"optim.lr_min_ratio must be in [0, 1], got {self.lr_min_ratio}")
-        if self.cycle_length <= 0:
-            raise ValueError(f"optim.cycle_length must be > 0, got {self.cycle_length}")
-        if not 0.0 < self.decay_fraction <= 1.0:
-            raise ValueError(f"optim.decay_fraction must be in (0, 1], got {self.decay_fraction}")
-        return self
+from bytelatent.trainer.args import OptimArgs, ParamGroupArgs
 
 
 def _warmup(step: int, warmup: int) -> float | None:
@@ -99,7 +47,9 @@ def lr_inv_sqrt(step: int, warmup: int, exp_factor: float, min_ratio: float) -> 
     return max((max(warmup, 1) ** exp_factor) / (max(step, 1) ** exp_factor), min_ratio)
 
 
-def lr_cosine(step: int, warmup: int, n_steps: int, cycle: float, theta: float, min_ratio: float) -> float:
+def lr_cosine(
+    step: int, warmup: int, n_steps: int, cycle: float, theta: float, min_ratio: float
+) -> float:
     w = _warmup(step, warmup)
     if w is not None:
         return w
@@ -113,7 +63,9 @@ def lr_cosine(step: int, warmup: int, n_steps: int, cycle: float, theta: float, 
     return min_ratio + 0.5 * (1 - min_ratio) * (sign * math.cos(math.pi * s**theta / cycle) + 1)
 
 
-def lr_wsd(step: int, warmup: int, n_steps: int, cycle: float, decay_fraction: float, min_ratio: float) -> float:
+def lr_wsd(
+    step: int, warmup: int, n_steps: int, cycle: float, decay_fraction: float, min_ratio: float
+) -> float:
     """Warmup-stable-decay: flat at 1, then decays to min_ratio over the last `decay_fraction` of each cycle."""
     w = _warmup(step, warmup)
     if w is not None:
@@ -139,7 +91,9 @@ def lr_factor_fn(args: OptimArgs, n_steps: int):
     elif name == "linear":
         fn = partial(lr_linear, warmup=args.warmup, n_steps=n_steps, min_ratio=args.lr_min_ratio)
     elif name == "inv_sqrt":
-        fn = partial(lr_inv_sqrt, warmup=args.warmup, exp_factor=args.exp_factor, min_ratio=args.lr_min_ratio)
+        fn = partial(
+            lr_inv_sqrt, warmup=args.warmup, exp_factor=args.exp_factor, min_ratio=args.lr_min_ratio
+        )
     elif name == "cosine":
         fn = partial(
             lr_cosine,

@@ -17,23 +17,12 @@ import logging
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+
+from bytelatent.trainer.args import ProfilerArgs
 
 logger = logging.getLogger("bytelatent")
 
 MEMORY_HISTORY_ENTRIES = 100_000
-
-
-class ProfilerArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    run: bool = False
-    start_step: int = Field(
-        3, ge=2, description="first profiled step, counted in this process (step 1 is warm-up)"
-    )
-    active_steps: int = Field(2, ge=1, description="number of steps in the trace")
-    memory: bool = Field(False, description="record allocations (and a CUDA memory snapshot)")
-    trace_folder: str = Field("profiling", description="under dump_dir")
 
 
 class Profiler:

@@ -14,7 +14,8 @@ import torch
 
 import apps.preprocess_entropies as prep
 from bytelatent.data.entropy import entropy
-from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
+from bytelatent.model.args import LMTransformerArgs
+from bytelatent.model.transformer import LMTransformer
 from bytelatent.tokenizers.blt import BltTokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -137,9 +138,7 @@ def test_resume_skips_complete_shards(setup: dict) -> None:
     assert counts["written"] == 2
 
 
-def test_interrupted_write_leaves_no_marker(
-    setup: dict, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_interrupted_write_leaves_no_marker(setup: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = {"n": 0}
     real = prep.document_entropies
 
@@ -165,15 +164,11 @@ def test_interrupted_write_leaves_no_marker(
 
 
 def test_ranks_split_inputs(setup: dict) -> None:
-    counts = prep.run(
-        prep.parse_args([*setup["argv"], "--rank", "1", "--world-size", "2"])
-    )
+    counts = prep.run(prep.parse_args([*setup["argv"], "--rank", "1", "--world-size", "2"]))
     assert counts["written"] == 1
     first, second = setup["shards"]
     assert second.exists() and not first.exists()
-    counts = prep.run(
-        prep.parse_args([*setup["argv"], "--rank", "0", "--world-size", "2"])
-    )
+    counts = prep.run(prep.parse_args([*setup["argv"], "--rank", "0", "--world-size", "2"]))
     assert counts["written"] == 1 and first.exists()
 
 

@@ -17,10 +17,13 @@ import torch
 import torch.nn.functional as F
 
 from bytelatent.checkpoint.hf_llama import load_hf_llama
-from bytelatent.distributed import DistributedArgs, build_mesh, cleanup_and_exit, setup_distributed
+from bytelatent.distributed.args import DistributedArgs
+from bytelatent.distributed.env import cleanup_and_exit, setup_distributed
+from bytelatent.distributed.mesh import build_mesh
 from bytelatent.distributed.parallelize import init_model_weights, parallelize_model
 from bytelatent.model.blt import ByteLatentTransformer
-from bytelatent.trainer.optim import OptimArgs, build_optimizer
+from bytelatent.trainer.args import OptimArgs
+from bytelatent.trainer.optim import build_optimizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_hf_llama import blt_args  # noqa: E402

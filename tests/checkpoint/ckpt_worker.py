@@ -23,7 +23,8 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
 )
 
-from bytelatent.checkpoint.manager import CheckpointArgs, CheckpointManager
+from bytelatent.checkpoint.args import CheckpointArgs
+from bytelatent.checkpoint.manager import CheckpointManager
 
 DIM, VOCAB, GLOBAL_BATCH = 16, 32, 4
 
@@ -71,9 +72,7 @@ def build(
                 fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
     # foreach=False: TP mixes DTensor and plain parameters, which foreach kernels reject.
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=1e-2, weight_decay=0.1, foreach=not tp
-    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, foreach=not tp)
     return model, optimizer
 
 
@@ -90,9 +89,7 @@ def train_step(
     tokens = torch.randint(0, VOCAB, (GLOBAL_BATCH, 8), generator=g)
     local = tokens.chunk(world)[rank]
     logits = model(local[:, :-1])
-    loss = nn.functional.cross_entropy(
-        logits.reshape(-1, VOCAB), local[:, 1:].reshape(-1)
-    )
+    loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), local[:, 1:].reshape(-1))
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
@@ -105,9 +102,7 @@ def touch(path: str) -> None:
 
 def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return {
-        k: v.clone() for k, v in get_model_state_dict(model, options=options).items()
-    }
+    return {k: v.clone() for k, v in get_model_state_dict(model, options=options).items()}
 
 
 def assert_equal(got: dict, want: dict, atol: float, what: str) -> None:
@@ -168,9 +163,7 @@ def scenario_load(args: argparse.Namespace, rank: int, world: int) -> None:
     assert_equal(full_weights(model), expected["step2"], 0.0, "weights after load")
     train_step(model, optimizer, 3, dp_rank, dp_size)
     # Different world sizes reduce gradients in a different order: allow float rounding only.
-    assert_equal(
-        full_weights(model), expected["step3"], 1e-6, "weights one step after load"
-    )
+    assert_equal(full_weights(model), expected["step3"], 1e-6, "weights one step after load")
     if args.init_from:
         fresh, _ = build(world, seed=321, tp=args.tp)
         report = manager.load_init(fresh, args.init_from)
@@ -192,9 +185,7 @@ def scenario_kill(args: argparse.Namespace, rank: int, world: int) -> None:
     from bytelatent.checkpoint import manager as manager_module
 
     model, optimizer = build(world, dim=args.dim)
-    manager = CheckpointManager(
-        CheckpointArgs(path=args.ckpt_path), dp_rank=rank, dp_size=world
-    )
+    manager = CheckpointManager(CheckpointArgs(path=args.ckpt_path), dp_rank=rank, dp_size=world)
     train_step(model, optimizer, 1, rank, world)
     manager.save(1, model, optimizer, {"step": 1}, kind="dump")
     torch.save(full_weights(model), os.path.join(args.out_dir, "step1.pt"))
@@ -205,9 +196,7 @@ def scenario_kill(args: argparse.Namespace, rank: int, world: int) -> None:
         time.sleep(600)
 
     if args.kill_at == "before_marker":
-        manager_module.CheckpointManager._write_marker = (
-            hang  # DCP data and .metadata are written
-        )
+        manager_module.CheckpointManager._write_marker = hang  # DCP data and .metadata are written
     elif args.kill_at == "before_metadata":
         writer_cls = manager_module.ManifestWriter  # the writer the manager saves with
         original = writer_cls.finish
@@ -218,9 +207,7 @@ def scenario_kill(args: argparse.Namespace, rank: int, world: int) -> None:
 
         writer_cls.finish = finish_then_hang  # data files are written, .metadata is not
     else:
-        touch(
-            os.path.join(args.out_dir, "ready")
-        )  # the test kills us at a random point
+        touch(os.path.join(args.out_dir, "ready"))  # the test kills us at a random point
     manager.save(2, model, optimizer, {"step": 2}, kind="dump")
     touch(os.path.join(args.out_dir, "saved2"))
 
@@ -234,9 +221,7 @@ def main() -> int:
     parser.add_argument("ckpt_path")
     parser.add_argument("out_dir")
     parser.add_argument("--async", dest="async_save", action="store_true")
-    parser.add_argument(
-        "--tp", action="store_true", help="tensor parallel instead of FSDP"
-    )
+    parser.add_argument("--tp", action="store_true", help="tensor parallel instead of FSDP")
     parser.add_argument("--init-from", default=None)
     parser.add_argument("--kill-at", default="random")
     parser.add_argument("--dim", type=int, default=DIM)

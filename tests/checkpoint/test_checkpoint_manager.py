@@ -10,13 +10,9 @@ import pytest
 import torch
 from ckpt_worker import TinyNet, build, full_weights, train_step
 
+from bytelatent.checkpoint.args import CheckpointArgs, SaveEvery
 from bytelatent.checkpoint.consolidate import consolidate
-from bytelatent.checkpoint.manager import (
-    MARKER_FILE,
-    CheckpointArgs,
-    CheckpointManager,
-    SaveEvery,
-)
+from bytelatent.checkpoint.manager import MARKER_FILE, CheckpointManager
 from bytelatent.errors import CheckpointError, ConfigError
 
 
@@ -35,12 +31,7 @@ def make_manager(tmp_path, **kwargs) -> CheckpointManager:
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [
-        t.clone()
-        for s in optimizer.state.values()
-        for t in s.values()
-        if torch.is_tensor(t)
-    ]
+    return [t.clone() for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
 
 
 def test_args_defaults_and_forbid_extra():
@@ -51,9 +42,7 @@ def test_args_defaults_and_forbid_extra():
         1000,
         0,
     )
-    assert (
-        args.path is None and args.async_save is False and args.init_ckpt_strict is True
-    )
+    assert args.path is None and args.async_save is False and args.init_ckpt_strict is True
     with pytest.raises(ValueError):
         CheckpointArgs(dumpp=SaveEvery())
     with pytest.raises(ValueError):
@@ -83,9 +72,7 @@ def test_round_trip_is_bitwise(tmp_path):
     )
     assert read_json(os.path.join(folder, "params.json")) == {"model": {"dim": 16}}
     marker = read_json(os.path.join(folder, MARKER_FILE))
-    assert (
-        marker["step"] == 3 and marker["kinds"] == ["dump"] and marker["dp_size"] == 1
-    )
+    assert marker["step"] == 3 and marker["kinds"] == ["dump"] and marker["dp_size"] == 1
     saved_optim = optimizer_state(optimizer)
     train_step(model, optimizer, 4, 0, 1)
     expected = full_weights(model)
@@ -200,18 +187,14 @@ def test_load_errors_are_one_line(tmp_path):
 
 def test_unwritable_path_is_a_checkpoint_error(tmp_path):
     write(str(tmp_path / "file"), "not a folder")
-    manager = CheckpointManager(
-        CheckpointArgs(path=str(tmp_path / "file" / "checkpoints"))
-    )
+    manager = CheckpointManager(CheckpointArgs(path=str(tmp_path / "file" / "checkpoints")))
     with pytest.raises(CheckpointError, match="cannot write"):
         manager.save(1, TinyNet(), None, {"step": 1})
 
 
 def test_load_path_and_dp_size_change_flag(tmp_path):
     model, optimizer = build(1)
-    manager = CheckpointManager(
-        CheckpointArgs(path=str(tmp_path / "ck")), dp_rank=0, dp_size=1
-    )
+    manager = CheckpointManager(CheckpointArgs(path=str(tmp_path / "ck")), dp_rank=0, dp_size=1)
     manager.save(1, model, optimizer, {"step": 1})
     manager.save(2, model, optimizer, {"step": 2})
     # Explicit load_path wins over the newest folder.
@@ -221,14 +204,10 @@ def test_load_path_and_dp_size_change_flag(tmp_path):
     assert pinned.load(*build(1)) == {"step": 1}
     assert pinned.last_load.step == 1 and not pinned.last_load.dp_size_changed
     # Rank 3 of 4 reading a 1-rank checkpoint: gets rank 0's state and the flag.
-    other = CheckpointManager(
-        CheckpointArgs(path=str(tmp_path / "ck")), dp_rank=3, dp_size=4
-    )
+    other = CheckpointManager(CheckpointArgs(path=str(tmp_path / "ck")), dp_rank=3, dp_size=4)
     assert other.load(*build(1)) == {"step": 2}
     info = other.last_load
-    assert (
-        info.dp_size_changed and info.saved_dp_size == 1 and info.train_state_rank == 0
-    )
+    assert info.dp_size_changed and info.saved_dp_size == 1 and info.train_state_rank == 0
 
 
 def test_resume_path_order(tmp_path):

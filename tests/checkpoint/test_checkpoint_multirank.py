@@ -13,8 +13,9 @@ import torch
 from ckpt_launch import start_ranks
 from ckpt_worker import build, full_weights
 
+from bytelatent.checkpoint.args import CheckpointArgs
 from bytelatent.checkpoint.consolidate import consolidate
-from bytelatent.checkpoint.manager import MARKER_FILE, CheckpointArgs, CheckpointManager
+from bytelatent.checkpoint.manager import MARKER_FILE, CheckpointManager
 
 pytestmark = pytest.mark.slow
 
@@ -57,9 +58,7 @@ def test_fsdp_two_ranks_to_one_and_back(tmp_path, run_ranks):
     ckpt1, out1 = str(tmp_path / "ck1"), str(tmp_path / "out1")
     os.makedirs(out1)
     run_ranks(1, "save", ckpt1, out1)
-    released1 = consolidate(
-        os.path.join(ckpt1, "0000000002"), str(tmp_path / "released1")
-    )
+    released1 = consolidate(os.path.join(ckpt1, "0000000002"), str(tmp_path / "released1"))
     run_ranks(2, "load", ckpt1, out1, "--init-from", released1)
     result = read_json(os.path.join(out1, "load_world2.json"))
     assert result["dp_size_changed"] and result["saved_dp_size"] == 1
@@ -91,18 +90,12 @@ def kill_during_save(tmp_path, kill_at: str, dim: int = 16) -> tuple[str, str]:
     while not os.path.exists(ready):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            pytest.fail(
-                f"kill worker never reached {kill_at}: {proc.communicate()[0][-3000:]}"
-            )
+            pytest.fail(f"kill worker never reached {kill_at}: {proc.communicate()[0][-3000:]}")
         time.sleep(0.01)
     if kill_at == "random":
         # Kill as soon as the step-2 folder appears: somewhere inside the save.
         step2 = os.path.join(ckpt, "0000000002")
-        while (
-            not os.path.exists(step2)
-            and proc.poll() is None
-            and time.monotonic() < deadline
-        ):
+        while not os.path.exists(step2) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.002)
     os.kill(proc.pid, signal.SIGKILL)
     try:
@@ -122,9 +115,7 @@ def test_kill_during_save_keeps_previous_checkpoint(tmp_path, kill_at):
     completed = os.path.exists(os.path.join(step2, MARKER_FILE))
     if kill_at != "random":
         assert not completed
-        assert os.path.exists(os.path.join(step2, ".metadata")) == (
-            kill_at == "before_marker"
-        )
+        assert os.path.exists(os.path.join(step2, ".metadata")) == (kill_at == "before_marker")
     expected_folder = step2 if completed else step1
     assert manager.latest_complete() == expected_folder
     model, optimizer = build(1, seed=42, dim=dim)

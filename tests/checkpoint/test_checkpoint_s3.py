@@ -9,14 +9,10 @@ import pytest
 import torch
 from ckpt_worker import TinyNet, build, full_weights, train_step
 
+from bytelatent.checkpoint.args import CheckpointArgs, SaveEvery
 from bytelatent.checkpoint.consolidate import consolidate, load_consolidated_state_dict
 from bytelatent.checkpoint.fs import get_fs
-from bytelatent.checkpoint.manager import (
-    MARKER_FILE,
-    CheckpointArgs,
-    CheckpointManager,
-    SaveEvery,
-)
+from bytelatent.checkpoint.manager import MARKER_FILE, CheckpointManager
 
 pytestmark = pytest.mark.s3
 
@@ -73,9 +69,7 @@ def test_consolidate_and_warm_start_on_s3(s3_bucket, tmp_path):
     assert set(payload) == {"model", "optim"}
     for key, value in want.items():
         assert torch.equal(payload["model"][key], value), key
-    assert torch.equal(
-        load_consolidated_state_dict(out)["out.weight"], want["out.weight"]
-    )
+    assert torch.equal(load_consolidated_state_dict(out)["out.weight"], want["out.weight"])
 
     # s3 -> local consolidation, and warm starts from both formats on s3.
     local = consolidate(folder, str(tmp_path / "local"))

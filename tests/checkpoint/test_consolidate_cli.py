@@ -13,17 +13,16 @@ import torch
 from ckpt_worker import build, full_weights, train_step
 
 from bytelatent.checkpoint.__main__ import main
+from bytelatent.checkpoint.args import CheckpointArgs
 from bytelatent.checkpoint.consolidate import consolidate
-from bytelatent.checkpoint.manager import CheckpointArgs, CheckpointManager
+from bytelatent.checkpoint.manager import CheckpointManager
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])
-    )
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-m", "bytelatent.checkpoint", *args],
         env=env,
@@ -40,9 +39,7 @@ def saved_checkpoint(
     model, optimizer = build(1, seed=4)
     train_step(model, optimizer, 1, 0, 1)
     manager = CheckpointManager(CheckpointArgs(path=str(tmp_path / "ck")))
-    folder = manager.save(
-        1, model, optimizer, {"step": 1}, {"model": {"dim": 16}, "seed": 4}
-    )
+    folder = manager.save(1, model, optimizer, {"step": 1}, {"model": {"dim": 16}, "seed": 4})
     return folder, full_weights(model), optimizer
 
 
@@ -71,11 +68,7 @@ def test_consolidate_default_location_and_optimizer(tmp_path):
     exp_avg = payload["optim"]["state"]["out.weight"]["exp_avg"]
     out_param = dict(build(1)[0].named_parameters())["out.weight"]
     assert exp_avg.shape == out_param.shape
-    live = [
-        s["exp_avg"]
-        for s in optimizer.state.values()
-        if s["exp_avg"].shape == exp_avg.shape
-    ]
+    live = [s["exp_avg"] for s in optimizer.state.values() if s["exp_avg"].shape == exp_avg.shape]
     assert any(torch.equal(exp_avg, t) for t in live)
     assert torch.equal(payload["model"]["emb.weight"], want["emb.weight"])
 
@@ -92,11 +85,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     for path, message in cases.items():
         assert main(["consolidate", path]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert (
-            len(err) == 1
-            and err[0].startswith("checkpoint error: ")
-            and message in err[0]
-        ), err
+        assert len(err) == 1 and err[0].startswith("checkpoint error: ") and message in err[0], err
     assert main(["consolidate", folder, "--with-optim"]) == 0
     payload = torch.load(os.path.join(folder, "consolidated", "consolidated.pth"))
     assert set(payload) == {"model", "optim"}

@@ -10,9 +10,9 @@ import torch
 
 from bytelatent.checkpoint.hf_llama import check_hf_llama, load_hf_llama
 from bytelatent.errors import CheckpointError
+from bytelatent.model.args import RopeScalingArgs
 from bytelatent.model.blt import ByteLatentTransformer, ByteLatentTransformerArgs
 from bytelatent.model.layers import precompute_freqs_cis
-from bytelatent.model.rope_scaling import RopeScalingArgs
 from tests.extras import lazy_extra
 
 transformers = lazy_extra("transformers", reason="pip install 'bytelatent[hf]'")

@@ -17,7 +17,8 @@ from bytelatent.data.entropy import (
     entropy,
 )
 from bytelatent.errors import CheckpointError
-from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
+from bytelatent.model.args import LMTransformerArgs
+from bytelatent.model.transformer import LMTransformer
 from tests.paths import CONFORMANCE, require_conformance
 
 
@@ -76,9 +77,7 @@ def test_document_entropies_ragged() -> None:
     assert document_entropies([[]], model, batch_size=1)[0].numel() == 0
 
 
-def write_released_layout(
-    model: LMTransformer, directory: Path, subdir: bool = False
-) -> None:
+def write_released_layout(model: LMTransformer, directory: Path, subdir: bool = False) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     params = {
         "name": "tiny",
@@ -114,9 +113,7 @@ def test_load_conformance_entropy_model() -> None:
     model = load_entropy_model(str(CONFORMANCE / "entropy_model"), device="cpu")
     cases = torch.load(CONFORMANCE / "cases.pt", weights_only=True)
     rows = [torch.tensor(case["input_ids"]) for case in cases]
-    for case, values in zip(
-        cases, document_entropies(rows, model, batch_size=3), strict=True
-    ):
+    for case, values in zip(cases, document_entropies(rows, model, batch_size=3), strict=True):
         assert torch.allclose(values, torch.tensor(case["entropies"]), atol=1e-5)
 
 
@@ -143,9 +140,7 @@ def test_window_longer_than_model_is_rejected() -> None:
     from bytelatent.errors import ConfigError
 
     with pytest.raises(ConfigError, match="exceeds the entropy model's max_seqlen=16"):
-        calculate_entropies(
-            torch.ones((1, 4), dtype=torch.long), tiny_model(), 1, None, 32
-        )
+        calculate_entropies(torch.ones((1, 4), dtype=torch.long), tiny_model(), 1, None, 32)
 
 
 def test_reference_params_are_mapped(tmp_path: Path) -> None:

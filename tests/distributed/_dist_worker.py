@@ -16,16 +16,10 @@ import torch.distributed as dist
 from _parity import full_params, setup_model, train
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-from bytelatent.distributed import (
-    DistributedArgs,
-    build_mesh,
-    cleanup_and_exit,
-    clip_grad_norm_,
-    dp_group,
-    dp_rank_and_size,
-    setup_distributed,
-    tp_rank_and_size,
-)
+from bytelatent.distributed.args import DistributedArgs
+from bytelatent.distributed.clip import clip_grad_norm_
+from bytelatent.distributed.env import cleanup_and_exit, setup_distributed
+from bytelatent.distributed.mesh import build_mesh, dp_group, dp_rank_and_size, tp_rank_and_size
 
 # name -> (model kind, DistributedArgs overrides, options)
 GROUPS = {
@@ -61,9 +55,7 @@ def run_scenario(kind: str, overrides: dict, options: dict) -> tuple[dict, dict]
     dp_rank, dp_size = dp_rank_and_size(mesh)
     result = train(model, kind, dp_rank, dp_size, grad_acc=options.get("grad_acc", 1))
     count = torch.ones(())
-    dist.all_reduce(
-        count, group=dp_group(mesh)
-    )  # the dp group spans exactly dp_size ranks
+    dist.all_reduce(count, group=dp_group(mesh))  # the dp group spans exactly dp_size ranks
     assert count.item() == dp_size, (count.item(), dp_size)
     ranks: list = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, [dp_rank, dp_size, *tp_rank_and_size(mesh)])

@@ -10,17 +10,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from bytelatent.distributed import (
-    DistributedArgs,
-    clip_grad_norm_,
+from bytelatent.distributed.args import DistributedArgs
+from bytelatent.distributed.clip import clip_grad_norm_
+from bytelatent.distributed.parallelize import (
+    apply_fsdp,
     init_model_weights,
     parallelize_model,
     set_gradient_sync,
 )
-from bytelatent.distributed.parallelize import apply_fsdp
+from bytelatent.model.args import LMTransformerArgs
 from bytelatent.model.blt import ByteLatentTransformer
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
+from bytelatent.model.transformer import LMTransformer
 
 SEED = 1234
 STEPS = 5
@@ -52,9 +53,7 @@ BLT_ARGS = ByteLatentTransformerArgs(
     encoder_hash_byte_group_size=None,
 )
 # Fixed patches for the BLT batches: first patch 1 byte, rows sum to SEQ.
-PATCHES = torch.tensor(
-    [[1, 4, 4, 4, 3], [1, 5, 5, 5, 0], [1, 3, 6, 6, 0], [1, 15, 0, 0, 0]]
-)
+PATCHES = torch.tensor([[1, 4, 4, 4, 3], [1, 5, 5, 5, 0], [1, 3, 6, 6, 0], [1, 15, 0, 0, 0]])
 
 
 def build_model(kind: str) -> nn.Module:
@@ -79,9 +78,7 @@ def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def setup_model(
-    kind: str, mesh, args: DistributedArgs, force_2d: bool = False
-) -> nn.Module:
+def setup_model(kind: str, mesh, args: DistributedArgs, force_2d: bool = False) -> nn.Module:
     model = build_model(kind)
     if force_2d:  # HSDP on (dp_replicate, dp_shard) even when dp_replicate is 1
         apply_fsdp(model, mesh["dp_replicate", "dp_shard"], args)

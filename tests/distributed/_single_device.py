@@ -11,7 +11,7 @@ import sys
 from _parity import setup_model, train
 from torch.distributed.tensor import DTensor
 
-from bytelatent.distributed import DistributedArgs
+from bytelatent.distributed.args import DistributedArgs
 from bytelatent.distributed.env import setup_distributed
 from bytelatent.distributed.mesh import build_mesh
 

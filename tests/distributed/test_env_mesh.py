@@ -12,17 +12,21 @@ import pytest
 import torch
 
 from bytelatent.config import parse_args
-from bytelatent.distributed import (
-    DistributedArgs,
-    build_mesh,
+from bytelatent.distributed.args import DistributedArgs
+from bytelatent.distributed.env import (
     detect_env,
-    dp_rank_and_size,
-    resolve_layout,
     setup_distributed,
+    slurm_master_port,
+    slurm_tasks_on_node,
+)
+from bytelatent.distributed.mesh import (
+    MESH_DIMS,
+    build_mesh,
+    dp_rank_and_size,
+    dp_rank_from_coords,
+    resolve_layout,
     tp_rank_and_size,
 )
-from bytelatent.distributed.env import slurm_master_port, slurm_tasks_on_node
-from bytelatent.distributed.mesh import MESH_DIMS, dp_rank_from_coords
 from bytelatent.errors import ConfigError
 
 LAUNCH_VARS = (
@@ -103,10 +107,7 @@ def test_layout_product_must_match_world():
 
 
 def test_layout_fill_and_divisibility():
-    assert (
-        resolve_layout(DistributedArgs(dp_replicate=-1, dp_shard=2), 8).dp_replicate
-        == 4
-    )
+    assert resolve_layout(DistributedArgs(dp_replicate=-1, dp_shard=2), 8).dp_replicate == 4
     layout = resolve_layout(DistributedArgs(dp_shard=2, tp_size=-1), 8)
     assert (layout.dp_replicate, layout.dp_shard, layout.tp) == (1, 2, 4)
     with pytest.raises(ConfigError, match="WORLD_SIZE 6 is not divisible by .* = 4"):
@@ -142,9 +143,7 @@ class FakeMesh:
         return self.coordinate
 
 
-@pytest.mark.parametrize(
-    "shape", [(2, 2, 1), (2, 3, 1), (3, 2, 1), (2, 2, 2), (1, 2, 2)]
-)
+@pytest.mark.parametrize("shape", [(2, 2, 1), (2, 3, 1), (3, 2, 1), (2, 2, 2), (1, 2, 2)])
 def test_dp_ranks_are_a_permutation_and_shared_across_tp(shape: tuple[int, int, int]):
     rep, shard, tp = shape
     seen: dict[int, set[int]] = {}
@@ -162,9 +161,7 @@ def test_dp_ranks_are_a_permutation_and_shared_across_tp(shape: tuple[int, int, 
 
 def test_reference_dp_formula_would_collide():
     ours = {dp_rank_from_coords(r, s, 3) for r in range(2) for s in range(3)}
-    reference = {
-        r * 2 + s for r in range(2) for s in range(3)
-    }  # r_rep * size(dp_replicate)
+    reference = {r * 2 + s for r in range(2) for s in range(3)}  # r_rep * size(dp_replicate)
     assert ours == set(range(6))
     assert len(reference) < 6
 
@@ -237,7 +234,8 @@ def _fake_scontrol(bin_dir: Path) -> None:
 
 SLURM_CHILD = """
 import torch.distributed as dist
-from bytelatent.distributed import DistributedArgs, setup_distributed, cleanup_and_exit
+from bytelatent.distributed.args import DistributedArgs
+from bytelatent.distributed.env import setup_distributed, cleanup_and_exit
 env = setup_distributed(DistributedArgs())
 import os
 print(env.launcher, env.rank, env.world_size, dist.get_world_size(), os.environ["MASTER_ADDR"],
@@ -286,9 +284,7 @@ def test_slurm_tasks_on_node_reads_the_compressed_list():
 
 def test_setup_single_process_needs_no_process_group(clean_env: pytest.MonkeyPatch):
     # setup_distributed picks the multiprocessing start method; keep pytest's own untouched.
-    clean_env.setattr(
-        "bytelatent.distributed.env.mp.set_start_method", lambda method: None
-    )
+    clean_env.setattr("bytelatent.distributed.env.mp.set_start_method", lambda method: None)
     env = setup_distributed(DistributedArgs())
     assert env.launcher == "single"
     assert not torch.distributed.is_initialized()
@@ -296,7 +292,7 @@ def test_setup_single_process_needs_no_process_group(clean_env: pytest.MonkeyPat
 
 EXIT_CHILD = """
 import sys
-from bytelatent.distributed import cleanup_and_exit
+from bytelatent.distributed.env import cleanup_and_exit
 sys.stdout.write("unflushed-output")
 cleanup_and_exit(3)
 """

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from bytelatent.distributed import parallelize
-from bytelatent.distributed.env import DistributedArgs, _set_numerics, host_to_device
+from bytelatent.distributed.args import DistributedArgs
+from bytelatent.distributed.env import _set_numerics, host_to_device
 from bytelatent.errors import ConfigError
 from bytelatent.launch.async_eval import check_eval_devices
 from bytelatent.model import hashing
@@ -92,7 +93,9 @@ def test_deterministic_switch(monkeypatch):
 def test_peer_failures_are_told_apart_from_other_errors():
     from bytelatent.distributed.faults import describe_peer_failure, is_peer_failure
 
-    gloo = RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:5")
+    gloo = RuntimeError(
+        "[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:5"
+    )
     assert is_peer_failure(gloo)
     assert is_peer_failure(RuntimeError("Timed out waiting 3000ms for recv operation to complete"))
     assert not is_peer_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))

@@ -19,7 +19,7 @@ import pytest
 import torch
 from _parity import full_params, setup_model, train
 
-from bytelatent.distributed import DistributedArgs
+from bytelatent.distributed.args import DistributedArgs
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -57,9 +57,7 @@ def run_torchrun(nproc: int, group: str, out: Path) -> dict:
     try:
         log, _ = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        os.killpg(
-            proc.pid, signal.SIGKILL
-        )  # torchrun and its workers share this session
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers share this session
         log, _ = proc.communicate()
         pytest.fail(f"torchrun {group} timed out after {TIMEOUT_S}s:\n{log[-4000:]}")
     assert proc.returncode == 0, log[-4000:]
@@ -83,9 +81,7 @@ def reference() -> dict[str, tuple[dict, dict]]:
     return refs
 
 
-def check_parity(
-    result: dict, init_path: Path, ref: tuple[dict, dict], atol: float
-) -> None:
+def check_parity(result: dict, init_path: Path, ref: tuple[dict, dict], atol: float) -> None:
     assert "error" not in result, result.get("error")
     expected, expected_init = ref
     init = torch.load(init_path)
@@ -93,9 +89,7 @@ def check_parity(
     for name, value in expected_init.items():
         torch.testing.assert_close(init[name], value, rtol=0, atol=0, msg=name)
     np.testing.assert_allclose(result["losses"], expected["losses"], rtol=0, atol=atol)
-    np.testing.assert_allclose(
-        result["grad_norms"], expected["grad_norms"], rtol=atol * 10
-    )
+    np.testing.assert_allclose(result["grad_norms"], expected["grad_norms"], rtol=atol * 10)
 
 
 SCENARIOS = {
@@ -131,9 +125,7 @@ def test_bf16_params_fp32_reduce_close_to_fp32(two_ranks, reference):
     assert "error" not in result, result.get("error")
     expected = reference["lm"][0]["losses"]
     np.testing.assert_allclose(result["losses"], expected, rtol=0, atol=2e-2)
-    assert not np.allclose(
-        result["losses"], expected, rtol=0, atol=1e-6
-    )  # bf16 was used
+    assert not np.allclose(result["losses"], expected, rtol=0, atol=1e-6)  # bf16 was used
 
 
 @pytest.mark.slow

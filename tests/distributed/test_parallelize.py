@@ -15,20 +15,18 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy
 
-from bytelatent.distributed import (
-    DistributedArgs,
-    clip_grad_norm_,
-    forward_context,
-    init_model_weights,
-    parallelize_model,
-    set_gradient_sync,
-)
+from bytelatent.distributed.args import DistributedArgs
+from bytelatent.distributed.clip import clip_grad_norm_
 from bytelatent.distributed.parallelize import (
     _save_ops,
     _selective_policy,
     apply_activation_checkpointing,
     apply_compile,
     checkpoint_blocks,
+    forward_context,
+    init_model_weights,
+    parallelize_model,
+    set_gradient_sync,
     tp_parallelize_blocks,
 )
 from bytelatent.errors import ConfigError
@@ -81,9 +79,7 @@ def backward_matmuls(model: nn.Module) -> int:
 def test_activation_checkpointing_same_grads_same_names(kind: str, mode: str):
     plain = ready(kind)
     wrapped = ready(kind, activation_checkpointing=mode)
-    assert [n for n, _ in wrapped.named_parameters()] == [
-        n for n, _ in plain.named_parameters()
-    ]
+    assert [n for n, _ in wrapped.named_parameters()] == [n for n, _ in plain.named_parameters()]
     assert wrapped.state_dict().keys() == plain.state_dict().keys()
     loss_a, grads_a = loss_and_grads(plain, kind)
     loss_b, grads_b = loss_and_grads(wrapped, kind)
@@ -106,13 +102,8 @@ def test_checkpoint_modes_recompute_what_they_promise():
 
 
 def test_selective_policy_saves_matmuls_recomputes_elementwise():
-    assert (
-        _selective_policy(None, torch.ops.aten.mm.default) == CheckpointPolicy.MUST_SAVE
-    )
-    assert (
-        _selective_policy(None, torch.ops.aten.mul.Tensor)
-        == CheckpointPolicy.PREFER_RECOMPUTE
-    )
+    assert _selective_policy(None, torch.ops.aten.mm.default) == CheckpointPolicy.MUST_SAVE
+    assert _selective_policy(None, torch.ops.aten.mul.Tensor) == CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def test_selective_policy_saves_flex_and_xformers_attention(monkeypatch):
@@ -181,9 +172,7 @@ def test_checkpoint_blocks_cover_every_layer_stack():
     ]
     assert {id(b) for b in checkpoint_blocks(blt)} == {id(b) for b in expected}
     with pytest.raises(ConfigError, match="no `layers` blocks"):
-        parallelize_model(
-            nn.Linear(2, 2), None, DistributedArgs(activation_checkpointing="full")
-        )
+        parallelize_model(nn.Linear(2, 2), None, DistributedArgs(activation_checkpointing="full"))
 
 
 def test_compile_per_block_matches_eager():
@@ -192,9 +181,7 @@ def test_compile_per_block_matches_eager():
     eager = ready("lm")
     compiled = ready("lm", activation_checkpointing="selective")
     apply_compile(compiled, cache_size_limit=8, backend="aot_eager")
-    assert [n for n, _ in compiled.named_parameters()] == [
-        n for n, _ in eager.named_parameters()
-    ]
+    assert [n for n, _ in compiled.named_parameters()] == [n for n, _ in eager.named_parameters()]
     loss_a, grads_a = loss_and_grads(eager, "lm")
     loss_b, grads_b = loss_and_grads(compiled, "lm")
     torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-5)
@@ -212,9 +199,7 @@ def test_init_matches_plain_seeded_init_and_restores_rng():
     plain.to_empty(device="cpu")
     torch.manual_seed(0)
     plain.init_weights()
-    for (name, a), (_, b) in zip(
-        model.named_parameters(), plain.named_parameters(), strict=True
-    ):
+    for (name, a), (_, b) in zip(model.named_parameters(), plain.named_parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
     torch.testing.assert_close(
         model.rope_embeddings.freqs_cis, plain.rope_embeddings.freqs_cis, rtol=0, atol=0
@@ -230,9 +215,7 @@ def test_init_same_seed_same_weights_different_seed_differs():
     init_model_weights(c, 1)
     sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
-    assert not torch.equal(
-        sa["local_decoder.output.weight"], sc["local_decoder.output.weight"]
-    )
+    assert not torch.equal(sa["local_decoder.output.weight"], sc["local_decoder.output.weight"])
 
 
 def test_init_keeps_tied_weights_tied():
@@ -255,9 +238,7 @@ def test_init_on_meta_is_an_error():
 
 def test_float8_is_rejected_clearly():
     with pytest.raises(ConfigError, match="float8_recipe"):
-        parallelize_model(
-            build_model("lm"), None, DistributedArgs(float8_recipe="rowwise")
-        )
+        parallelize_model(build_model("lm"), None, DistributedArgs(float8_recipe="rowwise"))
 
 
 class FakeTPMesh:
@@ -291,9 +272,7 @@ def test_forward_context_autocasts_only_without_fsdp():
     bf16 = DistributedArgs(model_dtype="bf16")
     with forward_context(None, bf16, "cpu"):
         assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.bfloat16
-    assert isinstance(
-        forward_context(None, DistributedArgs(**FP32), "cpu"), contextlib.nullcontext
-    )
+    assert isinstance(forward_context(None, DistributedArgs(**FP32), "cpu"), contextlib.nullcontext)
     assert isinstance(forward_context(object(), bf16, "cpu"), contextlib.nullcontext)
 
 

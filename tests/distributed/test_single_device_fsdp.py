@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bytelatent.distributed import DistributedArgs
+from bytelatent.distributed.args import DistributedArgs
 from bytelatent.distributed.mesh import build_mesh
 
 HERE = Path(__file__).resolve().parent

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import torch
 
-from bytelatent.checkpoint.manager import CheckpointArgs, CheckpointManager
+from bytelatent.checkpoint.args import CheckpointArgs
+from bytelatent.checkpoint.manager import CheckpointManager
 from bytelatent.eval.args import AsyncLaunchArgs
 from bytelatent.launch.async_eval import AsyncEvalLauncher, results_file
 

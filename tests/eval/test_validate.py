@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 
 from bytelatent.args import TrainArgs
-from bytelatent.checkpoint.manager import CheckpointArgs, CheckpointManager
+from bytelatent.checkpoint.args import CheckpointArgs
+from bytelatent.checkpoint.manager import CheckpointManager
 from bytelatent.config import parse_args
-from bytelatent.distributed.env import DistributedArgs
+from bytelatent.distributed.args import DistributedArgs
 from bytelatent.errors import ConfigError, DataError
 from bytelatent.eval.args import EvalArgs
 from bytelatent.eval.tasks import EvalContext, known_tasks, register_task
@@ -67,12 +68,16 @@ def test_validation_files_that_are_training_data_are_refused(
     (root / "stdlib" / "stdlib.val.jsonl.arrow").write_bytes(b"")
     data = train_args.data.model_copy(update={"root_dir": str(root)})
     shards = [str(root / "stdlib" / n) for n in ("stdlib.chunk.00.jsonl", "stdlib.val.jsonl.arrow")]
-    monkeypatch.setattr(type(data), "files_of", lambda self, source: shards)  # as listed for training
+    monkeypatch.setattr(
+        type(data), "files_of", lambda self, source: shards
+    )  # as listed for training
     with pytest.raises(DataError, match="stdlib.val.jsonl.arrow"):
         resolve_validation_sources(EvalArgs(), data)
 
 
-def test_relative_validation_file_is_joined_onto_root_dir_once(train_args, corpus_root, monkeypatch):
+def test_relative_validation_file_is_joined_onto_root_dir_once(
+    train_args, corpus_root, monkeypatch
+):
     monkeypatch.chdir(corpus_root.parent)
     data = train_args.data.model_copy(update={"root_dir": corpus_root.name})
     args = EvalArgs(validation={"sources": ["stdlib/stdlib.val.jsonl"]})

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bytelatent.model.args import LMTransformerArgs
 from bytelatent.model.blt import ByteLatentTransformer
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
+from bytelatent.model.transformer import LMTransformer
 
 
 @pytest.fixture(autouse=True, scope="module")

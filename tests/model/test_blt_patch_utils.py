@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from bytelatent.errors import DataError
+from bytelatent.model.args import parse_pooling
 from bytelatent.model.attention import attend
 from bytelatent.model.cross_attention import CrossAttention
 from bytelatent.model.patch_utils import (
@@ -13,7 +14,6 @@ from bytelatent.model.patch_utils import (
     decoder_cross_attn_allowed,
     decoder_patch_ids_from_lengths,
     encoder_cross_attn_allowed,
-    parse_pooling,
     patch_ids_from_lengths,
     pool_patches,
 )

@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
+from bytelatent.model.args import LMTransformerArgs
+from bytelatent.model.transformer import LMTransformer
 from tests.paths import CONFORMANCE
 
 FIXTURES = CONFORMANCE

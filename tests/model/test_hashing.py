@@ -5,12 +5,8 @@ import torch
 from torch import nn
 
 from bytelatent.model import hashing
-from bytelatent.model.hashing import (
-    HASH_PRIMES,
-    byte_group_hash,
-    compute_hash_embeddings,
-    hash_table_specs,
-)
+from bytelatent.model.args import HASH_PRIMES
+from bytelatent.model.hashing import byte_group_hash, compute_hash_embeddings, hash_table_specs
 
 TOKENS = torch.tensor([[1, 76, 105, 120]])
 VOCAB = 500002

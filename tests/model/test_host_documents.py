@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from bytelatent.data.batch import Batch
 from bytelatent.model import attention, blt, local_models, transformer
+from bytelatent.model.args import LMTransformerArgs
 from bytelatent.model.attention import HostDocuments, document_lengths, self_attn_mask
 from bytelatent.model.blt import ByteLatentTransformer
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
@@ -23,7 +24,7 @@ from bytelatent.model.patch_utils import (
     host_patch_has_eos,
     patch_ids_from_lengths,
 )
-from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
+from bytelatent.model.transformer import LMTransformer
 from bytelatent.tokenizers.constants import BOE_ID
 from tests.generation.conftest import BLT_BASE, BLT_VARIANTS, build
 from tests.model.mask_helpers import FakeBias

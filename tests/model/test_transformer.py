@@ -5,13 +5,14 @@ import torch
 from pydantic import ValidationError
 
 from bytelatent.model import attention
+from bytelatent.model.args import LMTransformerArgs
 from bytelatent.model.layers import (
     FeedForward,
     RotaryEmbedding,
     apply_rotary_emb,
     precompute_freqs_cis,
 )
-from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
+from bytelatent.model.transformer import LMTransformer
 
 EOS = 2
 

@@ -14,7 +14,8 @@ SCRIPT = """
 import sys, time
 import torch
 import torch.distributed.checkpoint.state_dict_saver as saver
-from bytelatent.checkpoint.manager import CheckpointArgs, CheckpointManager
+from bytelatent.checkpoint.args import CheckpointArgs
+from bytelatent.checkpoint.manager import CheckpointManager
 
 real_save = saver.save
 def late_save(*args, **kwargs):  # the upload thread starts after async_save returned (busy host)

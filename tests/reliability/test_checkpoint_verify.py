@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from bytelatent.checkpoint.__main__ import main as checkpoint_cli
-from bytelatent.checkpoint.manager import CheckpointArgs, CheckpointManager
+from bytelatent.checkpoint.args import CheckpointArgs
+from bytelatent.checkpoint.manager import CheckpointManager
 from bytelatent.checkpoint.verify import MANIFEST_FILE, verify_step_folder
 from bytelatent.errors import CheckpointError
 

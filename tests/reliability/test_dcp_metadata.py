@@ -14,13 +14,15 @@ import torch
 
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.checkpoint.__main__ import main as checkpoint_cli
+from bytelatent.checkpoint.args import CheckpointArgs
 from bytelatent.checkpoint.consolidate import consolidate
 from bytelatent.checkpoint.dcp_io import load_metadata_bytes, read_metadata
-from bytelatent.checkpoint.manager import CheckpointArgs, CheckpointManager
+from bytelatent.checkpoint.manager import CheckpointManager
 from bytelatent.checkpoint.pretrained import load_any_checkpoint
 from bytelatent.checkpoint.verify import verify_step_folder, write_folder_manifest
 from bytelatent.errors import CheckpointError
-from bytelatent.model.transformer import LMTransformer, LMTransformerArgs
+from bytelatent.model.args import LMTransformerArgs
+from bytelatent.model.transformer import LMTransformer
 
 ARGS = {"dim": 32, "n_layers": 1, "n_heads": 2, "max_seqlen": 16}
 

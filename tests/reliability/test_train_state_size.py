@@ -8,7 +8,8 @@ import json
 
 import torch
 
-from bytelatent.checkpoint.manager import CheckpointArgs, CheckpointManager, train_state_name
+from bytelatent.checkpoint.args import CheckpointArgs
+from bytelatent.checkpoint.manager import CheckpointManager, train_state_name
 from bytelatent.data.args import DataArgs
 from bytelatent.data.elastic import build_train_data
 

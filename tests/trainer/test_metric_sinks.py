@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from bytelatent.trainer.metrics import ConsoleSink, JsonlSink, LoggingArgs, MetricLogger, Timings
+from bytelatent.trainer.args import LoggingArgs
+from bytelatent.trainer.metrics import ConsoleSink, JsonlSink, MetricLogger, Timings
 from bytelatent.trainer.wandb_sink import RUN_FILE, WandbArgs, WandbSink
 
 

@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from bytelatent.trainer.optim import OptimArgs, build_optimizer, lr_factor_fn
+from bytelatent.trainer.args import OptimArgs
+from bytelatent.trainer.optim import build_optimizer, lr_factor_fn
 
 
 def factors(scheduler: str, n_steps: int = 100, **kw) -> list[float]:
@@ -53,7 +54,9 @@ def test_bad_args_are_rejected():
 
 def test_build_optimizer_applies_schedule():
     model = torch.nn.Linear(4, 4)
-    opt, sched = build_optimizer(model, OptimArgs(lr=1.0, warmup=4, scheduler="constant"), 10, "cpu")
+    opt, sched = build_optimizer(
+        model, OptimArgs(lr=1.0, warmup=4, scheduler="constant"), 10, "cpu"
+    )
     seen = []
     for _ in range(5):
         seen.append(opt.param_groups[0]["lr"])

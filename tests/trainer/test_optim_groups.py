@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from bytelatent.errors import ConfigError
-from bytelatent.trainer.optim import OptimArgs, build_optimizer, group_label
+from bytelatent.trainer.args import OptimArgs
+from bytelatent.trainer.optim import build_optimizer, group_label
 
 
 class Tiny(nn.Module):

@@ -6,7 +6,8 @@ import json
 
 import torch
 
-from bytelatent.trainer.profiling import ProfilerArgs, build_profiler
+from bytelatent.trainer.args import ProfilerArgs
+from bytelatent.trainer.profiling import build_profiler
 
 
 def test_off_builds_nothing(tmp_path):

@@ -28,9 +28,10 @@ from bytelatent.errors import ConfigError
 from bytelatent.eval.generation.cache import CachedStack, to_device
 from bytelatent.eval.generation.lm import IncrementalLM
 from bytelatent.eval.generation.patching import OnlinePatcher
+from bytelatent.model.args import HASH_PRIMES
 from bytelatent.model.attention import AttnMask
 from bytelatent.model.blt import ByteLatentTransformer
-from bytelatent.model.hashing import HASH_PRIMES, compute_hash_embeddings, hash_table_specs
+from bytelatent.model.hashing import compute_hash_embeddings, hash_table_specs
 from bytelatent.model.patch_utils import (
     PatchCrossMask,
     build_cross_mask,
