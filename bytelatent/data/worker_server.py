@@ -43,6 +43,28 @@ def step_signals_blocked():
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+@contextlib.contextmanager
+def main_module_hidden():
+    """Meanwhile, a spawn or forkserver child does not re-run this process's `__main__`.
+
+    multiprocessing runs the parent's main module (`python -m bytelatent.train`: torch and the
+    whole trainer) in every such child, to find what it defines. The worker's code lives in an
+    importable module, so that import only cost each worker ~3 CPU-s and delayed the first batch
+    by seconds; hiding the main module's spec and file while the child starts skips it."""
+    main = sys.modules.get("__main__")
+    saved = {k: getattr(main, k) for k in ("__spec__", "__file__") if hasattr(main, k)}
+    for key in saved:
+        if key == "__spec__":
+            main.__spec__ = None
+        else:
+            delattr(main, key)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            setattr(main, key, value)
+
+
 def default_start_method() -> str:
     """forkserver (else spawn); fork only when the main module cannot be re-imported (stdin, REPL
     files that are gone), which spawn and forkserver need."""

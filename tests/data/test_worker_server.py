@@ -91,3 +91,27 @@ def test_the_fork_server_loads_torch_only_for_runs_that_patch(config, torch_load
         "    print(p.exitcode, 'libtorch' in maps)\n"
     )
     assert run_python(code).split() == ["0", str(torch_loaded)]
+
+
+def test_the_worker_does_not_rerun_the_trainers_main_module(tmp_path, corpus_root):
+    """multiprocessing re-runs the parent's `__main__` in a forkserver child; for the trainer that
+    was torch and the whole stack in every worker (~3 CPU-s, seconds before the first batch).
+    Here a main module that imports torch starts the loader of an entropy-model run (no
+    patching): its worker must not have libtorch mapped."""
+    script = tmp_path / "main_with_torch.py"
+    script.write_text(
+        "import torch  # like bytelatent.train's main module\n"
+        "from bytelatent.args import TrainArgs\n"
+        "from bytelatent.config import parse_args\n"
+        "if __name__ == '__main__':\n"
+        f"    args = parse_args(TrainArgs, ['config={ENTROPY_CONFIG}', 'data.root_dir={corpus_root}',\n"
+        f"                                  'dump_dir={tmp_path}', 'data.load_async=true'])\n"
+        "    loader = args.data.build_from_rank(0, 1)\n"
+        "    next(loader)\n"
+        "    maps = open(f'/proc/{loader.worker_pid}/maps').read()\n"
+        "    loader.close()\n"
+        "    print('libtorch' in maps)\n"
+    )
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["False"]

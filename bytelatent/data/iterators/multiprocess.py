@@ -47,6 +47,7 @@ from bytelatent.data.iterators.packing import PackingIteratorState
 from bytelatent.data.worker_server import (
     apply_environment,
     default_start_method,
+    main_module_hidden,
     step_signals_blocked,
     worker_context,
     worker_environment,
@@ -208,7 +209,9 @@ class MultiprocessIterator(StatefulIterator[Batch]):
                 daemon=True,
             )
             try:
-                process.start()  # fails if the job is being torn down (its forkserver got SIGTERM)
+                # fails if the job is being torn down (its forkserver got SIGTERM)
+                with main_module_hidden():
+                    process.start()
             except BaseException:
                 self._queue.close()
                 self._queue.cancel_join_thread()
