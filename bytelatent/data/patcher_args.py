@@ -1,8 +1,8 @@
 """How to patch (`PatcherArgs`, `PatchingMode`): configuration only, no torch.
 
-The data config (`DataArgs`) and the data-loader worker import this module; the patching itself
-(`Patcher(args)` in `bytelatent/data/patcher.py`, torch) is imported only where a pipeline
-patches, so a worker that does not patch (entropy-model runs) starts without torch.
+The data config (`DataArgs`) and the data-loader worker import this module. The rules run on numpy
+(`patch_rules.py`); `Patcher(args)` (`bytelatent/data/patcher.py`, torch) is imported only where
+patching needs torch (`needs_torch`: a model, or top-k), so most workers start without torch.
 """
 
 from __future__ import annotations
@@ -102,6 +102,18 @@ class PatcherArgs(BaseModel):
                 "set patching_device only"
             )
         return self
+
+    @property
+    def needs_torch(self) -> bool:
+        """Whether patching runs torch: a model (realtime entropies, bpe_patcher) or the top-k
+        entropy rule (threshold=None: torch.topk, as the reference). Otherwise the rules run on
+        numpy alone (patch_rules.py), in a data-loader worker that never imports torch."""
+        mode = self.patching_mode
+        return (
+            self.realtime_patching
+            or mode == PatchingMode.bpe_patcher
+            or (mode == PatchingMode.entropy and self.threshold is None)
+        )
 
     @property
     def model_device(self) -> str:

@@ -1,8 +1,8 @@
 """The data loader's process context, and starting its fork server before the trainer imports torch.
 
 A data-loader worker (data/iterators/multiprocess.py) is forked from multiprocessing's fork server,
-which preloads the worker module (torch-free) and, for a run that patches, the patcher and so
-torch (an entropy-model run's worker never imports torch). Started lazily at the first batch, that import
+which preloads the worker module (torch-free) and, for a run whose patching needs torch (a model
+or top-k: `PatcherArgs.needs_torch`), the patcher and so torch; other workers never import it. Started lazily at the first batch, that import
 (seconds) comes after the trainer's own and delays step 1; `start_early(argv)`, called by
 `python -m bytelatent.train` before it imports anything heavy, starts the server at once so that
 both imports run side by side. This module imports only the standard library and the config
@@ -23,9 +23,10 @@ import sys
 from multiprocessing import forkserver
 
 from bytelatent.config.parser import load_config_tree
+from bytelatent.data.patcher_args import PatcherArgs
 
 WORKER_MODULE = "bytelatent.data.iterators.multiprocess"  # torch-free
-PATCHER_MODULE = "bytelatent.data.patcher"  # torch: preloaded only for runs that patch
+PATCHER_MODULE = "bytelatent.data.patcher"  # torch: preloaded only for runs that patch with it
 # What `srun` delivers to every process of a step (preemption, the end of the job).
 STEP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 
@@ -107,12 +108,19 @@ def will_load_async(argv: list[str]) -> bool:
 
 
 def will_patch(data: dict) -> bool:
-    """Whether the data pipeline of this `data:` section computes patches (DataArgs' rule: unless
-    `add_patches` is false or the patching mode is `byte`); entropy-model runs do not. It only
-    decides what the fork server preloads: were it wrong, a worker would import the patcher
-    itself (or have it preloaded for nothing), with the same batches."""
+    """Whether the data pipeline of this `data:` section patches with torch (DataArgs' rule: it
+    patches unless `add_patches` is false or the mode is `byte`; with torch when
+    `PatcherArgs.needs_torch`: a model, or top-k). Entropy-model runs and the usual BLT runs
+    (space patching, or entropies read from the data) do not. It only decides what the fork
+    server preloads: were it wrong, a worker would import the patcher itself (or have it
+    preloaded for nothing), with the same batches."""
     patcher = data.get("patcher_args") if isinstance(data.get("patcher_args"), dict) else {}
-    return data.get("add_patches", True) is not False and patcher.get("patching_mode") != "byte"
+    if data.get("add_patches", True) is False or patcher.get("patching_mode") == "byte":
+        return False
+    try:
+        return PatcherArgs.model_validate(patcher).needs_torch
+    except ValueError:  # the real parse reports it
+        return False
 
 
 def start_early(argv: list[str]) -> bool:

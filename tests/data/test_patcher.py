@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from pydantic import ValidationError
 from torch import nn
 
-from bytelatent.data.patcher import (
-    Patcher,
-    PatcherArgs,
-    lengths_from_starts,
-    split_long_patches,
-)
+from bytelatent.data.patch_rules import lengths_from_starts, split_long_patches
+from bytelatent.data.patcher import Patcher, PatcherArgs
 from bytelatent.errors import ConfigError, DataError
 from tests.paths import CONFORMANCE, require_conformance
 
@@ -258,7 +255,7 @@ def test_max_patch_length_splitting() -> None:
     assert got == reference_split(plain, 4)
     assert max(got) == 4 and sum(got) == len(tokens)
     # rows of different lengths: zero padding stays at the end, widths are trimmed
-    lengths = torch.tensor([[1, 9, 2, 0, 0], [1, 1, 1, 1, 0], [3, 0, 0, 0, 0]])
+    lengths = np.array([[1, 9, 2, 0, 0], [1, 1, 1, 1, 0], [3, 0, 0, 0, 0]])
     split = split_long_patches(lengths, 4)
     assert split.tolist() == [[1, 4, 4, 1, 2], [1, 1, 1, 1, 0], [3, 0, 0, 0, 0]]
 
@@ -273,9 +270,9 @@ def test_max_patch_length_with_entropy_mode() -> None:
 
 
 def test_lengths_from_starts_pads_and_handles_empty() -> None:
-    starts = torch.tensor([[1, 1, 0, 1, 0], [1, 1, 0, 0, 0]], dtype=torch.bool)
+    starts = np.array([[1, 1, 0, 1, 0], [1, 1, 0, 0, 0]], dtype=bool)
     assert lengths_from_starts(starts).tolist() == [[1, 2, 2], [1, 4, 0]]
-    assert lengths_from_starts(torch.zeros((2, 0), dtype=torch.bool)).shape == (2, 0)
+    assert lengths_from_starts(np.zeros((2, 0), dtype=bool)).shape == (2, 0)
 
 
 def test_short_rows() -> None:

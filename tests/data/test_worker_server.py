@@ -48,13 +48,26 @@ def test_starting_early_imports_no_torch_and_starts_the_server():
 @pytest.mark.parametrize(
     ("data", "expected"),
     [
-        ({}, True),  # DataArgs' defaults: patches, entropy mode
-        ({"patcher_args": {"patching_mode": "space"}}, True),
+        ({}, False),  # DataArgs' defaults: entropy mode with a threshold, entropies from the data
+        ({"patcher_args": {"patching_mode": "space"}}, False),  # numpy rules (patch_rules.py)
+        ({"patcher_args": {"threshold": None}}, True),  # top-k: torch.topk
+        (
+            {
+                "patcher_args": {
+                    "patching_mode": "entropy",
+                    "realtime_patching": True,
+                    "entropy_model_checkpoint_dir": "m",
+                }
+            },
+            True,
+        ),  # a model
         ({"patcher_args": {"patching_mode": "byte"}}, False),
         ({"add_patches": False}, False),  # entropy-model configs
+        ({"patcher_args": {"patching_mode": "nope"}}, False),  # the real parse says it
     ],
 )
 def test_will_patch(data, expected):
+    """Whether the fork server preloads the patcher and torch: only when patching needs torch."""
     assert will_patch(data) is expected
 
 
@@ -76,15 +89,23 @@ def test_worker_and_trainer_imports_stay_lean():
     assert run_python(code).splitlines() == ["False", "[]", "False True"]
 
 
-@pytest.mark.parametrize(("config", "torch_loaded"), [(ENTROPY_CONFIG, False), (BLT_CONFIG, True)])
-def test_the_fork_server_loads_torch_only_for_runs_that_patch(config, torch_loaded):
+@pytest.mark.parametrize(
+    ("argv", "torch_loaded"),
+    [
+        ([f"config={ENTROPY_CONFIG}"], False),
+        ([f"config={BLT_CONFIG}"], False),  # space patching: numpy rules
+        ([f"config={BLT_CONFIG}", "data.patcher_args.patching_mode=entropy",
+          "data.patcher_args.threshold=null"], True),  # top-k entropy patching: torch
+    ],
+)  # fmt: skip
+def test_the_fork_server_loads_torch_only_for_runs_that_patch_with_it(argv, torch_loaded):
     """The real fork server of `start_early`, after it forked a worker: is libtorch mapped in it?"""
     code = (
         "import os\n"
         "from multiprocessing import forkserver\n"
         "from bytelatent.data.worker_server import start_early, worker_context\n"
         "if __name__ == '__main__':\n"
-        f"    assert start_early(['config={config}'])\n"
+        f"    assert start_early({argv!r})\n"
         "    p = worker_context('forkserver').Process(target=os.getpid)\n"
         "    p.start(); p.join()\n"
         "    maps = open(f'/proc/{forkserver._forkserver._forkserver_pid}/maps').read()\n"
@@ -93,18 +114,19 @@ def test_the_fork_server_loads_torch_only_for_runs_that_patch(config, torch_load
     assert run_python(code).split() == ["0", str(torch_loaded)]
 
 
-def test_the_worker_does_not_rerun_the_trainers_main_module(tmp_path, corpus_root):
+@pytest.mark.parametrize("config", [ENTROPY_CONFIG, BLT_CONFIG])
+def test_the_worker_does_not_rerun_the_trainers_main_module(tmp_path, corpus_root, config):
     """multiprocessing re-runs the parent's `__main__` in a forkserver child; for the trainer that
     was torch and the whole stack in every worker (~3 CPU-s, seconds before the first batch).
     Here a main module that imports torch starts the loader of an entropy-model run (no
-    patching): its worker must not have libtorch mapped."""
+    patching) and of the debug BLT (space patching, numpy): no worker has libtorch mapped."""
     script = tmp_path / "main_with_torch.py"
     script.write_text(
         "import torch  # like bytelatent.train's main module\n"
         "from bytelatent.args import TrainArgs\n"
         "from bytelatent.config import parse_args\n"
         "if __name__ == '__main__':\n"
-        f"    args = parse_args(TrainArgs, ['config={ENTROPY_CONFIG}', 'data.root_dir={corpus_root}',\n"
+        f"    args = parse_args(TrainArgs, ['config={config}', 'data.root_dir={corpus_root}',\n"
         f"                                  'dump_dir={tmp_path}', 'data.load_async=true'])\n"
         "    loader = args.data.build_from_rank(0, 1)\n"
         "    next(loader)\n"

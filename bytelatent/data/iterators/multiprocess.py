@@ -39,11 +39,12 @@ import weakref
 from typing import Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from bytelatent.data.batch import Batch
 from bytelatent.data.iterators.base import IteratorState, StatefulIterator
 from bytelatent.data.iterators.packing import PackingIteratorState
+from bytelatent.data.iterators.preprocess import PreprocessIteratorState
 from bytelatent.data.worker_server import (
     apply_environment,
     default_start_method,
@@ -129,6 +130,20 @@ def _decode(payload: tuple) -> Batch:
     )
 
 
+def _patches_with_torch(state: object) -> bool:
+    """Whether a document stage under this state patches with torch (`PatcherArgs.needs_torch`):
+    what a fork server started here preloads (a wrong guess only moves an import)."""
+    if isinstance(state, PreprocessIteratorState):
+        return state.patcher_args is not None and state.patcher_args.needs_torch
+    if isinstance(state, BaseModel):
+        return any(_patches_with_torch(value) for value in vars(state).values())
+    if isinstance(state, list | tuple):
+        return any(_patches_with_torch(value) for value in state)
+    if isinstance(state, dict):
+        return any(_patches_with_torch(value) for value in state.values())
+    return False
+
+
 def _put(q, item, stop) -> bool:
     """Put unless asked to stop or orphaned; False means: exit now."""
     parent = mp.parent_process()
@@ -198,7 +213,7 @@ class MultiprocessIterator(StatefulIterator[Batch]):
 
     def _start(self) -> None:
         with step_signals_blocked():  # see the module docstring
-            ctx = worker_context(self.start_method, patching=self._initial.args.mode == "patches")
+            ctx = worker_context(self.start_method, patching=_patches_with_torch(self._initial))
             self._queue = ctx.Queue(maxsize=self.prefetch_size)
             self._stop = ctx.Event()
             base_json = self._state_json or self._initial.model_dump_json()

@@ -1,4 +1,5 @@
-"""Tokenize documents and (optionally) patch each one with the Patcher.
+"""Tokenize documents and (optionally) patch each one: on numpy (patch_rules), or with the
+Patcher (torch) when patching needs a model or top-k (`PatcherArgs.needs_torch`).
 
 Patches are computed per document with `include_next_token=False`, so a document's patch lengths
 sum to its number of tokens. In entropy mode the entropies stored with the document (one per
@@ -21,6 +22,7 @@ from bytelatent.data.iterators.file import (
     FileIteratorState,
     LoopingIteratorState,
 )
+from bytelatent.data.patch_rules import patch_document
 from bytelatent.data.patcher_args import PatcherArgs, PatchingMode
 from bytelatent.errors import DataError
 from bytelatent.tokenizers.args import TokenizerArgs
@@ -65,10 +67,10 @@ class PreprocessIterator(StatefulIterator[TokenizedDocument]):
         self.skip_bad_records = state.skip_bad_records
         self.n_skipped = state.n_skipped
         self.tokenizer = state.tokenizer_args.build()
-        self.patcher: Patcher | None = None
-        if state.patcher_args is not None:
-            # Here, not at the top: the patcher computes with torch, which a data-loader worker
-            # that does not patch (entropy-model runs) never imports.
+        self.patcher: Patcher | None = None  # only when patching needs torch (a model, top-k)
+        if state.patcher_args is not None and state.patcher_args.needs_torch:
+            # Here, not at the top: the other rules run on numpy (patch_rules), and a data-loader
+            # worker that needs no torch never imports it.
             from bytelatent.data.patcher import Patcher  # noqa: PLC0415
 
             self.patcher = Patcher(state.patcher_args)
@@ -112,17 +114,21 @@ class PreprocessIterator(StatefulIterator[TokenizedDocument]):
         tokens = self.tokenizer.encode_array(doc.text, strict=True)
         if len(tokens) == 0:
             raise _NoTokens
-        if self.patcher is None:
+        args = self.patcher_args
+        if args is None:
             return TokenizedDocument(tokens=tokens, patch_lengths=None)
         entropies = None
-        if self.patcher.patching_mode == PatchingMode.entropy:
+        if args.patching_mode == PatchingMode.entropy:
             entropies = self._entropies(doc, len(tokens))
-        patch_lengths = self.patcher.patch_document(tokens, entropies)
+        if self.patcher is None:
+            patch_lengths = patch_document(args, tokens, entropies)
+        else:
+            patch_lengths = self.patcher.patch_document(tokens, entropies)
         return TokenizedDocument(tokens=tokens, patch_lengths=patch_lengths)
 
     def _entropies(self, doc: Document, n_tokens: int) -> np.ndarray | None:
         if doc.entropies is None:
-            if self.patcher.entropy_model is not None:
+            if self.patcher is not None and self.patcher.entropy_model is not None:
                 return None  # the patcher runs its entropy model
             raise DataError(
                 f"{doc.path}: row {doc.row}: no 'entropies' for patching_mode=entropy; run "

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import torch
 
-from bytelatent.data.patcher import (
-    Patcher,
-    PatcherArgs,
-    PatchingMode,
+from bytelatent.data.patch_rules import (
     bpe_delim_patch_starts,
     entropy_patch_starts,
     space_patch_starts,
 )
+from bytelatent.data.patcher import Patcher, PatcherArgs, PatchingMode
 from bytelatent.errors import ConfigError
 
 TAIL = 4  # tail positions handed to the patcher functions; position TAIL is the one decided
@@ -79,7 +77,7 @@ class OnlinePatcher:
             first = max(0, position - TAIL)
             local = position - first  # index of `position` in the tail row
             if mode == PatchingMode.entropy:
-                tail = entropies[first:position][None].float().cpu()
+                tail = entropies[first:position][None].detach().float().cpu().numpy()
                 start = bool(
                     entropy_patch_starts(
                         tail,
@@ -91,7 +89,7 @@ class OnlinePatcher:
                 )
             else:
                 rule = space_patch_starts if mode == PatchingMode.space else bpe_delim_patch_starts
-                tail = torch.as_tensor(tokens[first:position])[None].cpu()
+                tail = torch.as_tensor(tokens[first:position])[None].cpu().numpy()
                 start = bool(rule(tail, local + 1)[0, local])
         limit = self.args.max_patch_length
         if limit is not None and not start and position - last_start >= limit:
