@@ -85,6 +85,7 @@ def test_help_usage_config_errors_and_print_config_never_load_torch():
         ("bytelatent.train", ["config=configs/entropy_debug.yaml", "optim.lr=fast"], 2),
         ("bytelatent.print_config", ["config=configs/debug.yaml", "model.dim=64"], 0),
         ("bytelatent.print_config", ["--help", "model"], 0),
+        ("bytelatent.config.from_reference", ["--help"], 0),
     ]
     script = f"COMMANDS = {commands!r}\n{NO_TORCH_SCRIPT}"
     res = subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True,

@@ -22,9 +22,15 @@ from typing import Any
 import pydantic
 import yaml
 
+from bytelatent.args import TrainArgs  # torch-free, as every module here: `--help` needs no torch
 from bytelatent.config.parser import MISSING, load_yaml_file, validation_error_to_config_error
 from bytelatent.config.reference_format import CONVERTER
 from bytelatent.errors import ConfigError, UserError
+from bytelatent.model.reference_compat import (
+    REFERENCE_PATCHER_FIELDS,
+    blt_args_from_reference,
+    lm_args_from_reference,
+)
 
 # Reference TrainArgs schema (facebookresearch/blt bytelatent/args.py and the arg classes it
 # composes, BLT_REFERENCE_FACTS.md §2): section -> its fields. Leaves only; dict-valued fields
@@ -340,9 +346,6 @@ def _reason(entry: str) -> str:
 
 
 def _model(report: Report, out: dict, value: Any) -> None:
-    # here, not at the top: the converter's `--help` and file errors come without torch start-up
-    from bytelatent.model.reference_compat import REFERENCE_PATCHER_FIELDS, blt_args_from_reference
-
     if value is None:
         report.map("model", "model", None)
         out["model"] = None
@@ -382,8 +385,6 @@ def _model(report: Report, out: dict, value: Any) -> None:
 
 
 def _entropy_model(report: Report, out: dict, value: Any) -> None:
-    from bytelatent.model.reference_compat import lm_args_from_reference  # torch: see _model
-
     if value is None:
         report.map("entropy_model", "entropy_model", None)
         out["entropy_model"] = None
@@ -431,8 +432,6 @@ def _reconcile(tree: dict, report: Report) -> None:
 
 def _check_converted(tree: dict) -> None:
     """The output must validate as our TrainArgs once its ??? values are filled in."""
-    from bytelatent.args import TrainArgs  # torch: see _model
-
     def fill(node: Any) -> Any:
         if isinstance(node, dict):
             return {k: fill(v) for k, v in node.items()}
