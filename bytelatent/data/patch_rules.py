@@ -70,21 +70,26 @@ def _rule_starts(
     threshold = args.threshold if threshold is None else threshold
     if mode != PatchingMode.entropy or threshold is None:
         raise ValueError(f"patching_mode={mode.value}: its starts come from Patcher (torch)")
-    if scores is None:
+    check_entropies(tokens.shape, None if scores is None else scores.shape)
+    return entropy_patch_starts(
+        scores, length, threshold, threshold_add=args.threshold_add,
+        monotonicity=args.monotonicity,
+    )  # fmt: skip
+
+
+def check_entropies(tokens_shape: tuple, entropies_shape: tuple | None) -> None:
+    """Entropy mode needs one entropy per token (None: none were given, and no model runs)."""
+    if entropies_shape is None:
         raise ConfigError(
             "patching_mode=entropy without entropies: pass entropies (e.g. from "
             "apps.preprocess_entropies) or set realtime_patching=true with "
             "entropy_model_checkpoint_dir"
         )
-    if scores.shape != tokens.shape:
+    if tuple(entropies_shape) != tuple(tokens_shape):
         raise DataError(
-            f"entropies shape {tuple(scores.shape)} does not match tokens shape "
-            f"{tuple(tokens.shape)}"
+            f"entropies shape {tuple(entropies_shape)} does not match tokens shape "
+            f"{tuple(tokens_shape)}"
         )
-    return entropy_patch_starts(
-        scores, length, threshold, threshold_add=args.threshold_add,
-        monotonicity=args.monotonicity,
-    )  # fmt: skip
 
 
 def first_two_starts(batch: int, length: int) -> np.ndarray:

@@ -39,7 +39,7 @@ from bytelatent.data.entropy import (
     per_document_outputs,
     resolve_device,
 )
-from bytelatent.data.patch_rules import first_two_starts, patch_lengths
+from bytelatent.data.patch_rules import check_entropies, first_two_starts, patch_lengths
 from bytelatent.data.patcher_args import PatcherArgs, PatchingMode
 from bytelatent.errors import ConfigError, DataError
 from bytelatent.tokenizers.constants import BPE_ID
@@ -134,20 +134,12 @@ class Patcher:
         logits: torch.Tensor | None,
     ) -> torch.Tensor:
         if entropies is not None:
-            if tuple(entropies.shape) != tuple(tokens.shape):
-                raise DataError(
-                    f"entropies shape {tuple(entropies.shape)} does not match tokens shape "
-                    f"{tuple(tokens.shape)}"
-                )
+            check_entropies(tokens.shape, entropies.shape)
             return entropies.to(dtype=torch.float32)
         if logits is not None:
             return entropy(logits).to(tokens.device)
         if self.entropy_model is None:
-            raise ConfigError(
-                "patching_mode=entropy without entropies: pass entropies (e.g. from "
-                "apps.preprocess_entropies) or set realtime_patching=true with "
-                "entropy_model_checkpoint_dir"
-            )
+            check_entropies(tokens.shape, None)  # raises: no entropies, no model
         started = time.perf_counter()
         scores = calculate_entropies(tokens, self.entropy_model, self.args.patching_batch_size)
         if self.args.log_time:

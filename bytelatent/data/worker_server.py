@@ -2,11 +2,12 @@
 
 A data-loader worker (data/iterators/multiprocess.py) is forked from multiprocessing's fork server,
 which preloads the worker module (torch-free) and, for a run whose patching needs torch (a model
-or top-k: `PatcherArgs.needs_torch`), the patcher and so torch; other workers never import it. Started lazily at the first batch, that import
-(seconds) comes after the trainer's own and delays step 1; `start_early(argv)`, called by
-`python -m bytelatent.train` before it imports anything heavy, starts the server at once so that
-both imports run side by side. This module imports only the standard library and the config
-parser, so calling it costs nothing measurable.
+or top-k: `PatcherArgs.needs_torch`), the patcher and so torch; other workers never import it.
+Started lazily at the first batch, that import (seconds) comes after the trainer's own and
+delays step 1; `start_early(argv)`, called by `python -m bytelatent.train` before it imports
+anything heavy, starts the server at once so that both imports run side by side. This module
+imports only the standard library, the config parser and `PatcherArgs`, so calling it costs
+nothing measurable.
 
 A fork server started early has the environment of that moment, not the one the trainer sets up
 afterwards (`env:` keys, thread counts); workers therefore apply the trainer's environment as it
@@ -107,15 +108,14 @@ def will_load_async(argv: list[str]) -> bool:
     return _data_section(argv) is not None
 
 
-def will_patch(data: dict) -> bool:
-    """Whether the data pipeline of this `data:` section patches with torch (DataArgs' rule: it
-    patches unless `add_patches` is false or the mode is `byte`; with torch when
-    `PatcherArgs.needs_torch`: a model, or top-k). Entropy-model runs and the usual BLT runs
-    (space patching, or entropies read from the data) do not. It only decides what the fork
-    server preloads: were it wrong, a worker would import the patcher itself (or have it
-    preloaded for nothing), with the same batches."""
+def patches_with_torch(data: dict) -> bool:
+    """Whether the data pipeline of this `data:` section patches with torch: it patches unless
+    `add_patches` is false (DataArgs), with torch when `PatcherArgs.needs_torch` (a model, or
+    top-k). Entropy-model runs and the usual BLT runs (space patching, or entropies read from the
+    data) do not. It only decides what the fork server preloads: were it wrong, a worker would
+    import the patcher itself (or have it preloaded for nothing), with the same batches."""
     patcher = data.get("patcher_args") if isinstance(data.get("patcher_args"), dict) else {}
-    if data.get("add_patches", True) is False or patcher.get("patching_mode") == "byte":
+    if data.get("add_patches", True) is False:
         return False
     try:
         return PatcherArgs.model_validate(patcher).needs_torch
@@ -129,7 +129,7 @@ def start_early(argv: list[str]) -> bool:
     if default_start_method() != "forkserver" or data is None:
         return False
     with step_signals_blocked():
-        worker_context("forkserver", patching=will_patch(data))
+        worker_context("forkserver", patching=patches_with_torch(data))
         forkserver.ensure_running()
     return True
 

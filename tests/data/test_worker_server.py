@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from bytelatent.data.worker_server import will_load_async, will_patch
+from bytelatent.data.worker_server import patches_with_torch, will_load_async
 from tests.tiny import BLT_CONFIG, ENTROPY_CONFIG
 
 
@@ -66,9 +66,9 @@ def test_starting_early_imports_no_torch_and_starts_the_server():
         ({"patcher_args": {"patching_mode": "nope"}}, False),  # the real parse says it
     ],
 )
-def test_will_patch(data, expected):
+def test_patches_with_torch(data, expected):
     """Whether the fork server preloads the patcher and torch: only when patching needs torch."""
-    assert will_patch(data) is expected
+    assert patches_with_torch(data) is expected
 
 
 def test_worker_and_trainer_imports_stay_lean():
