@@ -13,11 +13,17 @@ import warnings
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from bytelatent.checkpoint import fs as cfs
-from bytelatent.checkpoint.dcp_io import DCP_ERRORS, METADATA_FILE, SafeFsspecReader, first_line
+from bytelatent.checkpoint.dcp_io import (
+    DCP_ERRORS,
+    METADATA_FILE,
+    SafeEmptyStateDictLoadPlanner,
+    SafeFsspecReader,
+    first_line,
+    refusal,
+)
 from bytelatent.checkpoint.verify import require_loadable
 from bytelatent.errors import CheckpointError
 from bytelatent.progress import Progress, ProgressMode
@@ -102,12 +108,15 @@ def load_dcp_state_dict(
             _load_state_dict(
                 state,
                 storage_reader=reader,
-                planner=_EmptyStateDictLoadPlanner(keys=keys),
+                planner=SafeEmptyStateDictLoadPlanner(keys=keys, where=str(path)),
                 no_dist=True,
             )
     except CheckpointError:
         raise
     except DCP_ERRORS as e:
+        cause = refusal(e)  # a refused byte item, inside DCP's wrapped error
+        if cause is not None:
+            raise cause from None
         raise CheckpointError(f"{path}: cannot read the checkpoint ({first_line(e)})") from None
     return state
 

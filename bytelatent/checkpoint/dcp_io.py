@@ -12,6 +12,14 @@ whose unpickler admits only what DCP metadata is made of:
 - inert containers (`collections.OrderedDict`, set, frozenset) and `pathlib` paths.
 
 Anything else is refused with one line naming the file (`CheckpointError`).
+
+The non-tensor items of a checkpoint (the optimizer's `param_groups`: lr, betas, flags, names)
+are stored by DCP as pickled bytes, which torch's `DefaultLoadPlanner.load_bytes` reads with
+`torch.load(weights_only=False)`: a pickle appended to a shard, with `.metadata` pointing an
+item at it, would run on resume. Our planners (`SafeLoadPlanner`,
+`SafeEmptyStateDictLoadPlanner`) read every byte item through torch's weights-only unpickler
+(plain containers, numbers, strings, tensors), and `SafeFsspecReader` refuses to read data for
+any other planner, so no byte of a checkpoint reaches the full unpickler.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import enum
 import io
 import pathlib
 import pickle
+import re
 import sys
 import warnings
 from collections.abc import Iterator
@@ -31,7 +40,12 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import (
+    DefaultLoadPlanner,
+    _EmptyStateDictLoadPlanner,
+)
 
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.errors import CheckpointError
@@ -104,8 +118,69 @@ def load_metadata_bytes(data: bytes, where: str) -> Any:
     return metadata
 
 
+_TAMPERED = "the file may have been tampered with; do not use this checkpoint"
+
+
+def _weights_only_reason(error: BaseException) -> str:
+    """The one informative line of torch's weights-only refusal (its message is a page)."""
+    text = " ".join(str(error).split())
+    found = re.search(r"WeightsUnpickler error: (.*?)(?: Please use| Check the|$)", text)
+    return found.group(1).strip() if found else f"{type(error).__name__}: {text[:200]}"
+
+
+def load_byte_item(value: io.BytesIO | bytes, where: str) -> Any:
+    """A DCP byte item through torch's weights-only unpickler; one CheckpointError line if refused."""
+    stream = io.BytesIO(value) if isinstance(value, bytes) else value
+    try:
+        with warnings.catch_warnings():  # "Detected pickle protocol 4": what DCP writes
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.load(stream, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # a global or opcode outside plain data
+        raise CheckpointError(
+            f"{where}: refusing to load a non-tensor item ({_weights_only_reason(e)}); {_TAMPERED}"
+        ) from None
+    except Exception as e:  # truncated or garbled
+        raise CheckpointError(f"{where}: not a readable item ({first_line(e)[:200]})") from None
+
+
+class _RestrictedBytes:
+    """Planner mixin: byte items through `load_byte_item`, never `torch.load(weights_only=False)`.
+
+    What DefaultLoadPlanner.load_bytes does with the loaded object, without its unpickling.
+    """
+
+    def __init__(self, *args: Any, where: str = "checkpoint", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.where = where
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        fqn = read_item.dest_index.fqn
+        item = load_byte_item(value, f"{self.where}: {fqn}")
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[fqn], item)
+        else:
+            self.state_dict[fqn] = item
+
+
+class SafeLoadPlanner(_RestrictedBytes, DefaultLoadPlanner):
+    """dcp.load's default planner, with byte items through the weights-only unpickler."""
+
+
+class SafeEmptyStateDictLoadPlanner(_RestrictedBytes, _EmptyStateDictLoadPlanner):
+    """The planner of a load into an empty state dict (consolidate), likewise restricted."""
+
+
 class SafeFsspecReader(FsspecReader):
-    """FsspecReader whose `.metadata` goes through the restricted unpickler."""
+    """FsspecReader whose `.metadata` goes through the restricted unpickler, and whose data only
+    goes to a planner that reads byte items restricted (see the module docstring)."""
+
+    def read_data(self, plan: Any, planner: Any) -> Any:
+        if not isinstance(planner, _RestrictedBytes):
+            raise CheckpointError(
+                f"{self.path}: internal error: a checkpoint read with {type(planner).__name__}, "
+                "which unpickles byte items unrestricted; use dcp_io.SafeLoadPlanner"
+            )
+        return super().read_data(plan, planner)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         rank = kwargs.get("rank")
@@ -131,15 +206,51 @@ def read_metadata(path: str, s3_profile: str | None = None) -> Any:
 
 def check_metadata(fs: Any, folder: str) -> str | None:
     """Why `folder/.metadata` must not be loaded (one line), or None if it is plain DCP metadata."""
+    return _folder_problem(fs, folder, byte_items=False)
+
+
+def check_byte_items(fs: Any, folder: str) -> str | None:
+    """Why a non-tensor item of `folder` must not be loaded (one line), or None.
+
+    Each byte item is read through the weights-only unpickler. Loading is restricted anyway
+    (`SafeLoadPlanner`); this makes `verify` fail a folder whose items were replaced, with its
+    manifests rewritten or without manifests. Items stored through a stream transform
+    (compression) are left to the load, which reads them restricted after the transform.
+    """
+    return _folder_problem(fs, folder, byte_items=True)
+
+
+def _folder_problem(fs: Any, folder: str, byte_items: bool) -> str | None:
     where = cfs.join(folder, METADATA_FILE)
     try:
         with fs.open(where, "rb") as f:
-            load_metadata_bytes(f.read(), where)
+            metadata = load_metadata_bytes(f.read(), where)
+        if byte_items:
+            _load_byte_items(fs, folder, metadata)
     except CheckpointError as e:
         return str(e)
     except OSError as e:
         return f"{where}: cannot read ({e})"
     return None
+
+
+def _load_byte_items(fs: Any, folder: str, metadata: Any) -> None:
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    byte_items = {
+        fqn for fqn, md in metadata.state_dict_metadata.items()
+        if isinstance(md, BytesStorageMetadata)
+    }  # fmt: skip
+    for index, info in (metadata.storage_data or {}).items():
+        if index.fqn not in byte_items or getattr(info, "transform_descriptors", None):
+            continue
+        where = f"{cfs.join(folder, info.relative_path)}: {index.fqn}"
+        with fs.open(cfs.join(folder, info.relative_path), "rb") as f:
+            f.seek(info.offset)
+            data = f.read(info.length)
+        if len(data) != info.length:
+            raise CheckpointError(f"{where}: truncated ({len(data)} of {info.length} bytes)")
+        load_byte_item(data, where)
 
 
 def dcp_load(
@@ -155,18 +266,19 @@ def dcp_load(
             dcp.load(
                 state,
                 storage_reader=SafeFsspecReader(path, **(storage_options or {})),
+                planner=SafeLoadPlanner(where=path),
                 process_group=process_group,
             )
     except CheckpointError:
         raise
     except DCP_ERRORS as e:
-        cause = _refusal(e)
+        cause = refusal(e)
         if cause is not None:
             raise cause from None
         raise CheckpointError(f"{path}: {failure} ({first_line(e)})") from e
 
 
-def _refusal(error: BaseException) -> CheckpointError | None:
+def refusal(error: BaseException) -> CheckpointError | None:
     """The metadata refusal inside DCP's wrapped multi-rank errors, if that is what failed."""
     if isinstance(error, CheckpointError):
         return error
@@ -175,7 +287,7 @@ def _refusal(error: BaseException) -> CheckpointError | None:
             if isinstance(cause, CheckpointError):
                 return cause
     cause = error.__cause__ or error.__context__
-    return _refusal(cause) if cause is not None and cause is not error else None
+    return refusal(cause) if cause is not None and cause is not error else None
 
 
 _SINGLE_PROCESS_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"

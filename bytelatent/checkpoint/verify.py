@@ -6,8 +6,8 @@ In a step folder, before the `.complete` marker:
     manifest.json              written by rank 0 last: the small files (.metadata, params.json,
                                train_state_*.json, the rank manifests) and how many ranks saved
 
-`verify_step_folder` checks the marker, sizes always and CRC32s when asked, and that `.metadata`
-holds nothing but DCP metadata (`dcp_io`); a folder without `manifest.json` was saved before
+`verify_step_folder` checks the marker, sizes always and CRC32s when asked, that `.metadata`
+holds nothing but DCP metadata and that every non-tensor item is plain data (`dcp_io`); a folder without `manifest.json` was saved before
 manifests existed (or by another tool) and is reported as unverified, not as broken.
 `python -m bytelatent.checkpoint verify DIR` runs it over one step folder or a whole folder;
 `require_loadable` is the check every reader (eval, generate, consolidate, warm start) runs first.
@@ -26,7 +26,7 @@ from fsspec import AbstractFileSystem
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
 from bytelatent.checkpoint import fs as cfs
-from bytelatent.checkpoint.dcp_io import METADATA_FILE, check_metadata
+from bytelatent.checkpoint.dcp_io import METADATA_FILE, check_byte_items, check_metadata
 from bytelatent.checkpoint.layout import MARKER_FILE, marker_problem
 from bytelatent.errors import CheckpointError
 
@@ -163,7 +163,7 @@ def verify_step_folder(
     top = _read_manifest(fs, cfs.join(folder, MANIFEST_FILE))
     if top == "missing":
         report.verified = False
-        return report
+        return _check_byte_items(fs, report, index)
     if isinstance(top, str):
         report.problems.append(f"{MANIFEST_FILE}: {top}")
         return report
@@ -179,6 +179,15 @@ def verify_step_folder(
             continue
         report.problems += _check_files(fs, folder, manifest["files"], checksum)
         report.n_files += len(manifest["files"])
+    return _check_byte_items(fs, report, index)
+
+
+def _check_byte_items(fs: AbstractFileSystem, report: VerifyReport, index: int) -> VerifyReport:
+    """Last, on a folder that passed the other checks: its non-tensor items are plain data."""
+    if index == 0 and report.ok and cfs.exists(fs, cfs.join(report.folder, METADATA_FILE)):
+        problem = check_byte_items(fs, report.folder)
+        if problem is not None:
+            report.problems.append(problem)
     return report
 
 
