@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+if __name__ == "__main__":
+    # The first line: from here on a SIGUSR2/SIGTERM (a SLURM warning, a preemption) is kept
+    # and stops the run cleanly at its first boundary, also while it starts up.
+    from bytelatent.distributed.signals import early_flag
+
+    early_flag()
+
 import sys
 
 from bytelatent.args import TrainArgs  # torch-free, as is everything imported up to the E402 block
@@ -85,6 +92,7 @@ import signal
 
 from bytelatent.distributed.lifecycle import Process
 from bytelatent.distributed.mesh import build_mesh
+from bytelatent.distributed.signals import early_flag
 from bytelatent.trainer.build import build_parallel_model
 from bytelatent.trainer.metrics import setup_logging
 from bytelatent.trainer.model_info import MODEL_INFO, summary_line, write_model_info
@@ -122,6 +130,7 @@ def dry_run(args: TrainArgs) -> int:
 
 def run(args: TrainArgs) -> int:
     """Check there is work to do, take the run lock, train; always leave through `Process`."""
+    preemption = early_flag()  # installed already under `python -m`; here for callers of main()
     with Process(args.distributed, env_vars=args.env) as proc:
         env = proc.start()
         # Read-only: a run with nothing to do, or a checkpoint it cannot load, writes nothing.
@@ -137,7 +146,7 @@ def run(args: TrainArgs) -> int:
             setup_logging(args.dump_dir, env.rank)
             if check.changes and env.rank == 0:
                 logger.warning(changes_line(check))
-            trainer = Trainer(args, env)
+            trainer = Trainer(args, env)  # takes `preemption`, the process's flag
             trainer.train()
             raise_log_file_error()  # train.log failed on the last lines (a full disk)
             proc.code = trainer.exit_code
@@ -149,7 +158,7 @@ def run(args: TrainArgs) -> int:
                 log_final_error(disk.one_line())
                 raise disk from e
             # a hung or dead peer: one line, exit 4; torn down by the launcher: quiet, 128 + signal
-            code = _stopped_by_launcher(e, env, trainer) or _peer_failure(e, env, trainer)
+            code = _stopped_by_launcher(e, env, preemption) or _peer_failure(e, env, trainer)
             if code is None:
                 raise
             proc.code = code
@@ -166,11 +175,11 @@ def run(args: TrainArgs) -> int:
     return proc.code
 
 
-def _stopped_by_launcher(exc: Exception, env, trainer) -> int | None:
+def _stopped_by_launcher(exc: Exception, env, preemption) -> int | None:
     """128 + SIGTERM, said by nobody, for an error on the way down after the launcher sent SIGTERM
     to stop a multi-rank job (another rank failed and said why; e.g. the data loader's forkserver
     died with the signal while this rank started its worker, or a collective lost that rank)."""
-    received = None if trainer is None else trainer.preemption.received
+    received = preemption.received
     if received != signal.SIGTERM or env is None or env.world_size < 2:
         return None
     first = " ".join(str(exc).split())[:200]  # kept in train.log (rank 0), not on the console

@@ -1,4 +1,10 @@
-"""Preemption signals: a handler that only sets a flag; ranks agree on it at step boundaries."""
+"""Preemption signals: a handler that only sets a flag; ranks agree on it at step boundaries.
+
+Torch-free (torch is imported where the ranks agree): `python -m bytelatent.train` installs the
+process's flag on its first line (`early_flag`), so a SIGUSR2/SIGTERM while the run starts
+(config, process group, model build, checkpoint restore, data set-up) is kept, not fatal: the
+trainer takes the same flag and stops cleanly at its first boundary.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,6 @@ import logging
 import os
 import signal
 import subprocess
-
-import torch
-import torch.distributed as dist
 
 logger = logging.getLogger("bytelatent")
 
@@ -27,8 +30,10 @@ class PreemptionFlag:
         self._previous = {}
 
     def install(self) -> PreemptionFlag:
+        """Handle the preemption signals from now on (a second call changes nothing)."""
         for sig in PREEMPTION_SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
+            if sig not in self._previous:
+                self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def uninstall(self) -> None:
@@ -45,14 +50,28 @@ class PreemptionFlag:
                 f"bytelatent: received {signal.Signals(signum).name}; saving at the next step boundary\n".encode(),
             )
 
-    def agreed(self, device: torch.device, group=None) -> bool:
+    def agreed(self, device, group=None) -> bool:
         """True on every rank iff any rank received a signal (one tiny all-reduce when distributed)."""
+        import torch
+        import torch.distributed as dist
+
         local = 1 if self.received is not None else 0
         if not (dist.is_available() and dist.is_initialized()):
             return bool(local)
         flag = torch.tensor([local], dtype=torch.int32, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
         return bool(flag.item())
+
+
+_EARLY: PreemptionFlag | None = None
+
+
+def early_flag() -> PreemptionFlag:
+    """This process's flag, installed on first use: the train entry calls it on its first line."""
+    global _EARLY
+    if _EARLY is None or not _EARLY._previous:
+        _EARLY = PreemptionFlag().install()
+    return _EARLY
 
 
 def under_slurm() -> bool:

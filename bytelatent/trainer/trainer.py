@@ -28,7 +28,7 @@ from bytelatent.distributed.parallelize import (
     init_model_weights,
     set_gradient_sync,
 )
-from bytelatent.distributed.signals import PreemptionFlag, requeue_slurm_job, under_slurm
+from bytelatent.distributed.signals import early_flag, requeue_slurm_job, under_slurm
 from bytelatent.distributed.threads import trainer_cpu_threads
 from bytelatent.eval.validate import Validator
 from bytelatent.launch.async_eval import AsyncEvalLauncher
@@ -58,6 +58,9 @@ logger = logging.getLogger("bytelatent")
 class Trainer:
     def __init__(self, args: TrainArgs, env: DistEnv):
         init_start = time.perf_counter()
+        # The process's flag, installed by the entry's first line: a signal while we build and
+        # restore is kept, and the run stops at the first boundary (`train`).
+        self.preemption = early_flag()
         self.args = args
         self.env = env
         self.device = env.device
@@ -113,7 +116,6 @@ class Trainer:
         self.timings = self.interval.timings  # eval and saves add `with self.timings.measure(...)`
         self.profiler = build_profiler(args.profiling, args.dump_dir, env.rank, self.device)
         self.probe = build_probe(self.model, args.probe_freq, args.dump_dir, env.rank)
-        self.preemption = PreemptionFlag().install()
         self.last: dict | None = None  # the last logged metrics
         self._last_saved_step = self.state.step if self.state.step > 0 else -1
         self._steps_run = 0  # optimizer steps taken by this process
@@ -164,6 +166,9 @@ class Trainer:
         if self.state.step >= self.stop_step:  # resume_check looked at a save that failed to verify
             logger.info(complete_line(self.args, self.state.step))
             return None  # config.yaml stays the one of the run that trained
+        if self.preemption.agreed(torch.device("cpu"), self._host_group):  # during start-up
+            self.handle_preemption()
+            return self.last
         if self.env.rank == 0:  # secret-looking values (tokens, keys, passwords) redacted
             write_text_atomic(
                 os.path.join(self.args.dump_dir, "config.yaml"), redacted_yaml(self.args)
@@ -324,9 +329,13 @@ class Trainer:
         return True
 
     def handle_preemption(self) -> None:
-        logger.info("preemption: saving at step %d", self.state.step)
-        self.save("preempt")
-        self.checkpoints.wait()
+        """Save (when this process trained a step since the last save), then requeue or stop."""
+        if self._last_saved_step != self.state.step and self.state.step > 0:
+            logger.info("preemption: saving at step %d", self.state.step)
+            self.save("preempt")
+            self.checkpoints.wait()
+        else:
+            logger.info("preemption at step %d: nothing new to save", self.state.step)
         if under_slurm() and requeue_slurm_job(self.env.rank == 0):
             return
         if self.env.rank == 0:

@@ -5,6 +5,8 @@ deliver a signal "around step k" or kill a process in the middle of a checkpoint
 change only timing, never numerics. Environment variables (seconds, default 0):
 
 * BYTELATENT_TEST_STEP_DELAY: sleep before every optimizer step.
+* BYTELATENT_TEST_RESTORE_DELAY: sleep when a checkpoint restore begins (after printing
+  "train_entry: restoring"), so a signal can arrive in the middle of a run's start-up.
 * BYTELATENT_TEST_MARKER_DELAY: sleep after a checkpoint's data is written and before its
   `.complete` marker, i.e. inside the window where a crash leaves a partial step folder; only
   for steps >= BYTELATENT_TEST_MARKER_DELAY_FROM_STEP (default 0).
@@ -29,6 +31,7 @@ def install_delays() -> None:
     from bytelatent.trainer.trainer import Trainer
 
     step_delay = _delay("BYTELATENT_TEST_STEP_DELAY")
+    restore_delay = _delay("BYTELATENT_TEST_RESTORE_DELAY")
     marker_delay = _delay("BYTELATENT_TEST_MARKER_DELAY")
     marker_from_step = int(os.environ.get("BYTELATENT_TEST_MARKER_DELAY_FROM_STEP", "0") or 0)
     if step_delay > 0:
@@ -39,6 +42,15 @@ def install_delays() -> None:
             return train_step(self, batches)
 
         Trainer.train_step = slow_train_step
+    if restore_delay > 0:
+        load = CheckpointManager.load
+
+        def slow_load(self, *args, **kwargs):
+            print(f"train_entry: restoring; continuing in {restore_delay}s", flush=True)
+            time.sleep(restore_delay)
+            return load(self, *args, **kwargs)
+
+        CheckpointManager.load = slow_load
     if marker_delay > 0:
         write_marker = CheckpointManager._write_marker
 
@@ -54,6 +66,9 @@ def install_delays() -> None:
 
 
 def main() -> int:
+    from bytelatent.distributed.signals import early_flag
+
+    early_flag()  # the first line of `python -m bytelatent.train` too
     from bytelatent.data.worker_server import start_early
 
     start_early(sys.argv[1:])  # as `python -m bytelatent.train` does, before torch is imported
