@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.limits import hang_limit
 from tests.paths import require_conformance
 from tests.shared_fixtures import built_once
 from tests.tiny import BLT_CONFIG, ENTROPY_CONFIG, TINY_BLT_MODEL, TINY_ENTROPY_MODEL
@@ -118,7 +119,7 @@ def moto_server():
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + hang_limit(30)
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
@@ -131,7 +132,7 @@ def moto_server():
     yield f"http://127.0.0.1:{port}"
     proc.terminate()
     try:
-        proc.wait(timeout=10)
+        proc.wait(timeout=hang_limit(10))
     except subprocess.TimeoutExpired:
         proc.kill()
 
@@ -181,7 +182,7 @@ def train_tiny(config: str, dump_dir: Path, data_root: Path, steps: int, extra: 
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=hang_limit(600),
         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -7,6 +7,8 @@ import importlib
 
 import pytest
 
+from tests.limits import hang_limit
+
 ENTRY_POINTS = {
     "bytelatent.train": "usage: python -m bytelatent.train",
     "bytelatent.generate": "usage: python -m bytelatent.generate",
@@ -89,5 +91,5 @@ def test_help_usage_config_errors_and_print_config_never_load_torch():
     ]
     script = f"COMMANDS = {commands!r}\n{NO_TORCH_SCRIPT}"
     res = subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+                         text=True, timeout=hang_limit(120))  # fmt: skip
     assert res.stdout.strip() == "ok", res.stdout + res.stderr[-2000:]

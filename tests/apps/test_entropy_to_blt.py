@@ -11,6 +11,7 @@ import pytest
 
 from bytelatent.args import TrainArgs
 from bytelatent.config import parse_args
+from tests.limits import hang_limit
 from tests.trainer.test_cli import REPO, TINY_BLT, run_cli
 
 
@@ -45,7 +46,7 @@ def preprocess(shard: Path, out: Path, model_dir: Path) -> Path:
         "cpu",
         "--no-progress",
     ]
-    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=hang_limit(600))
     assert res.returncode == 0, res.stderr[-3000:]
     arrow = out / "stdlib" / "transformer_100m" / "stdlib.chunk.00.jsonl.arrow"
     assert Path(f"{arrow}.complete").exists()

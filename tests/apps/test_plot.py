@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from tests.extras import lazy_extra
+from tests.limits import hang_limit
 
 lazy_extra("matplotlib", reason="apps.plot needs matplotlib (the plot extra)")
 
@@ -38,7 +39,7 @@ def test_plot_a_finished_blt_run(tiny_blt_run, tmp_path):
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=hang_limit(120),
     )
     assert res.returncode == 0, res.stderr
     names = {Path(p).name for p in res.stdout.split()}
@@ -57,7 +58,7 @@ def test_plot_a_finished_blt_run(tiny_blt_run, tmp_path):
             [sys.executable, "-m", "apps.plot", str(run), "--out", str(tmp_path / "p")],
             cwd=REPO,
             capture_output=True,
-            timeout=120,
+            timeout=hang_limit(120),
         ).returncode
         == 0
     )
@@ -72,7 +73,7 @@ def test_plot_of_a_folder_without_metrics_is_one_line(tmp_path):
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=hang_limit(120),
     )
     assert res.returncode == 2 and res.stderr.startswith("data error:")
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr

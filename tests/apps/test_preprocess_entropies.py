@@ -17,6 +17,7 @@ from bytelatent.data.entropy import entropy
 from bytelatent.model.args import LMTransformerArgs
 from bytelatent.model.transformer import LMTransformer
 from bytelatent.tokenizers.blt import BltTokenizer
+from tests.limits import hang_limit
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_SEQLEN = 32
@@ -218,7 +219,7 @@ def test_module_entry_point(setup: dict) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=hang_limit(120),
     )
     assert result.returncode == 0, result.stderr
     assert all(Path(str(s) + ".complete").exists() for s in setup["shards"])

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.limits import hang_limit
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench" / "gpu"))
 
@@ -22,7 +24,7 @@ def test_quick_check_on_cpu(tmp_path):
     res = subprocess.run(
         [sys.executable, "bench/gpu/check.py", "--device", "cpu", "--quick", "--out", str(out),
          "--work", str(tmp_path / "work")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=hang_limit(300),
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.limits import hang_limit
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "ckpt_worker.py"
 
@@ -51,7 +53,7 @@ def start_ranks(world: int, *args: str) -> list[subprocess.Popen]:
     ]
 
 
-def run_ranks(world: int, *args: str, timeout: float = 120) -> None:
+def run_ranks(world: int, *args: str, timeout: float = hang_limit(120)) -> None:
     """Run ckpt_worker.py on `world` ranks and fail the test if any rank fails or times out."""
     procs = start_ranks(world, *args)
     deadline = time.monotonic() + timeout

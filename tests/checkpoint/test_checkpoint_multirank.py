@@ -16,6 +16,7 @@ from ckpt_worker import build, full_weights
 from bytelatent.checkpoint.args import CheckpointArgs
 from bytelatent.checkpoint.consolidate import consolidate
 from bytelatent.checkpoint.manager import MARKER_FILE, CheckpointManager
+from tests.limits import hang_limit
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +87,7 @@ def kill_during_save(tmp_path, kill_at: str, dim: int = 16) -> tuple[str, str]:
     os.makedirs(out)
     (proc,) = start_ranks(1, "kill", ckpt, out, "--kill-at", kill_at, "--dim", str(dim))
     ready = os.path.join(out, "ready")
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + hang_limit(90)
     while not os.path.exists(ready):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
@@ -99,7 +100,7 @@ def kill_during_save(tmp_path, kill_at: str, dim: int = 16) -> tuple[str, str]:
             time.sleep(0.002)
     os.kill(proc.pid, signal.SIGKILL)
     try:
-        proc.communicate(timeout=30)
+        proc.communicate(timeout=hang_limit(30))
     except subprocess.TimeoutExpired:
         proc.kill()
     return ckpt, out

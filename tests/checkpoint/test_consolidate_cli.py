@@ -16,6 +16,7 @@ from bytelatent.checkpoint.__main__ import main
 from bytelatent.checkpoint.args import CheckpointArgs
 from bytelatent.checkpoint.consolidate import consolidate
 from bytelatent.checkpoint.manager import CheckpointManager
+from tests.limits import hang_limit
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,7 +30,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
         check=False,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=hang_limit(120),
     )
 
 

@@ -14,6 +14,7 @@ from bytelatent.model.args import RopeScalingArgs
 from bytelatent.model.blt import ByteLatentTransformer, ByteLatentTransformerArgs
 from bytelatent.model.layers import precompute_freqs_cis
 from tests.extras import lazy_extra
+from tests.limits import hang_limit
 
 transformers = lazy_extra("transformers", reason="pip install 'bytelatent[hf]'")
 pytest.importorskip("safetensors")
@@ -201,7 +202,7 @@ def test_sharded_load_and_frozen_group_on_two_ranks(tmp_path, layout):
         env.pop(name, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     cmd += [str(here / "_hf_llama_worker.py"), str(folder), str(out), layout]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=hang_limit(300))
     assert res.returncode == 0 and out.exists(), (res.stdout + res.stderr)[-4000:]
     result = json.loads(out.read_text())
     expected = {n: p for n, p in single.named_parameters() if n.startswith("global_transformer.l")}

@@ -12,6 +12,7 @@ from test_formats import make_corpus
 
 import apps.preprocess_entropies as prep
 from tests.apps.test_preprocess_entropies import make_model_dir
+from tests.limits import hang_limit
 from tests.trainer.test_cli import REPO, TINY_BLT
 
 
@@ -90,7 +91,7 @@ def test_blt_trains_on_parquet_and_zst_from_s3_and_on_their_entropies(tmp_path, 
         ),
     }  # fmt: skip
     for name, proc in runs.items():
-        output, _ = proc.communicate(timeout=300)
+        output, _ = proc.communicate(timeout=hang_limit(300))
         assert proc.returncode == 0, (name, output[-3000:])
         lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
         assert len(lines) == 3, name

@@ -17,6 +17,7 @@ from datagen import batches_equal, write_jsonl
 from bytelatent.data.args import DataArgs
 from bytelatent.data.iterators.multiprocess import MultiprocessIterator, RemoteTraceback
 from bytelatent.errors import DataError
+from tests.limits import hang_limit
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,7 +30,7 @@ def pid_alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
-def wait_gone(pid: int, seconds: float = 10.0) -> bool:
+def wait_gone(pid: int, seconds: float = hang_limit(10)) -> bool:
     deadline = time.time() + seconds
     while time.time() < deadline:
         if not pid_alive(pid):
@@ -107,7 +108,7 @@ def test_killed_worker_raises_instead_of_hanging(corpus):
     start = time.time()
     with pytest.raises(RuntimeError, match="exited with code -9"):
         take(it, 100)  # queued batches first, then the error
-    assert time.time() - start < 30
+    assert time.time() - start < hang_limit(30)  # raised, not hung
     assert not pid_alive(pid)
 
 
@@ -158,7 +159,7 @@ def test_python_dash_m_entry_point_and_exit_without_close(corpus, tmp_path):
         check=False,
         text=True,
         env=env,
-        timeout=120,
+        timeout=hang_limit(120),
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
@@ -191,7 +192,7 @@ def _run_module(tmp_path, name: str, **kwargs) -> subprocess.CompletedProcess:
     """`python -m name` for a script written to tmp_path, with this repo importable, one thread."""
     env = os.environ | {"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", name], capture_output=True, text=True, env=env,
-                          timeout=120, cwd=tmp_path, **kwargs)  # fmt: skip
+                          timeout=hang_limit(120), cwd=tmp_path, **kwargs)  # fmt: skip
 
 
 @pytest.mark.parametrize("leave", ["close(); os._exit(0)", "cleanup_and_exit(0)"])

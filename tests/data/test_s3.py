@@ -9,6 +9,7 @@ from bytelatent.data.args import DataArgs
 from bytelatent.data.iterators.states import load_state
 from bytelatent.errors import DataError
 from tests.extras import lazy_extra
+from tests.limits import hang_limit
 
 lazy_extra("moto", reason="S3 test needs `pip install 'moto[server]' 's3fs[boto3]'`")
 s3fs = lazy_extra("s3fs", reason="S3 test needs `pip install 'moto[server]' 's3fs[boto3]'`")
@@ -101,7 +102,7 @@ def test_async_loader_reads_s3_with_the_environment_set_after_its_fork_server_st
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     argv = [args_for(root).model_dump_json(), s3_env, *(f"{k}={v}" for k, v in S3_ENV.items())]
     res = subprocess.run([sys.executable, "-c", _ENV_AFTER_SERVER, *argv], env=env,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+                         capture_output=True, text=True, timeout=hang_limit(120))  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     async_line, sync_line = res.stdout.splitlines()
     assert async_line.split(" ", 1)[1] == sync_line.split(" ", 1)[1], res.stdout

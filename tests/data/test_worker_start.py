@@ -15,6 +15,7 @@ import pytest
 from test_multiprocess import make_args, take
 
 from bytelatent.data.iterators.multiprocess import MultiprocessIterator
+from tests.limits import hang_limit
 from tests.tiny import ENTROPY_CONFIG, TINY_ENTROPY_MODEL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,7 +55,7 @@ def test_two_ranks_one_without_data_says_only_the_data_error(tmp_path):
     res = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
          "-m", "bytelatent.train", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=400,
+        cwd=REPO, capture_output=True, text=True, timeout=hang_limit(400),
         env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO)),
     )  # fmt: skip
     output = res.stdout + res.stderr

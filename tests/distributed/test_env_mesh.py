@@ -28,6 +28,7 @@ from bytelatent.distributed.mesh import (
     tp_rank_and_size,
 )
 from bytelatent.errors import ConfigError
+from tests.limits import hang_limit
 
 LAUNCH_VARS = (
     "RANK",
@@ -266,7 +267,7 @@ def test_setup_under_slurm_step_with_one_task(tmp_path: Path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=hang_limit(120),
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["slurm", "0", "1", "1", "127.0.0.1", "1"]
@@ -303,7 +304,7 @@ def test_cleanup_and_exit_flushes_and_keeps_code():
         [sys.executable, "-c", EXIT_CHILD],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=hang_limit(120),
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
     )
     assert out.returncode == 3

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.limits import hang_limit
+
 REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
@@ -33,7 +35,7 @@ def test_cleanup_and_exit_finishes_an_open_wandb_run(tmp_path):
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=hang_limit(120),
     )
     assert res.returncode == 0, res.stderr[-3000:]
     (run,) = offline_runs(tmp_path / "wandb")

@@ -20,10 +20,11 @@ import torch
 from _parity import full_params, setup_model, train
 
 from bytelatent.distributed.args import DistributedArgs
+from tests.limits import hang_limit
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-TIMEOUT_S = 240
+TIMEOUT_S = hang_limit(240)
 
 
 def run_torchrun(nproc: int, group: str, out: Path) -> dict:

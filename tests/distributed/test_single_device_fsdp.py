@@ -14,6 +14,7 @@ import pytest
 
 from bytelatent.distributed.args import DistributedArgs
 from bytelatent.distributed.mesh import build_mesh
+from tests.limits import hang_limit
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -37,7 +38,7 @@ def run_single(*dtypes: str) -> dict:
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     res = subprocess.run([sys.executable, str(HERE / "_single_device.py"), *dtypes], cwd=HERE,
-                         env=env, capture_output=True, text=True, timeout=240)  # fmt: skip
+                         env=env, capture_output=True, text=True, timeout=hang_limit(240))  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from tests.limits import hang_limit
 from tests.paths import REPO
 
 
@@ -24,7 +25,7 @@ def test_tp_run_trains_without_torch_warnings(tmp_path, corpus_root):
         "steps=3", "logging.freq=1", "eval.every=0", "checkpoint.dump.every=0",
     ]  # fmt: skip
     res = subprocess.run(
-        cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
+        cmd, cwd=REPO, capture_output=True, text=True, timeout=hang_limit(300),
         env=env | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]

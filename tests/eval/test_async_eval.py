@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.eval.test_eval_cli import eval_lines
+from tests.limits import hang_limit
 from tests.trainer.test_cli import REPO, TINY_BLT, run_cli
 
 ASYNC = [
@@ -103,7 +104,7 @@ def test_kill_the_trainer_and_resume_no_eval_twice_none_lost(tmp_path, corpus_ro
     first = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + hang_limit(120)
     while _lease_pid(dump, 20) is None:
         assert first.poll() is None and time.monotonic() < deadline, "no eval of step 20 launched"
         time.sleep(0.02)
@@ -111,7 +112,7 @@ def test_kill_the_trainer_and_resume_no_eval_twice_none_lost(tmp_path, corpus_ro
     first.wait()
     # ...but the eval of step 20 dies too (as on a lost node): its lease is left stale
     os.kill(_lease_pid(dump, 20), signal.SIGKILL)
-    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=hang_limit(600))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "async eval of step 20 is owed: launching it" in res.stdout
     steps = sorted(r["global_step"] for r in async_lines(dump))

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.eval.test_async_eval import async_lines
+from tests.limits import hang_limit
 from tests.trainer.test_cli import REPO, TINY_BLT
 
 sys.path.insert(0, str(REPO / "tests" / "integration"))
@@ -36,7 +37,7 @@ def test_slurm_eval_jobs_are_submitted_run_and_write_results(
          "eval.async_launch.env={OMP_NUM_THREADS: '1'}", "eval.async_launch.poll_interval_s=0.5",
          "eval.async_launch.wait_on_exit_s=300", "eval.validation.max_batches=2"],
         cwd=REPO, env={**os.environ, **slurm_cluster.env(), "OMP_NUM_THREADS": "1"},
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=hang_limit(600),
     )  # fmt: skip
     logs = res.stdout[-4000:] + res.stderr[-2000:] + slurm_cluster.logs()
     assert res.returncode == 0, logs

@@ -15,6 +15,7 @@ from bytelatent.data.patcher import Patcher
 from bytelatent.errors import DataError
 from bytelatent.eval.generation import GenerationArgs, load_generator
 from bytelatent.generate import main
+from tests.limits import hang_limit
 from tests.paths import CONFORMANCE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,7 +55,7 @@ def _cli(*argv: str) -> subprocess.CompletedProcess:
         cwd=REPO,
         env=env,
         capture_output=True,
-        timeout=300,
+        timeout=hang_limit(300),
     )
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from harness import REPO_ROOT, Runner, child_env, model_args
 
+from tests.limits import hang_limit
 from tests.shared_fixtures import built_once
 
 
@@ -20,7 +21,7 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     def build(root: Path) -> None:
         cmd = [sys.executable, "-m", "bytelatent.data.prepare", "--out", str(root / "stdlib")]
         subprocess.run(cmd, cwd=REPO_ROOT, env=child_env(), check=True, capture_output=True,
-                       timeout=300)  # fmt: skip
+                       timeout=hang_limit(300))  # fmt: skip
 
     return built_once(tmp_path_factory, "integration_data", build)
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tests.limits import hang_limit
 from tests.tiny import BLT_CONFIG, ENTROPY_CONFIG, TINY_BLT_MODEL, TINY_ENTROPY_MODEL
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -221,19 +222,21 @@ class TrainRun:
     def describe(self) -> str:
         return f"command: {' '.join(self.command)}\n--- output (tail):\n{self.output()[-6000:]}"
 
-    def wait(self, timeout: float = 300) -> int:
+    def wait(self, timeout: float = hang_limit(300)) -> int:
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"run timed out after {timeout}s\n{self.describe()}") from None
+            raise AssertionError(
+                f"run timed out after {timeout:.0f}s\n{self.describe()}"
+            ) from None
 
-    def wait_ok(self, timeout: float = 300) -> str:
+    def wait_ok(self, timeout: float = hang_limit(300)) -> str:
         rc = self.wait(timeout)
         assert rc == 0, f"run exited {rc}\n{self.describe()}"
         return self.output()
 
-    def wait_for(self, condition, what: str, timeout: float = 240) -> None:
+    def wait_for(self, condition, what: str, timeout: float = hang_limit(240)) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
             if self.proc.poll() is not None:
@@ -245,7 +248,7 @@ class TrainRun:
                 raise AssertionError(f"timed out waiting for {what}\n{self.describe()}")
             time.sleep(0.02)
 
-    def wait_for_step(self, step: int, timeout: float = 240) -> None:
+    def wait_for_step(self, step: int, timeout: float = hang_limit(240)) -> None:
         def reached() -> bool:
             records = read_metrics(self.dump_dir)
             return bool(records) and records[-1]["global_step"] >= step
@@ -284,7 +287,7 @@ class TrainRun:
         except ProcessLookupError:
             pass
         try:
-            self.proc.wait(timeout=30)
+            self.proc.wait(timeout=hang_limit(30))
         except subprocess.TimeoutExpired:
             pass
 

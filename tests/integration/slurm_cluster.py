@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.limits import hang_limit
+
 DAEMONS = ("slurmctld", "slurmd", "sbatch", "munged", "pkill")
 
 
@@ -55,7 +57,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _stop_pid(pid: int, timeout: float = 10) -> None:
+def _stop_pid(pid: int, timeout: float = hang_limit(10)) -> None:
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -83,7 +85,7 @@ class SlurmCluster:
         return {"SLURM_CONF": str(self.conf)}
 
     def _run(
-        self, *command: str, timeout: float = 30, check: bool = True
+        self, *command: str, timeout: float = hang_limit(30), check: bool = True
     ) -> subprocess.CompletedProcess:
         return subprocess.run(
             command,
@@ -101,7 +103,7 @@ class SlurmCluster:
         self.conf.write_text(self._config())
         self._run(_sbin("slurmctld"), "-c", "-i", "-f", str(self.conf))
         self._start_slurmd()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + hang_limit(60)
         while True:
             out = self._run("sinfo", "-h", "-N", "-o", "%T", check=False).stdout.split()
             if out == ["idle"] * len(self.node_names()):
@@ -132,12 +134,12 @@ class SlurmCluster:
         ]
 
     def _munge_ok(self) -> bool:
-        munge = subprocess.run(["munge", "-n"], capture_output=True, timeout=10)
+        munge = subprocess.run(["munge", "-n"], capture_output=True, timeout=hang_limit(10))
         if munge.returncode != 0:
             return False
         return (
             subprocess.run(
-                ["unmunge"], input=munge.stdout, capture_output=True, timeout=10
+                ["unmunge"], input=munge.stdout, capture_output=True, timeout=hang_limit(10)
             ).returncode
             == 0
         )
@@ -159,11 +161,11 @@ class SlurmCluster:
         run_dir.chmod(0o755)
         if not Path("/etc/munge/munge.key").exists():
             subprocess.run(
-                ["runuser", "-u", "munge", "--", "mungekey", "-c"], check=True, timeout=30
+                ["runuser", "-u", "munge", "--", "mungekey", "-c"], check=True, timeout=hang_limit(30)
             )
-        subprocess.run(["runuser", "-u", "munge", "--", _sbin("munged")], check=True, timeout=30)
+        subprocess.run(["runuser", "-u", "munge", "--", _sbin("munged")], check=True, timeout=hang_limit(30))
         self.started_munge = True
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + hang_limit(10)
         while not self._munge_ok():
             if time.monotonic() > deadline:
                 raise RuntimeError("munged started but munge -n | unmunge keeps failing")
@@ -210,8 +212,8 @@ class SlurmCluster:
     def stop(self) -> None:
         """Cancel jobs, stop the daemons and any job process left (munged stays: see _start_munge)."""
         if self.conf.exists():
-            self._run("scancel", "--full", "--signal=KILL", "--user=root", check=False, timeout=10)
-            self._run("scancel", "--user=root", check=False, timeout=10)
+            self._run("scancel", "--full", "--signal=KILL", "--user=root", check=False, timeout=hang_limit(10))
+            self._run("scancel", "--user=root", check=False, timeout=hang_limit(10))
         for pattern in ("slurmd*.pid", "slurmctld.pid"):
             for pidfile in sorted((self.root / "run").glob(pattern)):
                 _stop_pid(int(pidfile.read_text().strip() or 0))
@@ -263,7 +265,7 @@ class ClusterUnavailable(RuntimeError):
 
 
 def _ip(*args: str) -> None:
-    result = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    result = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=hang_limit(30))
     if result.returncode != 0:
         raise ClusterUnavailable(f"`ip {' '.join(args)}` failed: {result.stderr.strip()}")
 
@@ -372,7 +374,7 @@ class NetnsSlurmCluster(SlurmCluster):
             command = (
                 ["ip", "netns", "del", name] if kind == "netns" else ["ip", "link", "del", name]
             )
-            subprocess.run(command, capture_output=True, timeout=30)  # a veth goes with its netns
+            subprocess.run(command, capture_output=True, timeout=hang_limit(30))  # a veth goes with its netns
         self.made.clear()
 
 

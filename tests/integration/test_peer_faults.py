@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import free_port
 from tests.integration.harness import REPO_ROOT, child_env, model_args, read_metrics
+from tests.limits import hang_limit
 
 TIMEOUT_S = 3
 
@@ -39,7 +40,7 @@ def launch_pair(tmp_path: Path, corpus_root: Path) -> list[tuple[subprocess.Pope
                                 env=env, stdout=subprocess.DEVNULL, stderr=open(err, "w"),
                                 start_new_session=True)  # fmt: skip
         runs.append((proc, err))
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + hang_limit(180)
     while len(read_metrics(dump)) < 3:
         assert time.monotonic() < deadline, "no training steps within 180 s"
         assert all(p.poll() is None for p, _ in runs), [e.read_text()[-2000:] for _, e in runs]
@@ -56,12 +57,12 @@ def test_survivor_says_which_rank_in_one_line(tmp_path, corpus_root, fault, vict
     try:
         os.kill(victim.pid, signal.SIGSTOP if fault == "hung" else signal.SIGKILL)
         started = time.monotonic()
-        code = survivor.wait(timeout=60)
+        code = survivor.wait(timeout=hang_limit(60))
         waited = time.monotonic() - started
         text = err.read_text()
         lines = [ln for ln in text.splitlines() if ln.strip() and "Warning" not in ln]
         assert code == 4, text[-3000:]
-        assert waited < TIMEOUT_S + 20, waited
+        assert waited < TIMEOUT_S + hang_limit(20), waited
         assert "Traceback" not in text, text[-3000:]
         assert len(lines) == 1, text[-3000:]
         assert lines[0].startswith(f"distributed error: rank {1 - victim_rank} at step ")

@@ -19,6 +19,8 @@ from harness import REPO_ROOT, child_env, losses_by_step, model_args, read_metri
 from slurm_cluster import SlurmCluster, slurm_cluster_fixture  # noqa: F401 (the fixture)
 from test_resume import PREEMPT_AT, STEP_DELAY
 
+from tests.limits import hang_limit
+
 
 def wait_until(condition, what: str, cluster: SlurmCluster, log: Path, timeout: float) -> None:
     deadline = time.monotonic() + timeout
@@ -57,7 +59,7 @@ def preempt_requeue_resume(
         env=child_env({**cluster.env(), **STEP_DELAY}),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=hang_limit(120),
     )  # fmt: skip
     assert launch.returncode == 0, launch.stderr
     job_id = re.search(r"submitted job (\d+)", launch.stdout).group(1)
@@ -69,12 +71,12 @@ def preempt_requeue_resume(
         records = read_metrics(dump_dir)
         return bool(records) and records[-1]["global_step"] >= PREEMPT_AT
 
-    wait_until(at_step, f"step {PREEMPT_AT}", cluster, log, timeout=240)
+    wait_until(at_step, f"step {PREEMPT_AT}", cluster, log, timeout=hang_limit(240))
     subprocess.run(
         ["scancel", "--signal=USR2", "--batch", job_id],
         env={**os.environ, **cluster.env()},
         check=True,
-        timeout=30,
+        timeout=hang_limit(30),
     )
 
     def finished() -> bool:
@@ -83,7 +85,7 @@ def preempt_requeue_resume(
             pytest.fail(f"job {job_id} ended {job.get('JobState')}\n{log.read_text()[-6000:]}")
         return job.get("JobState") == "COMPLETED"
 
-    wait_until(finished, f"job {job_id} to requeue and complete", cluster, log, timeout=300)
+    wait_until(finished, f"job {job_id} to requeue and complete", cluster, log, timeout=hang_limit(300))
     job = cluster.job(job_id)
     text = log.read_text(errors="replace")
     assert job["Restarts"] == "1" and job["ExitCode"] == "0:0", (job, text[-4000:])

@@ -19,6 +19,7 @@ from harness import REPO_ROOT, child_env, model_args, read_metrics
 
 from bytelatent.distributed.signals import requeue_slurm_job
 from bytelatent.launch.slurm import SlurmArgs, main, render_script
+from tests.limits import hang_limit
 
 TRAIN_ARGV = ["config=configs/entropy_debug.yaml", "dump_dir=/nonexistent/run", "steps=10"]
 
@@ -164,13 +165,13 @@ def test_script_forwards_usr2_without_slurm(runner, tmp_path: Path) -> None:
     )
     (tmp_path / "job.pid").write_text(str(shell.pid))
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + hang_limit(240)
         while not (read_metrics(dump_dir) and read_metrics(dump_dir)[-1]["global_step"] >= 5):
             assert shell.poll() is None, (tmp_path / "job.log").read_text()[-4000:]
             assert time.monotonic() < deadline, "timed out waiting for step 5"
             time.sleep(0.05)
         os.kill(shell.pid, signal.SIGUSR2)
-        assert shell.wait(timeout=240) == 0, (tmp_path / "job.log").read_text()[-4000:]
+        assert shell.wait(timeout=hang_limit(240)) == 0, (tmp_path / "job.log").read_text()[-4000:]
     finally:
         if shell.poll() is None:
             os.killpg(shell.pid, signal.SIGKILL)

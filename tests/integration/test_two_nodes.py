@@ -37,6 +37,8 @@ from slurm_cluster import NetnsSlurmCluster, slurm_two_nodes_fixture  # noqa: F4
 from test_resume import PREEMPT_AT, STEP_DELAY, checkpoint_steps
 from test_slurm import preempt_requeue_resume
 
+from tests.limits import hang_limit
+
 NNODES = 2
 STEPS = 20  # the reference run's length (harness.COMMON)
 # Batches read in the trainer (no loader process: 5 s less per launch on 2 busy cores); they are
@@ -55,7 +57,7 @@ def check_alive(nodes: list[TrainRun]) -> None:
             raise AssertionError(f"node {i} exited {node.proc.returncode}\n{describe(nodes)}")
 
 
-def wait_for_step(nodes: list[TrainRun], step: int, timeout: float = 240) -> None:
+def wait_for_step(nodes: list[TrainRun], step: int, timeout: float = hang_limit(240)) -> None:
     def reached() -> bool:
         check_alive(nodes)
         records = read_metrics(nodes[0].dump_dir)
@@ -64,7 +66,7 @@ def wait_for_step(nodes: list[TrainRun], step: int, timeout: float = 240) -> Non
     nodes[0].wait_for(reached, f"step {step} in metrics.jsonl", timeout)
 
 
-def wait_all_ok(nodes: list[TrainRun], timeout: float = 240) -> str:
+def wait_all_ok(nodes: list[TrainRun], timeout: float = hang_limit(240)) -> str:
     """Both agents exited 0; their outputs joined."""
     deadline = time.monotonic() + timeout
     while any(node.proc.poll() is None for node in nodes):
@@ -177,7 +179,7 @@ def test_srun_python_on_two_nodes_matches_one_node(
         env=child_env(slurm_two_nodes.env()),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=hang_limit(300),
     )  # fmt: skip
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert losses_by_step(dump_dir) == expected

@@ -11,6 +11,7 @@ from bytelatent.config.from_reference import convert, convert_file
 from bytelatent.config.reference_format import looks_like_reference
 from bytelatent.errors import ConfigError
 from tests.conftest import train_tiny
+from tests.limits import hang_limit
 from tests.paths import CONFORMANCE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -318,7 +319,7 @@ def test_train_entry_exit_code_on_a_reference_file(tmp_path):
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=hang_limit(120),
     )
     assert result.returncode == 2
     assert "python -m bytelatent.config.from_reference" in result.stderr

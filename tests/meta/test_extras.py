@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from tests.limits import hang_limit
 from tests.paths import REPO
 
 # extra -> modules its users import (apps.plot, export-hf, the lm-eval adapter, the wandb sink)
@@ -55,6 +56,6 @@ def test_every_extra_imports_in_one_process():
         "print('ok')"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=hang_limit(600)
     )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]

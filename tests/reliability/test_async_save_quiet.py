@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+from tests.limits import hang_limit
 from tests.trainer.test_cli import REPO
 
 SCRIPT = """
@@ -37,7 +38,7 @@ def test_single_process_async_save_prints_no_distributed_warning(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     res = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "ck")],
-        capture_output=True, text=True, timeout=300, env=env, cwd=REPO,
+        capture_output=True, text=True, timeout=hang_limit(300), env=env, cwd=REPO,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.strip() == "saved 2"

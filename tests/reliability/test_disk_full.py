@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from bytelatent.trainer.run_lock import LOCK_NAME
+from tests.limits import hang_limit
 from tests.trainer.test_cli import REPO, TINY_ENTROPY
 
 pytestmark = pytest.mark.slow
@@ -41,7 +42,7 @@ def _train(dump: Path, corpus_root: Path, extra: list[str], fsize: int | None = 
             "checkpoint.eval.every=0", *extra]  # fmt: skip
     return subprocess.run(
         [sys.executable, "-m", "bytelatent.train", *args], cwd=REPO, capture_output=True,
-        text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=limit,
+        text=True, timeout=hang_limit(300), env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=limit,
     )  # fmt: skip
 
 

@@ -15,6 +15,7 @@ import torch
 
 from bytelatent.checkpoint.consolidate import load_dcp_state_dict
 from bytelatent.trainer.run_lock import LOCK_NAME
+from tests.limits import hang_limit
 from tests.trainer.test_cli import REPO, TINY_ENTROPY, metrics, run_cli
 
 ENTRY = REPO / "tests" / "integration" / "train_entry.py"
@@ -75,7 +76,7 @@ def test_second_run_on_same_dump_dir_is_refused(tmp_path, corpus_root):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + hang_limit(120)
         while not (dump / "metrics.jsonl").exists() or not metrics(dump):
             assert first.poll() is None and time.monotonic() < deadline, first.communicate()
             time.sleep(0.1)
@@ -88,7 +89,7 @@ def test_second_run_on_same_dump_dir_is_refused(tmp_path, corpus_root):
         assert {p.name for p in dump.iterdir()} == set(before)  # nothing new written
         assert first.poll() is None, "the first run ended before the second one was refused"
         first.send_signal(signal.SIGUSR2)  # undisturbed: it stops, saves and exits 0 as usual
-        out, err = first.communicate(timeout=240)
+        out, err = first.communicate(timeout=hang_limit(240))
     finally:
         first.kill()
     assert first.returncode == 0, err[-3000:]
@@ -118,7 +119,7 @@ def test_lock_taken_over_after_kill_9(tmp_path, caplog):
         with pytest.raises(RunLockError, match=f"pid {holder.pid}"):
             RunLock(str(tmp_path)).acquire()
         os.kill(holder.pid, signal.SIGKILL)
-        holder.wait(timeout=30)
+        holder.wait(timeout=hang_limit(30))
     finally:
         holder.kill()
     lock = RunLock(str(tmp_path))
@@ -143,7 +144,7 @@ def test_two_rank_run_holds_one_lock(tmp_path, corpus_root):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + hang_limit(180)
         while not (dump / "metrics.jsonl").exists() or not metrics(dump):
             assert run.poll() is None and time.monotonic() < deadline, run.communicate()[0][-3000:]
             time.sleep(0.1)
@@ -151,7 +152,7 @@ def test_two_rank_run_holds_one_lock(tmp_path, corpus_root):
         ranks = _ranks_of(run.pid)
         assert sorted(ranks) == [0, 1] and holder["pid"] == ranks[0]
         assert [p.name for p in dump.iterdir() if p.name.startswith(".lock")] == [LOCK_NAME]
-        out = run.communicate(timeout=240)[0]
+        out = run.communicate(timeout=hang_limit(240))[0]
     finally:
         run.kill()
     assert run.returncode == 0, out[-3000:]

@@ -15,6 +15,7 @@ import yaml
 
 from bytelatent.errors import ConfigError
 from bytelatent.launch.slurm import SlurmArgs, main, render_script
+from tests.limits import hang_limit
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = [REPO / "bytelatent", REPO / "apps"]
@@ -104,7 +105,7 @@ def test_launcher_script_runs_nothing_from_job_name_or_config(tmp_path):
     path.write_text(script)
     env = dict(os.environ, SLURM_JOB_ID="1", SLURM_RESTART_COUNT="0")
     result = subprocess.run(["bash", str(path)], cwd=tmp_path, env=env, capture_output=True,
-                            text=True, timeout=60)  # fmt: skip
+                            text=True, timeout=hang_limit(60))  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert json.loads(out.read_text()) == ["-m", "bytelatent.train", *train_argv]
     leaked = [p for p in (tmp_path, work, Path.cwd()) for p in p.glob("PWNED_*")]

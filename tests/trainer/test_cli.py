@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.limits import hang_limit
 from tests.tiny import BLT_CONFIG, ENTROPY_CONFIG, TINY_BLT_MODEL, TINY_ENTROPY_MODEL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +35,7 @@ TINY_BLT = [
 ]
 
 
-def run_cli(module: str, args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+def run_cli(module: str, args: list[str], timeout: float = hang_limit(300)) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.run(
         [sys.executable, "-m", module, *args],
@@ -112,7 +113,7 @@ def test_model_dim_changes_what_is_built(monkeypatch):
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(tmp_path, override, message):
-    res = run_cli("bytelatent.train", ["config=configs/debug.yaml", f"dump_dir={tmp_path}", override], timeout=120)
+    res = run_cli("bytelatent.train", ["config=configs/debug.yaml", f"dump_dir={tmp_path}", override], timeout=hang_limit(120))
     assert res.returncode == 2, (res.stdout[-2000:], res.stderr[-2000:])
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(message), res.stderr
@@ -122,7 +123,7 @@ def test_missing_data_is_one_line_and_exit_2(tmp_path):
     res = run_cli(
         "bytelatent.train",
         ["config=configs/debug.yaml", f"dump_dir={tmp_path}", f"data.root_dir={tmp_path / 'nope'}"],
-        timeout=120,
+        timeout=hang_limit(120),
     )
     assert res.returncode == 2, res.stderr[-2000:]
     assert res.stderr.strip().startswith("data error:") and len(res.stderr.strip().splitlines()) == 1, res.stderr
@@ -131,13 +132,13 @@ def test_missing_data_is_one_line_and_exit_2(tmp_path):
 
 
 def test_print_config_resolves_overrides():
-    res = run_cli("bytelatent.print_config", ["config=configs/debug.yaml", "optim.lr=0.123", "model.dim=96"], timeout=120)
+    res = run_cli("bytelatent.print_config", ["config=configs/debug.yaml", "optim.lr=0.123", "model.dim=96"], timeout=hang_limit(120))
     assert res.returncode == 0, res.stderr
     assert "lr: 0.123" in res.stdout and "dim: 96" in res.stdout
 
 
 def test_print_config_redacts_secrets():
     argv = ["config=configs/debug.yaml", "env.WANDB_API_KEY=abc123secret", "dump_dir=x"]
-    res = run_cli("bytelatent.print_config", argv, timeout=120)
+    res = run_cli("bytelatent.print_config", argv, timeout=hang_limit(120))
     assert res.returncode == 0, res.stderr
     assert "WANDB_API_KEY" in res.stdout and "abc123secret" not in res.stdout
