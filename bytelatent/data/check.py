@@ -144,13 +144,18 @@ def _check_arrow_batch(
     report: FileReport, batch, index: int, first_row: int, tokenizer, keys: tuple[str, ...]
 ) -> None:
     report.records += batch.num_rows
+    invalid = None
     try:
         batch.validate(full=True)  # invalid UTF-8, bad offsets
     except pa.ArrowInvalid as exc:
-        report.bad(f"record batch {index} (rows {first_row}-): invalid data ({exc})")
-        return
+        invalid = f"record batch {index} (rows {first_row}-): invalid data ({exc})"
+        if not _valid_as_bytes(batch):
+            report.bad(invalid)
+            return
+        # only invalid UTF-8: the rows below name the rows that training would fail on
     if batch.num_rows == 0:
         return
+    n_bad = report.n_bad
     columns = _ArrowColumns(batch, 0, batch.num_rows, report.path, keys)
     for local in range(batch.num_rows):
         row = first_row + local
@@ -162,6 +167,19 @@ def _check_arrow_batch(
         problem = _entropy_problem(doc, tokenizer)
         if problem:
             report.bad(f"row {row}: {problem}")
+    if invalid and report.n_bad == n_bad:  # in a column that training does not read
+        report.bad(invalid)
+
+
+def _valid_as_bytes(batch: pa.RecordBatch) -> bool:
+    """Whether `batch` is valid with its string columns read as bytes: its only fault is UTF-8."""
+    as_bytes = {pa.string(): pa.binary(), pa.large_string(): pa.large_binary()}
+    try:
+        columns = [c.view(as_bytes[c.type]) if c.type in as_bytes else c for c in batch.columns]
+        pa.RecordBatch.from_arrays(columns, names=batch.schema.names).validate(full=True)
+    except pa.ArrowException:
+        return False
+    return True
 
 
 def check_file(

@@ -265,3 +265,112 @@ def test_state_stores_a_long_file_list_compactly():
     assert FileIteratorState.model_validate_json(text) == state
     old_form = {**state.model_dump(), "shards": [s.model_dump() for s in state.shards]}
     assert FileIteratorState.model_validate(old_form) == state  # states of earlier versions load
+
+
+def write_bad_utf8(path, n: int = 10, bad: int = 5, string_type: pa.DataType | None = None):
+    """A Parquet or Arrow IPC file whose `text` column is declared string but holds one row of
+    invalid UTF-8 (pyarrow writes the bytes of a binary column viewed as string unchecked)."""
+    texts = [f"<u:{i}> {doc_text('u', i)}".encode() for i in range(n)]
+    texts[bad] = b"caf\xe9 au lait"
+    string_type = string_type or pa.string()
+    binary = pa.large_binary() if string_type == pa.large_string() else pa.binary()
+    table = pa.table(
+        {"text": pa.array(texts, binary).view(string_type), "url": [f"u-{i}" for i in range(n)]}
+    )
+    if str(path).endswith(".parquet"):
+        pq.write_table(table, str(path), row_group_size=4)
+    else:
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=4)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("name", "string_type"),
+    [("bad.parquet", pa.string()), ("bad.arrow", pa.string()), ("big.arrow", pa.large_string())],
+)
+def test_invalid_utf8_row_is_one_data_error_or_a_counted_skip(tmp_path, name, string_type):
+    path = write_bad_utf8(tmp_path / name, string_type=string_type)
+    it = state_for([path]).build()
+    assert [next(it).sample_id for _ in range(5)] == [f"u-{i}" for i in range(5)]
+    with pytest.raises(DataError) as err:
+        next(it)
+    line = err.value.one_line()
+    assert line == (
+        f"data error: {path}: row 5: column 'text': invalid UTF-8 at byte 3; "
+        "fix the file or set data.skip_bad_records=true"
+    )
+    state = state_for([path], skip_bad_records=True)
+    straight = ids(state)
+    assert straight == [f"u-{i}" for i in range(10) if i != 5]
+    it = state.build()
+    for position in range(len(straight)):  # exact resume on both sides of the skipped row
+        resumed = load_json(it.get_state().model_dump_json())
+        assert ids(resumed) == straight[position:], position
+        next(it)
+    assert it.get_state().n_skipped == 1
+
+
+def test_invalid_utf8_sample_id_names_its_column(tmp_path):
+    ids_ = pa.array([b"a", b"\xff"], pa.binary()).view(pa.string())
+    path = tmp_path / "ids.parquet"
+    pq.write_table(pa.table({"text": ["one", "two"], "url": ids_}), str(path))
+    with pytest.raises(
+        DataError, match=r"ids\.parquet: row 1: column 'url': invalid UTF-8 at byte 0"
+    ):
+        ids(state_for([path]))
+
+
+def write_with_garbage(path, n_frames: int = 6, lines_per_frame: int = 3):
+    """Six good frames (zstd frames / gzip members), then bytes that are not compressed data."""
+    write_compressed(path, records("g", range(n_frames * lines_per_frame)), lines_per_frame)
+    good = path.read_bytes()
+    path.write_bytes(good + b"this is not compressed data\n" * 8)
+    return len(good)
+
+
+@pytest.mark.parametrize("suffix", ["zst", "gz"])
+def test_garbage_after_good_frames_reads_them_then_one_data_error(tmp_path, suffix):
+    path = tmp_path / f"g.jsonl.{suffix}"
+    good_bytes = write_with_garbage(path)
+    expected = [f"g-{i}" for i in range(18)]
+    it = state_for([path]).build()
+    assert [next(it).sample_id for _ in range(18)] == expected  # the good lines are trained on
+    with pytest.raises(DataError) as err:
+        next(it)
+    line = err.value.one_line()
+    assert line.startswith(f"data error: {path}: row 18: corrupt compressed data ")
+    assert f"in the frame at byte {good_bytes} " in line and "last good line is line 18;" in line
+    # a resume after some good lines reads the rest of them, then the same error
+    it = state_for([path]).build()
+    for _ in range(7):
+        next(it)
+    resumed = load_json(it.get_state().model_dump_json()).build()
+    assert [next(resumed).sample_id for _ in range(11)] == expected[7:]
+    with pytest.raises(
+        DataError, match=f"row 18: corrupt compressed data in the frame at byte {good_bytes}"
+    ):
+        next(resumed)
+    # skip_bad_records: the good lines, then the rest of the file is one counted skip
+    skipped = state_for([path], skip_bad_records=True).build()
+    assert [d.sample_id for d in skipped] == expected
+    assert skipped.get_state().n_skipped == 1
+
+
+def test_data_check_names_the_bad_utf8_row_and_the_garbage(tmp_path, capsys):
+    bad = write_bad_utf8(tmp_path / "bad.parquet")
+    garbage = tmp_path / "g.jsonl.zst"
+    write_with_garbage(garbage)
+    argv = [
+        "config=configs/debug.yaml",
+        "data.sources={}",
+        f"data.dataset_files={json.dumps([str(bad), str(garbage)])}",
+    ]
+    assert check_main(argv) == 1
+    out = capsys.readouterr().out
+    rows = {w: next(x for x in out.splitlines() if w in x) for w in ("bad.parquet", "g.jsonl")}
+    assert rows["bad.parquet"].endswith("  row 5: column 'text': invalid UTF-8 at byte 3")
+    assert rows["bad.parquet"].split()[3:5] == ["10", "1"]  # all rows read, one bad
+    assert rows["g.jsonl"].split()[3:5] == ["18", "1"]  # the good lines are read
+    assert "corrupt compressed data in the frame at byte" in rows["g.jsonl"]
+    assert "Traceback" not in out

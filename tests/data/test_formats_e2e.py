@@ -8,12 +8,12 @@ import sys
 
 import pyarrow as pa
 import pytest
-from test_formats import make_corpus
+from test_formats import make_corpus, write_bad_utf8
 
 import apps.preprocess_entropies as prep
 from tests.apps.test_preprocess_entropies import make_model_dir
 from tests.limits import hang_limit
-from tests.trainer.test_cli import REPO, TINY_BLT
+from tests.trainer.test_cli import REPO, TINY_BLT, run_cli
 
 
 def preprocess(tmp_path):
@@ -95,3 +95,35 @@ def test_blt_trains_on_parquet_and_zst_from_s3_and_on_their_entropies(tmp_path, 
         assert proc.returncode == 0, (name, output[-3000:])
         lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
         assert len(lines) == 3, name
+
+
+@pytest.mark.slow
+def test_a_parquet_row_of_invalid_utf8_is_one_line_or_skipped(tmp_path):
+    """Issue 29.5: one data error line (exit 2, no traceback), in the trainer's process and from
+    the data-loader worker; with skip_bad_records the run trains to its last step."""
+    root = tmp_path / "data"
+    (root / "fw").mkdir(parents=True)
+    path = write_bad_utf8(root / "fw" / "part-0.parquet", n=40, bad=3)
+    base = [*TINY_BLT, f"data.root_dir={root}", "data.sources={fw: 1.0}", "data.batch_size=2"]
+    base += ["steps=3", "checkpoint.dump.every=0", "logging.console=false"]
+    for load_async in ("false", "true"):
+        res = run_cli(
+            "bytelatent.train", [*base, f"dump_dir={tmp_path / load_async}",
+                                 f"data.load_async={load_async}"])  # fmt: skip
+        assert res.returncode == 2, (load_async, res.stderr[-3000:])
+        assert "Traceback" not in res.stderr + res.stdout, (load_async, res.stderr[-3000:])
+        lines = [line for line in res.stderr.splitlines() if line.strip()]
+        assert lines[-1] == (
+            f"data error: {path}: row 3: column 'text': invalid UTF-8 at byte 3; "
+            "fix the file or set data.skip_bad_records=true"
+        ), (load_async, lines[-5:])
+        assert sum("data error:" in line for line in lines) == 1, (load_async, lines)
+    for load_async in ("false", "true"):
+        dump = tmp_path / f"skip-{load_async}"
+        res = run_cli("bytelatent.train", [*base, f"dump_dir={dump}", "data.skip_bad_records=true",
+                                           f"data.load_async={load_async}"])  # fmt: skip
+        assert res.returncode == 0, (load_async, res.stderr[-3000:])
+        assert len((dump / "metrics.jsonl").read_text().splitlines()) == 3, load_async
+        assert "Traceback" not in res.stderr + res.stdout, (load_async, res.stderr[-3000:])
+    warning = f"skipping bad record {path} row 3: column 'text': invalid UTF-8 at byte 3"
+    assert warning in (tmp_path / "skip-false" / "train.log").read_text()

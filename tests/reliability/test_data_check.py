@@ -46,7 +46,7 @@ def _broken_folder(root: Path) -> dict[str, str]:
         "empty.jsonl": "empty file",
         "cut.arrow": "truncated Arrow IPC file",
         "ent.arrow": "row 1: 'entropies' has 3 values for 4 tokens",
-        "utf8.arrow": "invalid data",
+        "utf8.arrow": "row 1: column 'text': invalid UTF-8 at byte 3",
     }
 
 

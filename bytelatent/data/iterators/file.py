@@ -24,8 +24,11 @@ An Arrow IPC *file* (it starts with the `ARROW1` magic) must end with a valid fo
 does not was cut short (a failed copy, a full disk), so it is rejected when it is opened, not
 days later when training reaches the damage.
 
-Bad records (malformed JSON, invalid UTF-8, missing/null text, unreadable Arrow data) raise
-DataError naming the file and row, or are skipped and counted when `skip_bad_records` is true.
+Bad records (malformed JSON, invalid UTF-8 in a JSONL line or in an Arrow/Parquet text or id
+string, missing/null text, unreadable Arrow data) raise DataError naming the file and row, or are
+skipped and counted when `skip_bad_records` is true. A file whose rest cannot be read (a corrupt
+or truncated `.zst`/`.gz` stream after its good frames) is read up to the damage, then raises one
+DataError, or its rest is one counted skip.
 """
 
 from __future__ import annotations
@@ -306,6 +309,37 @@ class _ArrowReader:
         self.file.close()
 
 
+class _InvalidUtf8:
+    """Stands for a string value that is not valid UTF-8 (Arrow does not check when it reads)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _python_values(column: pa.Array, name: str) -> list:
+    """`column.to_pylist()`, except that a string that is not valid UTF-8 becomes an _InvalidUtf8
+    for its row alone (to_pylist raises UnicodeDecodeError for the whole column)."""
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        pass
+    values: list = []
+    for i in range(len(column)):
+        try:
+            values.append(column[i].as_py())
+        except UnicodeDecodeError as exc:
+            values.append(_InvalidUtf8(f"column {name!r}: invalid UTF-8 at byte {exc.start}"))
+    return values
+
+
+def _valid(value: Any) -> Any:
+    if isinstance(value, _InvalidUtf8):
+        raise _BadRecord(value.reason)
+    return value
+
+
 class _ArrowColumns:
     """Python values of `rows` consecutive rows of a record batch, converted once per chunk."""
 
@@ -324,9 +358,9 @@ class _ArrowColumns:
             wanted = " or ".join(repr(k) for k in keys)
             raise DataError(f"{path}: no {wanted} column (columns: {names}); set data.text_field")
         self.start, self.text_key = start, text_key
-        self.texts = chunk.column(text_key).to_pylist()
+        self.texts = _python_values(chunk.column(text_key), text_key)
         id_key = next((k for k in SAMPLE_ID_KEYS if k in names), None)
-        self.ids = chunk.column(id_key).to_pylist() if id_key else None
+        self.ids = _python_values(chunk.column(id_key), id_key) if id_key else None
         self.entropies = (
             self._entropies(chunk.column("entropies")) if "entropies" in names else None
         )
@@ -345,10 +379,11 @@ class _ArrowColumns:
         ]
 
     def record(self, local_row: int) -> dict:
+        """The row as a record; raises _BadRecord for a text or id that is not valid UTF-8."""
         i = local_row - self.start
-        record = {self.text_key: self.texts[i]}
+        record = {self.text_key: _valid(self.texts[i])}
         if self.ids is not None:
-            record["sample_id"] = self.ids[i]
+            record["sample_id"] = _valid(self.ids[i])
         if self.entropies is not None:
             record["entropies"] = self.entropies[i]
         return record

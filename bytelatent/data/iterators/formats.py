@@ -13,7 +13,12 @@ Compressed JSONL
     decompresses from there, so its cost is bounded by the frame size: write shards as many
     frames (`zstd --long`-free, e.g. one frame per few MB) to keep resumes cheap; a single-frame
     file is decompressed from its start (measured in bench/RESULTS_data_formats.md).
-    A stream that ends inside a frame, or does not decompress, is truncated or corrupt.
+    A stream that ends inside a frame, or does not decompress, is truncated or corrupt: the lines
+    decompressed before the damage are returned first (they are trained on), then BadFile names
+    the compressed byte where the frame that does not decompress starts. The file iterator makes
+    it one DataError naming the file and the first line it could not read, or, with
+    `data.skip_bad_records=true`, skips the file's rest as one counted bad record with one warning
+    line (as for any damage that leaves the rest of a file unreadable).
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ class CompressedLines:
         self.boundary = (frame_offset, frame_start)  # last frame boundary <= the next line
         self.pending: list[tuple[int, int]] = []  # boundaries after the next line's start
         self._errors = _decompress_errors(kind)
+        self.frame_at = frame_offset  # compressed offset where the current frame starts
+        self.damage: BadFile | None = None  # found after buf's data: raised once buf is used
         while self.buf_start + len(self.buf) < byte_offset:
             self._consume(len(self.buf) - self.pos)  # skip what lies before the offset
             if not self._fill():
@@ -88,7 +95,10 @@ class CompressedLines:
         return self.buf_start + self.pos
 
     def _fill(self) -> bool:
-        """Decompress the next chunk into buf; False at a clean end of file."""
+        """Decompress the next chunk into buf; False at a clean end of file. Damage raises BadFile
+        once the data decompressed before it has been returned."""
+        if self.damage is not None:
+            raise self.damage
         chunk = self.file.read(READ_CHUNK)
         if not chunk:
             if self.fed and not self.dec.eof:
@@ -99,10 +109,16 @@ class CompressedLines:
         self.in_pos += len(chunk)
         data = chunk
         while data:
+            if not self.fed:
+                self.frame_at = start + len(chunk) - len(data)
             try:
                 self.buf += self.dec.decompress(data)
             except self._errors as exc:
-                raise BadFile(f"corrupt compressed data ({exc})") from exc
+                self.damage = BadFile(
+                    f"corrupt compressed data in the frame at byte {self.frame_at} ({exc})"
+                )
+                self.damage.__cause__ = exc
+                return True  # the lines before the damage first; the next _fill raises
             self.fed = True
             if not self.dec.eof:
                 break
