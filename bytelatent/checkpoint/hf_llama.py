@@ -9,7 +9,9 @@ every mismatch; the model code does not know where its weights came from.
   ``rope_scaling``) or the first missing file. Runs before anything is built or trained.
 * ``load_hf_llama(model, model_args)`` copies the decoder layers into ``global_transformer`` one
   shard file at a time (local files are read one tensor at a time), on every layout: each rank
-  cuts its own FSDP/TP shard from the full tensor, no communication.
+  cuts its own FSDP/TP shard from the full tensor, no communication. A malformed safetensors
+  file, a tensor with NaN/inf values, or a shard index naming a file outside the folder is one
+  ``CheckpointError`` line.
 
 Layout: HF rotates q/k with "rotate half" (feature j pairs with j + head_dim/2), ours rotates
 interleaved pairs (2i, 2i+1), so q_proj/k_proj rows are permuted per head; everything else is a
@@ -147,10 +149,10 @@ def weight_files(path: str) -> list[str]:
     fs = get_fs(path)
     index = join(path, INDEX_FILE)
     if fs.exists(index):
-        with fs.open(index, "r") as f:
-            names = sorted(set(json.load(f).get("weight_map", {}).values()))
+        names = read_shard_index(fs, path, INDEX_FILE)  # names stay inside the folder
     elif fs.exists(join(path, SINGLE_FILE)):
         names = [SINGLE_FILE]
+        require_inside(names, path, join(path, SINGLE_FILE), "weights file")
     else:
         raise CheckpointError(
             f"{path}: neither {INDEX_FILE} nor {SINGLE_FILE}; not a HF safetensors folder"
