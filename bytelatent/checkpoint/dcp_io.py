@@ -48,6 +48,7 @@ from torch.distributed.checkpoint.default_planner import (
 )
 
 from bytelatent.checkpoint import fs as cfs
+from bytelatent.checkpoint.safe_paths import check_storage_paths
 from bytelatent.errors import CheckpointError
 
 METADATA_FILE = ".metadata"
@@ -115,6 +116,7 @@ def load_metadata_bytes(data: bytes, where: str) -> Any:
         ) from None
     if type(metadata).__name__ != "Metadata" or not hasattr(metadata, "state_dict_metadata"):
         raise CheckpointError(f"{where}: not DCP metadata (a {type(metadata).__name__})")
+    check_storage_paths(metadata, where)  # storage file names stay inside the folder
     return metadata
 
 

@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from fsspec.implementations.local import LocalFileSystem
 
 from bytelatent.checkpoint.pretrained import load_any_checkpoint
+from bytelatent.checkpoint.safe_paths import read_shard_index, require_inside
 from bytelatent.errors import CheckpointError
 from bytelatent.model.args import LMTransformerArgs, block_head_counts
 from bytelatent.model.blt import ByteLatentTransformer
@@ -686,10 +688,11 @@ def read_hf_folder(hf_dir: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]
             f"(expected {HF_MODEL_TYPE!r} or {HF_PATCHER_TYPE!r})"
         )
     index = folder / (WEIGHTS_FILE + ".index.json")
-    if index.exists():
-        files = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+    if index.exists():  # shard names stay inside the folder
+        files = read_shard_index(LocalFileSystem(), str(folder), index.name)
     elif (folder / WEIGHTS_FILE).exists():
         files = [WEIGHTS_FILE]
+        require_inside(files, str(folder), str(folder / WEIGHTS_FILE), "weights file")
     else:
         raise CheckpointError(f"{hf_dir}: no {WEIGHTS_FILE} (nor a sharded index)")
     weights: dict[str, torch.Tensor] = {}

@@ -9,7 +9,9 @@ every mismatch; the model code does not know where its weights came from.
   ``rope_scaling``) or the first missing file. Runs before anything is built or trained.
 * ``load_hf_llama(model, model_args)`` copies the decoder layers into ``global_transformer`` one
   shard file at a time (local files are read one tensor at a time), on every layout: each rank
-  cuts its own FSDP/TP shard from the full tensor, no communication.
+  cuts its own FSDP/TP shard from the full tensor, no communication. A malformed safetensors
+  file, a tensor with NaN/inf values, or a shard index naming a file outside the folder is one
+  ``CheckpointError`` line.
 
 Layout: HF rotates q/k with "rotate half" (feature j pairs with j + head_dim/2), ours rotates
 interleaved pairs (2i, 2i+1), so q_proj/k_proj rows are permuted per head; everything else is a
@@ -30,6 +32,7 @@ from fsspec.implementations.local import LocalFileSystem
 from torch import nn
 
 from bytelatent.checkpoint.fs import get_fs, join
+from bytelatent.checkpoint.safe_paths import read_shard_index, require_inside
 from bytelatent.errors import CheckpointError
 from bytelatent.model.args import block_head_counts
 from bytelatent.model.layers import ffn_hidden_dim
@@ -147,10 +150,10 @@ def weight_files(path: str) -> list[str]:
     fs = get_fs(path)
     index = join(path, INDEX_FILE)
     if fs.exists(index):
-        with fs.open(index, "r") as f:
-            names = sorted(set(json.load(f).get("weight_map", {}).values()))
+        names = read_shard_index(fs, path, INDEX_FILE)  # names stay inside the folder
     elif fs.exists(join(path, SINGLE_FILE)):
         names = [SINGLE_FILE]
+        require_inside(names, path, join(path, SINGLE_FILE), "weights file")
     else:
         raise CheckpointError(
             f"{path}: neither {INDEX_FILE} nor {SINGLE_FILE}; not a HF safetensors folder"
@@ -193,6 +196,29 @@ def rotate_half_to_interleaved(weight: torch.Tensor, n_heads: int) -> torch.Tens
 
 
 def _read_tensors(file: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of one safetensors file; a malformed file (header length or data offsets
+    past its end, truncated) is one CheckpointError line."""
+    try:
+        yield from _read_safetensors(file)
+    except CheckpointError:
+        raise
+    except Exception as err:  # safetensors' SafetensorError, OSError from the filesystem
+        text = str(err).strip().splitlines()
+        raise CheckpointError(
+            f"{file}: not a readable safetensors file ({type(err).__name__}: "
+            f"{text[0] if text else ''})"
+        ) from None
+
+
+def _nonfinite(tensor: torch.Tensor) -> str | None:
+    """'N NaN and M inf values' when a floating tensor has any, else None."""
+    if not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()):
+        return None
+    nan = int(torch.isnan(tensor).sum())
+    return f"{nan:,} NaN and {int((~torch.isfinite(tensor)).sum()) - nan:,} inf values"
+
+
+def _read_safetensors(file: str) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of one safetensors file; local files tensor by tensor, remote whole."""
     from safetensors import safe_open
     from safetensors.torch import load as load_bytes
@@ -233,6 +259,8 @@ def load_hf_llama(model: nn.Module, model_args: Any) -> int:
                 continue
             if name not in params:
                 raise CheckpointError(f"{file}: {hf_name} has no place in the global transformer")
+            if (bad := _nonfinite(tensor)) is not None:  # would poison every step after
+                raise CheckpointError(f"{file}: {hf_name} has {bad}; refusing to load it")
             if name.endswith("attention.wq.weight"):
                 tensor = rotate_half_to_interleaved(tensor, n_heads)
             elif name.endswith("attention.wk.weight"):

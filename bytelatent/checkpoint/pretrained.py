@@ -23,6 +23,7 @@ from torch import nn
 
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.checkpoint.consolidate import METADATA_FILE, load_dcp_state_dict
+from bytelatent.checkpoint.model_size import require_model_fits
 from bytelatent.errors import CheckpointError, UserError
 from bytelatent.model.args import LMTransformerArgs
 from bytelatent.model.blt import ByteLatentTransformer
@@ -193,6 +194,7 @@ def load_any_checkpoint(path: str, device: str | torch.device = "cpu", kind: Kin
     args, resolved, ignored = model_args_from_params(params, kind, where)
     if ignored:
         warn_ignored_fields(where, ignored)
+    require_model_fits(args, device, where)  # before reading or allocating any weight
     if cfs.exists(fs, cfs.join(path, METADATA_FILE)):
         state = load_dcp_state_dict(path, keys={"model"}).get("model")
         if not state:
@@ -240,6 +242,7 @@ def load_entropy_model(
     """
     where = os.path.join(checkpoint_dir, "params.json")
     args = entropy_model_args(read_params(checkpoint_dir), where)
+    require_model_fits(args, device, where)  # before reading or allocating any weight
     try:
         model = build_and_load(
             args, "entropy", read_weights(checkpoint_dir), torch.device(device), False

@@ -91,10 +91,12 @@ class NonFiniteGuard:
         return out
 
     @torch.no_grad()
-    def safe_to_save(self, model: torch.nn.Module, step: int) -> bool:
+    def safe_to_save(self, model: torch.nn.Module, step: int, final: bool = False) -> bool:
         """False (logged) if the last update was skipped or any weight is non-finite.
 
-        Collective: every rank calls it before a save and all get the same answer.
+        Collective: every rank calls it before a save and all get the same answer. `final`: the
+        run's last save; refusing it is an error (logged as one ERROR line; the caller exits with
+        NONFINITE_EXIT_CODE), since the run then ends without its result.
         """
         locals_ = [
             (p.to_local() if isinstance(p, DTensor) else p).detach() for p in model.parameters()
@@ -107,14 +109,18 @@ class NonFiniteGuard:
         if _world() > 1:
             dist.all_reduce(bad)
         streak_bad, weights_bad = (int(v) > 0 for v in bad.tolist())
+        what = "final checkpoint" if final else "checkpoint"
+        ending = "; the run ends without its final checkpoint" if final else ""
         if weights_bad:
-            logger.error("step %d: not saving a checkpoint: some weights are non-finite", step)
+            logger.error("step %d: not saving a %s: some weights are non-finite%s", step, what, ending)
         elif streak_bad:
-            logger.warning(
-                "step %d: not saving a checkpoint: the last %d update(s) were skipped (non-finite "
-                "%s); the previous checkpoint stays the newest",
+            (logger.error if final else logger.warning)(
+                "step %d: not saving a %s: the last %d update(s) were skipped (non-finite "
+                "%s); the previous checkpoint stays the newest%s",
                 step,
+                what,
                 int(self.streak),
                 describe_nonfinite(int(self.what)),
+                ending,
             )
         return not (streak_bad or weights_bad)

@@ -33,7 +33,7 @@ from bytelatent.distributed.threads import trainer_cpu_threads
 from bytelatent.eval.validate import Validator
 from bytelatent.launch.async_eval import AsyncEvalLauncher
 from bytelatent.model.loss import batch_loss_sum
-from bytelatent.trainer.actions import Actions, Stop, with_nonfinite_stop
+from bytelatent.trainer.actions import NONFINITE_EXIT_CODE, Actions, Stop, with_nonfinite_stop
 from bytelatent.trainer.build import build_parallel_model, init_global_from_pretrained
 from bytelatent.trainer.guard import NonFiniteGuard
 from bytelatent.trainer.interval import IntervalMetrics, StepOutput
@@ -300,7 +300,10 @@ class Trainer:
         """The one save path: periodic, eval, preemption and final saves all come through here."""
         if self._last_saved_step == self.state.step:
             return
-        if not self.guard.safe_to_save(self.model, self.state.step):
+        final = "final" in ([kind] if isinstance(kind, str) else kind)
+        if not self.guard.safe_to_save(self.model, self.state.step, final=final):
+            if final and self.exit_code == 0:  # the run's result was not written: not a success
+                self.exit_code = NONFINITE_EXIT_CODE
             return  # never write non-finite weights: retention would push out the last good one
         self.state.data_state = self.data.get_state().model_dump(mode="json")
         self.state.scheduler = self.scheduler.state_dict()
