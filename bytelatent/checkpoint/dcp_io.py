@@ -15,7 +15,7 @@ Anything else is refused with one line naming the file (`CheckpointError`).
 
 The non-tensor items of a checkpoint (the optimizer's `param_groups`: lr, betas, flags, names)
 are stored by DCP as pickled bytes, which torch's `DefaultLoadPlanner.load_bytes` reads with
-`torch.load(weights_only=False)`: a pickle appended to a shard, with `.metadata` pointing an
+`torch.load` with `weights_only=False`: a pickle appended to a shard, with `.metadata` pointing an
 item at it, would run on resume. Our planners (`SafeLoadPlanner`,
 `SafeEmptyStateDictLoadPlanner`) read every byte item through torch's weights-only unpickler
 (plain containers, numbers, strings, tensors), and `SafeFsspecReader` refuses to read data for
@@ -146,7 +146,7 @@ def load_byte_item(value: io.BytesIO | bytes, where: str) -> Any:
 
 
 class _RestrictedBytes:
-    """Planner mixin: byte items through `load_byte_item`, never `torch.load(weights_only=False)`.
+    """Planner mixin: byte items through `load_byte_item`, never the unrestricted `torch.load`.
 
     What DefaultLoadPlanner.load_bytes does with the loaded object, without its unpickling.
     """

@@ -31,6 +31,7 @@ from bytelatent.errors import CheckpointError
 from bytelatent.model.args import LMTransformerArgs
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.transformer import LMTransformer
+from tests.limits import hang_limit
 
 REPO = Path(__file__).resolve().parents[2]
 ENTROPY = {"dim": 32, "n_layers": 1, "n_heads": 2, "max_seqlen": 128}
@@ -131,7 +132,7 @@ def test_eval_cli_refuses_a_huge_params_json_in_one_line(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     res = subprocess.run(
         [sys.executable, "-m", "bytelatent.eval", f"ckpt={huge}", *argv], cwd=REPO, env=env,
-        capture_output=True, text=True, timeout=300, preexec_fn=limit_memory,
+        capture_output=True, text=True, timeout=hang_limit(300), preexec_fn=limit_memory,
     )  # fmt: skip
     assert res.returncode == 2, res.stderr[-3000:]
     lines = res.stderr.strip().splitlines()
@@ -141,7 +142,7 @@ def test_eval_cli_refuses_a_huge_params_json_in_one_line(tmp_path):
     small = _consolidated(tmp_path / "small", ENTROPY)  # the same command, a sane params.json
     res = subprocess.run(
         [sys.executable, "-m", "bytelatent.eval", f"ckpt={small}", *argv], cwd=REPO, env=env,
-        capture_output=True, text=True, timeout=300, preexec_fn=limit_memory,
+        capture_output=True, text=True, timeout=hang_limit(300), preexec_fn=limit_memory,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     assert (tmp_path / "out" / "results.json").exists()
