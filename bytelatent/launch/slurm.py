@@ -11,9 +11,11 @@ requeued job lands in the same file. How the signal reaches the training process
   its workers in sessions of their own, so a signal to the batch shell's process group (what
   `scancel --signal=USR2 --full` and `--signal=USR2@N` without `B:` do for a batch script)
   never reaches them; forwarding does.
-* several nodes (`srun`): one `srun` task per node runs torchrun with USR2 ignored (the workers
-  install their own handler); the batch shell forwards USR2 to the whole srun step on every node
-  with `scancel --signal=USR2 $SLURM_JOB_ID` (job steps only, not the batch shell).
+* several nodes (`srun`): one `srun` task per node runs torchrun with USR2 and TERM ignored and
+  torchrun's own SIGTERM handler off (the workers install their own handler); the batch shell
+  forwards USR2 to the whole srun step on every node with `scancel --signal=USR2 $SLURM_JOB_ID`
+  (job steps only, not the batch shell). A preemption's SIGTERM (slurmctld signals every
+  process of the job's steps, then SIGKILL after KillWait) reaches the workers directly.
 
 The workers then agree on the signal at the next step boundary, save a "preempt" checkpoint,
 and rank 0 asks for a requeue by writing the job id to `$BYTELATENT_REQUEUE_FILE`; once training
@@ -72,6 +74,13 @@ def _sbatch_header(args: SlurmArgs, job_name: str, log_dir: str) -> list[str]:
     return ["#!/bin/bash", *(f"#SBATCH {option}" for option in options)]
 
 
+# torchrun's agent raises on the signals listed in its `--signals-to-handle` (read from
+# PET_SIGNALS_TO_HANDLE too; default SIGTERM,SIGINT,SIGHUP,SIGQUIT), which it passes to its
+# process context as TORCHELASTIC_SIGNALS_TO_HANDLE (what torch versions without the option read).
+TORCHRUN_SIGNALS_ENV = ("PET_SIGNALS_TO_HANDLE", "TORCHELASTIC_SIGNALS_TO_HANDLE")
+AGENT_SIGNALS = "SIGINT,SIGHUP,SIGQUIT"
+
+
 def _direct_launch(args: SlurmArgs, train_argv: list[str]) -> tuple[str, str]:
     """(command, how to forward signal $1) for one node: torchrun (or python) as a child."""
     if args.nproc_per_node == 1:
@@ -93,8 +102,14 @@ def _srun_launch(args: SlurmArgs, train_argv: list[str]) -> tuple[str, str]:
         ' --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"'
     )
     rest = shlex.join([f"--nproc-per-node={args.nproc_per_node}", "-m", args.module, *train_argv])
-    # The agent ignores USR2 (an ignored signal stays ignored across exec); workers set a handler.
-    per_node = f"trap '' USR2; exec {torchrun}{rendezvous} {rest}"
+    # The agent ignores USR2 and TERM (an ignored signal stays ignored across exec), and torchrun
+    # is told not to install its own SIGTERM handler (which would raise in the agent, take the
+    # workers down and fail the srun task): a preemption SIGTERMs every process of the step on
+    # every node, and the workers (which set their own handlers) save, requeue and exit 0.
+    per_node = (
+        f"trap '' USR2 TERM; export {' '.join(f'{k}={AGENT_SIGNALS}' for k in TORCHRUN_SIGNALS_ENV)}; "
+        f"exec {torchrun}{rendezvous} {rest}"
+    )
     command = (
         'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"\n'
         'export MASTER_ADDR MASTER_PORT="$((20000 + SLURM_JOB_ID % 12768))"\n'

@@ -43,10 +43,23 @@ def test_sbatch_preempt_requeue_resume(
     preempt_requeue_resume(slurm_cluster, runner, options, tmp_path / "job", expected)
 
 
+# What SLURM sends ahead of a time limit (`--signal=B:USR2@N`, to the batch shell), and what a
+# preemption with GraceTime sends (slurmctld's job_signal without KILL_FULL_JOB: SIGCONT and
+# SIGTERM to every process of the job's steps on every node, not the batch shell; SIGKILL follows
+# after KillWait).
+WARNING_SIGNAL = ["--signal=USR2", "--batch"]
+PREEMPTION_SIGNAL = ["--signal=TERM"]
+
+
 def preempt_requeue_resume(
-    cluster: SlurmCluster, runner, options: list[str], dump_dir: Path, expected: dict[int, float]
+    cluster: SlurmCluster,
+    runner,
+    options: list[str],
+    dump_dir: Path,
+    expected: dict[int, float],
+    signal_args: list[str] = WARNING_SIGNAL,
 ) -> tuple[str, dict[str, str]]:
-    """Submit the 2-rank tiny entropy run with the launcher's `options`, USR2 its batch shell
+    """Submit the 2-rank tiny entropy run with the launcher's `options`, `scancel signal_args` it
     at step PREEMPT_AT, and check it saves, requeues once, resumes and matches `expected`
     bitwise; returns the job log and `scontrol show job`."""
     launch = subprocess.run(
@@ -73,7 +86,7 @@ def preempt_requeue_resume(
 
     wait_until(at_step, f"step {PREEMPT_AT}", cluster, log, timeout=hang_limit(240))
     subprocess.run(
-        ["scancel", "--signal=USR2", "--batch", job_id],
+        ["scancel", *signal_args, job_id],
         env={**os.environ, **cluster.env()},
         check=True,
         timeout=hang_limit(30),
@@ -90,7 +103,8 @@ def preempt_requeue_resume(
     text = log.read_text(errors="replace")
     assert job["Restarts"] == "1" and job["ExitCode"] == "0:0", (job, text[-4000:])
     assert f"job {job_id} restart 0" in text and f"job {job_id} restart 1" in text, text[-4000:]
-    assert "SIGUSR2 received; forwarding it to the training processes" in text
+    if signal_args == WARNING_SIGNAL:
+        assert "SIGUSR2 received; forwarding it to the training processes" in text
     assert f"requeued SLURM job {job_id}" in text
     stopped = int(re.search(r"preemption: saving at step (\d+)", text).group(1))
     assert PREEMPT_AT <= stopped < 20

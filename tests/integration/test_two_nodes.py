@@ -35,7 +35,7 @@ from harness import (
 )
 from slurm_cluster import NetnsSlurmCluster, slurm_two_nodes_fixture  # noqa: F401 (the fixture)
 from test_resume import PREEMPT_AT, STEP_DELAY, checkpoint_steps
-from test_slurm import preempt_requeue_resume
+from test_slurm import PREEMPTION_SIGNAL, preempt_requeue_resume
 
 from tests.limits import hang_limit
 
@@ -159,6 +159,23 @@ def test_slurm_two_nodes_srun_preempt_requeue_resume(
     for rank in range(NNODES):  # both ranks logged, and both wrote their part of the checkpoint
         assert f"{rank}: INFO" in text, text[-4000:]
         assert (dump_dir / "checkpoints" / "0000000020" / f"__{rank}_0.distcp").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_slurm_two_nodes_preemption_sigterm_saves_requeues_resumes(
+    slurm_two_nodes: NetnsSlurmCluster, runner, references, tmp_path
+) -> None:
+    """What a preemption sends: SIGTERM to every task of the job on both nodes at once (torchrun
+    agents, workers, data-loader processes), SIGKILL after KillWait. The job must save, requeue
+    itself and resume bitwise, as with the time-limit warning."""
+    expected = losses_by_step(references.dump_dir("entropy", NNODES))
+    options = [f"--nodes={NNODES}", "--nproc-per-node=1", "--cpus-per-task=1"]
+    dump_dir = tmp_path / "job"
+    text, _job = preempt_requeue_resume(
+        slurm_two_nodes, runner, options, dump_dir, expected, signal_args=PREEMPTION_SIGNAL
+    )
+    assert "received SIGTERM" in text
 
 
 @pytest.mark.slow
