@@ -44,6 +44,7 @@ from bytelatent.trainer.optim import build_optimizer
 from bytelatent.trainer.probe import build_probe
 from bytelatent.trainer.profiling import build_profiler
 from bytelatent.trainer.resume_check import complete_line
+from bytelatent.trainer.resume_rules import apply_source_weights
 from bytelatent.trainer.run_files import raise_log_file_error, write_text_atomic
 from bytelatent.trainer.state import (
     TrainState,
@@ -144,7 +145,12 @@ class Trainer:
                 lambda: read_data_states(self.checkpoints.fs, path, saved_dp_size),
                 self.dp_rank, self.dp_size, self.args.grad_acc_steps,
             )  # fmt: skip
-            self.scheduler.load_state_dict(self.state.scheduler)
+            # the config's mixture on the resumed streams (resume_check refused a new source and
+            # its "config differs" line says the weights are applied)
+            self.state.data_state, _ = apply_source_weights(
+                self.state.data_state, self.args.data.source_weights()
+            )
+            self.scheduler.load_state_dict(self.state.scheduler)  # + the config's lr, AdamW values
             self.actions.load_state_dict(self.state.actions)
             self.actions.note_resume(path, self.state.step)
             restore_rng_state(self.state.rng)
