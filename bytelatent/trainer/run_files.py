@@ -7,6 +7,8 @@
   lines only. A write that fails part-way (ENOSPC) is cut back to the last whole line before the
   error is raised; a partial last line left by a kill is cut off when the file is opened again
   (`repair_partial_line`, logged once with the number of bytes dropped).
+* `metrics.eval.jsonl` has several writers (the trainer, async eval jobs): `append_shared_line`
+  does the same under an exclusive `flock`, so one writer's cut-back never touches another's line.
 * `train.log` is written by `RunLogHandler`, which stops at its first OS error instead of printing
   a "--- Logging error ---" traceback for every later line, and keeps the error so that the
   trainer ends the run with it (`raise_log_file_error`).
@@ -18,6 +20,7 @@ Every OS error while writing becomes one `DiskError` line naming the file:
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import sys
@@ -127,6 +130,42 @@ def append_line(path: str | os.PathLike, line: str) -> None:
         appender.append(line)
     finally:
         appender.close()
+
+
+def append_shared_line(path: str | os.PathLike, line: str) -> None:
+    """Append one whole line to a file that other processes append to as well
+    (`metrics.eval.jsonl`: the trainer's in-loop evaluations and async eval jobs).
+
+    `LineAppender`'s cut-back after a failed write is only safe while nobody appends behind it,
+    so each writer holds an exclusive `flock` on the file for the repair of a partial last line
+    (a writer that was killed), the write, and the cut-back: readers see whole lines only. On a
+    file system without flock (some network mounts) the line is still one O_APPEND write."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as e:
+        raise DiskError.writing(path, e) from e
+    try:
+        locked = _lock(lock_fd)
+        try:
+            append_line(path, line)  # repairs a partial last line, writes whole or cuts back
+        finally:
+            if locked:
+                fcntl.flock(lock_fd, fcntl.LOCK_UN)
+    finally:
+        os.close(lock_fd)
+
+
+def _lock(fd: int) -> bool:
+    """Exclusive flock on `fd` (waits for the other writer); False where flock is unsupported."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return True
+    except OSError as e:
+        if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            return False
+        raise DiskError.writing(fd, e) from e
 
 
 class RunLogHandler(logging.Handler):

@@ -8,10 +8,13 @@ import errno
 import json
 import logging
 import os
+import subprocess
+import sys
 
 import pytest
 
 from bytelatent.errors import DiskError
+from bytelatent.eval.validate import append_jsonl
 from bytelatent.trainer import run_files
 from bytelatent.trainer.metrics import JsonlSink, setup_logging
 from bytelatent.trainer.run_files import (
@@ -21,6 +24,7 @@ from bytelatent.trainer.run_files import (
     repair_partial_line,
     write_text_atomic,
 )
+from tests.paths import REPO
 
 ENOSPC_LINE = "[Errno 28] No space left on device"
 
@@ -187,3 +191,48 @@ def test_console_on_a_closed_stream_is_dropped_quietly():
     handler.flush()
     handler.emit(logging.LogRecord("bytelatent", logging.INFO, __file__, 1, "hello", None, None))
     assert handler.failed
+
+
+# ---------------------------------------------------------------- issue 29 item 8e: metrics.eval.jsonl
+def test_eval_metrics_line_cut_by_a_file_size_limit_leaves_whole_lines(tmp_path):
+    """RLIMIT_FSIZE makes a real short write then EFBIG: the line is cut back, one DiskError."""
+    path = tmp_path / "metrics.eval.jsonl"
+    path.write_text('{"global_step": 1}\n')
+    script = (
+        "import resource, signal, sys\n"
+        "from bytelatent.errors import DiskError\n"
+        "from bytelatent.eval.validate import append_jsonl\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+        "try:\n"
+        f"    append_jsonl({str(path)!r}, {{'global_step': 2, 'pad': 'x' * 10000}})\n"
+        "except DiskError as e:\n"
+        "    print(e.one_line()); sys.exit(3)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)  # fmt: skip
+    assert res.returncode == 3, res.stderr[-2000:]
+    assert res.stdout.strip() == f"disk error: writing {path}: [Errno 27] File too large"
+    assert path.read_text() == '{"global_step": 1}\n'
+
+
+def test_eval_metrics_after_a_killed_writer_start_on_a_line_of_their_own(tmp_path):
+    path = tmp_path / "metrics.eval.jsonl"
+    path.write_text('{"global_step": 1}\n{"global_step": 2, "val/b')  # an eval job killed mid-line
+    append_jsonl(path, {"global_step": 3})
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["global_step"] for r in records] == [1, 3]
+
+
+def test_eval_metrics_from_concurrent_writers_are_whole_lines(tmp_path):
+    path = tmp_path / "metrics.eval.jsonl"
+    script = (
+        "import sys\n"
+        "from bytelatent.eval.validate import append_jsonl\n"
+        "for i in range(20):\n"
+        f"    append_jsonl({str(path)!r}, {{'global_step': i, 'w': sys.argv[1] * 70000}})\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script, w], cwd=REPO) for w in "abc"]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(records) == 60 and all(len(set(r["w"])) == 1 for r in records)
