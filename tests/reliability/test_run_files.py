@@ -236,3 +236,45 @@ def test_eval_metrics_from_concurrent_writers_are_whole_lines(tmp_path):
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(records) == 60 and all(len(set(r["w"])) == 1 for r in records)
+
+
+# ---------------------------------------------------------------- issue 29 item 8b: replayed steps
+def _records(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.parametrize("chunk", [1 << 16, 7])  # 7: lines longer than a read-back chunk
+def test_records_after_the_resume_step_move_aside_whole(tmp_path, monkeypatch, chunk):
+    monkeypatch.setattr(run_files, "_TAIL_CHUNK", chunk)
+    path, aside = tmp_path / "metrics.jsonl", tmp_path / "metrics.replayed.jsonl"
+    lines = [json.dumps({"global_step": s, "loss": 1.0 / s}) for s in range(1, 11)]
+    path.write_text("\n".join(lines) + "\n" + '{"global_step": 11, "lo')  # + a killed write
+    assert run_files.set_aside_lines_after(path, 6, aside) == 4
+    assert [r["global_step"] for r in _records(path)] == [1, 2, 3, 4, 5, 6]
+    assert aside.read_text() == "\n".join(lines[6:]) + "\n"  # verbatim: nothing lost
+    assert run_files.set_aside_lines_after(path, 6, aside) == 0  # nothing after step 6 now
+    assert run_files.set_aside_lines_after(path, 0, aside) == 6
+    assert path.read_text() == "" and [r["global_step"] for r in _records(aside)] == [
+        7, 8, 9, 10, 1, 2, 3, 4, 5, 6,
+    ]  # fmt: skip
+    assert run_files.set_aside_lines_after(tmp_path / "none.jsonl", 3, aside) == 0
+
+
+@pytest.mark.slow
+def test_resume_from_an_older_checkpoint_leaves_one_record_per_step(tmp_path, corpus_root):
+    import shutil
+
+    from tests.conftest import TINY_ENTROPY
+    from tests.trainer.test_cli import run_cli
+
+    dump = tmp_path / "run"
+    argv = ["config=configs/entropy_debug.yaml", *TINY_ENTROPY, f"dump_dir={dump}",
+            f"data.root_dir={corpus_root}", "logging.freq=1", "steps=4", "checkpoint.dump.every=2"]  # fmt: skip
+    assert run_cli("bytelatent.train", argv).returncode == 0
+    first = _records(dump / "metrics.jsonl")
+    shutil.rmtree(dump / "checkpoints" / f"{4:010d}")  # the newest save is lost: resume from 2
+    res = run_cli("bytelatent.train", argv)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "metrics.jsonl: 2 records after step 2" in res.stdout
+    assert [r["global_step"] for r in _records(dump / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert _records(dump / "metrics.replayed.jsonl") == first[2:]
