@@ -9,8 +9,10 @@ Reads `DUMP_DIR/metrics.jsonl` (train, one record per log step) and, when presen
 * patch_lengths.png (BLT runs): histogram of patch lengths over the run and mean patch length
   against step (the trainer logs `patch_len_mean` / `patch_len_hist`).
 
-Needs matplotlib (`pip install 'bytelatent[plot]'`). A resumed run may have re-logged steps;
-the last record of each step wins.
+Needs matplotlib (`pip install 'bytelatent[plot]'`). A resume from a checkpoint older than the
+last logged step moves the records of the steps it logs again to `metrics.replayed.jsonl` (not
+plotted), so `metrics.jsonl` has one record per step; in files of older versions, or in
+`metrics.eval.jsonl`, a step logged twice is read once: the last record of each step wins.
 """
 
 from __future__ import annotations

@@ -45,8 +45,32 @@ class ConfigValidationError(ConfigError):
 # YAML loading
 
 
+# Nesting levels a config may have: real ones stay below 10; a document nested deeper than
+# Python's recursion limit (`[[[[...`) would end in a RecursionError thousands of lines long.
+MAX_NESTING = 100
+
+
+class _TooDeep(Exception):
+    def __init__(self, line: int, column: int):
+        super().__init__(line, column)
+        self.line, self.column = line, column
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 floats (`1e-3` is a float), no timestamps, no duplicate keys."""
+    """SafeLoader with YAML 1.2 floats (`1e-3` is a float), no timestamps, no duplicate keys,
+    at most MAX_NESTING levels of nesting."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):  # recursive: one call per level of nesting
+        self._depth += 1
+        try:
+            if self._depth > MAX_NESTING:
+                mark = self.peek_event().start_mark
+                raise _TooDeep(mark.line + 1, mark.column + 1)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -119,6 +143,11 @@ def _parse_yaml_text(text: str, where: str) -> Any:
                 f"{MAX_ALIAS_EXPANSION}); write the values out or reuse fewer"
             )
         return loader.construct_document(node)
+    except _TooDeep as deep:
+        raise ConfigError(
+            f"{where}: YAML nested more than {MAX_NESTING} levels deep (at line {deep.line}, "
+            f"column {deep.column}); flatten the structure"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         pos = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -165,6 +194,10 @@ def parse_dotlist(argv: list[str]) -> dict:
         parts = key.split(".")
         if any(not p for p in parts):
             raise ConfigError(f"argument {arg!r}: empty component in key {key!r}")
+        if len(parts) > MAX_NESTING:
+            raise ConfigError(
+                f"argument {arg[:60]!r}...: key nested more than {MAX_NESTING} levels deep"
+            )
         value = "" if raw == "" else _parse_yaml_text(raw, f"argument {arg!r}")
         if key == INCLUDE_KEY:
             includes.extend(_include_list(value, "command line"))

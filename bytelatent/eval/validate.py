@@ -26,7 +26,6 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from itertools import islice
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,6 +43,7 @@ from bytelatent.eval.tasks import EvalContext, get_task, register_task, task_arg
 from bytelatent.model.loss import forward_logits, masked_cross_entropy_sum
 from bytelatent.progress import Progress
 from bytelatent.trainer.metrics import LN2
+from bytelatent.trainer.run_files import append_shared_line
 
 logger = logging.getLogger("bytelatent")
 
@@ -244,11 +244,10 @@ def model_forward(
 
 
 def append_jsonl(path: str | os.PathLike, record: dict) -> None:
-    """One line, one write: concurrent writers (trainer, async eval jobs) never interleave."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    """One whole line: concurrent writers (trainer, async eval jobs) never interleave, and a full
+    disk leaves no part of it (a DiskError line instead; bytelatent/trainer/run_files.py)."""
     line = json.dumps({"created_at": datetime.now(timezone.utc).isoformat(), **record}) + "\n"
-    with open(path, "a") as f:
-        f.write(line)
+    append_shared_line(path, line)
 
 
 def summary_line(metrics: dict) -> str:

@@ -136,8 +136,10 @@ def group_label(name: str, groups: list[ParamGroupArgs]) -> str:
 def _param_groups(model: torch.nn.Module, args: OptimArgs) -> tuple[list[dict], list[int]]:
     """AdamW param-group dicts and each one's freeze_until_step (the default group last)."""
     members: list[list[torch.Tensor]] = [[] for _ in range(len(args.groups) + 1)]
+    names: list[str] = []
     for name, param in model.named_parameters():
         if param.requires_grad:
+            names.append(name)
             index = group_index(name, args.groups)
             members[len(args.groups) if index is None else index].append(param)
     param_groups, freeze = [], []
@@ -145,15 +147,30 @@ def _param_groups(model: torch.nn.Module, args: OptimArgs) -> tuple[list[dict], 
         spec = args.groups[index] if index < len(args.groups) else ParamGroupArgs(params="*")
         if not params:
             if index < len(args.groups):
-                raise ConfigError(
-                    f"optim.groups[{index}].params={spec.params!r} matches no parameter "
-                    "(names as in model-info.txt, e.g. 'global_transformer.*')"
-                )
+                raise ConfigError(_empty_group_message(index, args.groups, names))
             continue
         wd = args.weight_decay if spec.weight_decay is None else spec.weight_decay
         param_groups.append({"params": params, "lr": args.lr * spec.lr_scale, "weight_decay": wd})
         freeze.append(spec.freeze_until_step)
     return param_groups, freeze
+
+
+def _empty_group_message(index: int, groups: list[ParamGroupArgs], names: list[str]) -> str:
+    """Why group `index` has no parameter: its glob matches none, or earlier groups took them all."""
+    glob = groups[index].params
+    matched = [name for name in names if fnmatch.fnmatchcase(name, glob)]
+    if not matched:
+        return (
+            f"optim.groups[{index}].params={glob!r} matches no parameter "
+            "(names as in model-info.txt, e.g. 'global_transformer.*')"
+        )
+    example = matched[0]
+    first = group_index(example, groups)  # < index: the first matching group wins
+    return (
+        f"optim.groups[{index}].params={glob!r} overlaps optim.groups[{first}].params="
+        f"{groups[first].params!r}: every parameter it matches (e.g. {example}) is already in "
+        f"group {first} (the first matching group wins); narrow one glob or put group {index} first"
+    )
 
 
 class GroupScheduler(LambdaLR):
@@ -162,23 +179,46 @@ class GroupScheduler(LambdaLR):
     After `k` optimizer steps a group with freeze_until_step=N has requires_grad = (k >= N), so
     it is frozen for steps 1..N. The flags are data of the step count: set at construction, on
     every `step()` and on `load_state_dict()`.
+
+    The config, not the checkpoint, decides the schedule and each group's hyperparameters: a
+    checkpoint's optimizer state brings back the lr, weight decay, betas and eps it was saved
+    with, and its scheduler state the old base lrs, so `load_state_dict` (called after the
+    optimizer state is loaded) sets the config's values again and the lr of the resumed step.
+    Unchanged values give the same numbers, so a plain resume stays bitwise.
     """
+
+    _CONFIG_KEYS = ("weight_decay", "betas", "eps")
 
     def __init__(self, optimizer: torch.optim.Optimizer, lr_lambda, freeze_until: list[int]):
         self.freeze_until = list(freeze_until)
+        self.config_hyperparameters = [
+            {k: group[k] for k in self._CONFIG_KEYS} for group in optimizer.param_groups
+        ]
         super().__init__(optimizer, lr_lambda)
+        self.config_base_lrs = list(self.base_lrs)
 
     def step(self, epoch: int | None = None) -> None:
         super().step(epoch)
         self.apply_freezing(self.last_epoch)
 
+    # attributes the config decides, not the checkpoint (LambdaLR saves its whole __dict__)
+    _FROM_CONFIG = ("freeze_until", "config_hyperparameters", "config_base_lrs")
+
     def state_dict(self) -> dict:
         state = super().state_dict()
-        state.pop("freeze_until", None)  # the config decides, not the checkpoint
+        for key in self._FROM_CONFIG:
+            state.pop(key, None)
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict({k: v for k, v in state_dict.items() if k != "freeze_until"})
+        super().load_state_dict({k: v for k, v in state_dict.items() if k not in self._FROM_CONFIG})
+        self.base_lrs = list(self.config_base_lrs)
+        lrs = [base * fn(self.last_epoch) for base, fn in zip(self.base_lrs, self.lr_lambdas)]
+        for group, base, lr, hyper in zip(
+            self.optimizer.param_groups, self.base_lrs, lrs, self.config_hyperparameters
+        ):
+            group.update(hyper, initial_lr=base, lr=lr)
+        self._last_lr = lrs
         self.apply_freezing(self.last_epoch)
 
     def apply_freezing(self, steps_done: int, has_state: bool = False) -> None:

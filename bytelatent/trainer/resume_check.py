@@ -4,9 +4,11 @@ Read-only and cheap (no model weights, no process-group collectives), so a run t
 nothing, or could not load its checkpoint, leaves `dump_dir` exactly as it found it:
 
 * the newest complete checkpoint already reached the stop step: one line, exit 0;
-* the config differs from the checkpoint's `params.json`: the differing keys are logged, and a
-  change of the model's parameter shapes (which the checkpoint could never load) is a
-  `ConfigError` naming the keys.
+* the config differs from the checkpoint's `params.json`: the differing keys are logged in one
+  line, each applied one saying what takes its new value; a change of the model's parameter
+  shapes (which the checkpoint could never load), or of a key the restored states would silently
+  override (data.seq_len, the patcher, ...: `resume_rules.RULES`), is a `ConfigError` naming the
+  keys.
 
 The trainer keeps its own check (`Trainer.train`) for the rare case where this look-ahead and the
 real resume disagree (a newest checkpoint that fails verification).
@@ -30,6 +32,7 @@ from bytelatent.config.redact import redacted_dump
 from bytelatent.errors import ConfigError
 from bytelatent.trainer.build import build_model
 from bytelatent.trainer.loop_controls import resolve_stop_step
+from bytelatent.trainer.resume_rules import Rule, Saved, decide, sampling_sources
 from bytelatent.trainer.state import TrainState
 
 _SHOWN_CHANGES = 3  # keys named in the one-line refusal
@@ -41,6 +44,7 @@ class ResumeCheck:
     step: int = 0
     stop_step: int = 0
     changes: list[tuple[str, Any, Any]] = field(default_factory=list)  # (key, saved, now)
+    rules: dict[str, Rule] = field(default_factory=dict)  # key -> what the resume does with it
 
     @property
     def complete(self) -> bool:
@@ -58,8 +62,19 @@ def complete_line(args: TrainArgs, step: int) -> str:
 
 
 def changes_line(check: ResumeCheck) -> str:
-    shown = ", ".join(f"{k} {_short(old)} -> {_short(new)}" for k, old, new in check.changes)
+    """One line: every changed key, and for those a resume applies on top of the restored
+    states, what applies it (`optim.lr 0.003 -> 0.005 (applied: the lr schedule)`)."""
+    shown = ", ".join(
+        f"{k} {_short(old)} -> {_short(new)}{_note(check.rules.get(k))}"
+        for k, old, new in check.changes
+    )
     return f"config differs from {check.path}/{PARAMS_FILE}: {shown}"
+
+
+def _note(rule: Rule | None) -> str:
+    if rule is None or rule.decision == "harmless":
+        return ""
+    return f" ({rule.decision}: {rule.why})" if rule.why else f" ({rule.decision})"
 
 
 def _short(value: Any, limit: int = 60) -> str:
@@ -108,9 +123,30 @@ def check_resume(args: TrainArgs) -> ResumeCheck:
     params_file = cfs.join(path, PARAMS_FILE)
     if cfs.exists(fs, params_file):
         saved = json.loads(cfs.read_text(fs, params_file))
-        check.changes = config_changes(saved, redacted_dump(args))
+        current = redacted_dump(args)
+        normalized = _with_defaults(saved)
+        check.changes = config_changes(normalized or saved, current)
         refuse_shape_changes(args, saved, check)
+        saved_holds = Saved(
+            data_sources=None if state.data_state is None else sampling_sources(state.data_state)
+        )
+        keys_now = flatten(current)
+        check.rules = {
+            # a params.json this version validates has only keys of this version
+            k: decide(k, old, new, normalized is not None or k in keys_now, saved_holds)
+            for k, old, new in check.changes
+        }
+        refuse_unresumable(check)
     return check
+
+
+def _with_defaults(saved: dict) -> dict | None:
+    """`params.json` with the defaults of keys it lacks (a checkpoint of an older version), so
+    that only keys really set otherwise count as changes; None if it no longer validates."""
+    try:
+        return redacted_dump(TrainArgs.model_validate(saved))
+    except pydantic.ValidationError:
+        return None
 
 
 def _saved_state(fs, path: str) -> TrainState:
@@ -119,7 +155,27 @@ def _saved_state(fs, path: str) -> TrainState:
     if not cfs.exists(fs, file):
         return TrainState(step=step)
     saved = json.loads(cfs.read_text(fs, file))
-    return TrainState(step=saved.get("step", step), relative_target=saved.get("relative_target"))
+    return TrainState(
+        step=saved.get("step", step),
+        relative_target=saved.get("relative_target"),
+        data_state=saved.get("data_state"),
+    )
+
+
+def refuse_unresumable(check: ResumeCheck) -> None:
+    """ConfigError naming the changed keys that the resumed states would silently override."""
+    refused = [(k, o, n) for k, o, n in check.changes if check.rules[k].decision == "refused"]
+    if not refused:
+        return
+    named = ", ".join(
+        f"{k}={_short(new)} (checkpoint: {_short(old)})" for k, old, new in refused[:_SHOWN_CHANGES]
+    )
+    more = f" and {len(refused) - _SHOWN_CHANGES} more" if len(refused) > _SHOWN_CHANGES else ""
+    why = check.rules[refused[0][0]].why
+    raise ConfigError(
+        f"{named}{more}: a resume cannot apply it ({why}), so {check.path} would train with the "
+        "checkpoint's value; restore the value or use another dump_dir"
+    )
 
 
 def _parameter_shapes(args: TrainArgs) -> dict[str, tuple[int, ...]]:

@@ -7,6 +7,11 @@
   lines only. A write that fails part-way (ENOSPC) is cut back to the last whole line before the
   error is raised; a partial last line left by a kill is cut off when the file is opened again
   (`repair_partial_line`, logged once with the number of bytes dropped).
+* A resume from a checkpoint older than the last logged step moves the records of the steps it
+  will log again from `metrics.jsonl` to `metrics.replayed.jsonl` (`set_aside_lines_after`):
+  `metrics.jsonl` holds one record per step, and no record is lost.
+* `metrics.eval.jsonl` has several writers (the trainer, async eval jobs): `append_shared_line`
+  does the same under an exclusive `flock`, so one writer's cut-back never touches another's line.
 * `train.log` is written by `RunLogHandler`, which stops at its first OS error instead of printing
   a "--- Logging error ---" traceback for every later line, and keeps the error so that the
   trainer ends the run with it (`raise_log_file_error`).
@@ -18,6 +23,8 @@ Every OS error while writing becomes one `DiskError` line naming the file:
 from __future__ import annotations
 
 import errno
+import fcntl
+import json
 import logging
 import os
 import sys
@@ -29,6 +36,7 @@ from bytelatent.errors import DiskError
 logger = logging.getLogger("bytelatent")
 
 _TAIL_CHUNK = 1 << 16
+REPLAYED_METRICS = "metrics.replayed.jsonl"  # records of steps a resume logged again
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
@@ -108,6 +116,13 @@ class LineAppender:
             self._cut_back(size)
             raise DiskError.writing(self.path, e) from e
 
+    def sync(self) -> None:
+        """fsync: the lines written so far survive a crash."""
+        try:
+            os.fsync(self._fd)
+        except OSError as e:
+            raise DiskError.writing(self.path, e) from e
+
     def _cut_back(self, size: int) -> None:
         try:
             os.ftruncate(self._fd, size)
@@ -127,6 +142,107 @@ def append_line(path: str | os.PathLike, line: str) -> None:
         appender.append(line)
     finally:
         appender.close()
+
+
+def append_shared_line(path: str | os.PathLike, line: str) -> None:
+    """Append one whole line to a file that other processes append to as well
+    (`metrics.eval.jsonl`: the trainer's in-loop evaluations and async eval jobs).
+
+    `LineAppender`'s cut-back after a failed write is only safe while nobody appends behind it,
+    so each writer holds an exclusive `flock` on the file for the repair of a partial last line
+    (a writer that was killed), the write, and the cut-back: readers see whole lines only. On a
+    file system without flock (some network mounts) the line is still one O_APPEND write."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as e:
+        raise DiskError.writing(path, e) from e
+    try:
+        locked = _lock(lock_fd)
+        try:
+            append_line(path, line)  # repairs a partial last line, writes whole or cuts back
+        finally:
+            if locked:
+                fcntl.flock(lock_fd, fcntl.LOCK_UN)
+    finally:
+        os.close(lock_fd)
+
+
+def _lock(fd: int) -> bool:
+    """Exclusive flock on `fd` (waits for the other writer); False where flock is unsupported."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return True
+    except OSError as e:
+        if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            return False
+        raise DiskError.writing(fd, e) from e
+
+
+def set_aside_lines_after(path: str | os.PathLike, step: int, aside: str | os.PathLike) -> int:
+    """Move the trailing records of `path` (JSONL) with `global_step` > `step` to the end of
+    `aside`; returns how many moved. For a resume from an older checkpoint than the newest step
+    logged: the run logs those steps again, so `path` keeps one record per step.
+
+    Never loses a record: the lines are appended to `aside` (fsynced) before `path` is cut back,
+    so a crash in between leaves them in both files. Cutting back (truncate) needs no space.
+    Only the tail is scanned, back to the first record at or before `step`."""
+    path = Path(path)
+    repair_partial_line(path)
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            cut, moved = _tail_after(f, end, step)
+    except FileNotFoundError:
+        return 0
+    except OSError as e:
+        raise DiskError.writing(path, e) from e
+    if not moved:
+        return 0
+    with open(path, "rb") as f:
+        f.seek(cut)
+        tail = f.read()
+    lines = LineAppender(aside)
+    try:
+        for line in tail.decode("utf-8").splitlines():
+            lines.append(line)
+        lines.sync()
+    finally:
+        lines.close()
+    try:
+        os.truncate(path, cut)
+    except OSError as e:
+        raise DiskError.writing(path, e) from e
+    return moved
+
+
+def _tail_after(f, end: int, step: int) -> tuple[int, int]:
+    """(offset where the trailing records after `step` begin, how many) in a whole-line JSONL
+    file of `end` bytes; reads back from the end in doubling chunks until a record <= `step`."""
+    size = _TAIL_CHUNK
+    while True:
+        start = max(0, end - size)
+        f.seek(start)
+        data = f.read(end - start)
+        first = 0 if start == 0 else data.find(b"\n") + 1  # skip a line begun before `start`
+        if start > 0 and first == 0:
+            size *= 2  # one line longer than the chunk
+            continue
+        cut, moved = end, 0
+        for line in reversed(data[first:].split(b"\n")[:-1]):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            if isinstance(record, dict) and isinstance(record.get("global_step"), int):
+                if record["global_step"] <= step:
+                    return cut, moved
+            cut -= len(line) + 1
+            moved += 1
+        if start == 0:
+            return cut, moved
+        size *= 2
 
 
 class RunLogHandler(logging.Handler):

@@ -44,7 +44,13 @@ from bytelatent.trainer.optim import build_optimizer
 from bytelatent.trainer.probe import build_probe
 from bytelatent.trainer.profiling import build_profiler
 from bytelatent.trainer.resume_check import complete_line
-from bytelatent.trainer.run_files import raise_log_file_error, write_text_atomic
+from bytelatent.trainer.resume_rules import apply_source_weights
+from bytelatent.trainer.run_files import (
+    REPLAYED_METRICS,
+    raise_log_file_error,
+    set_aside_lines_after,
+    write_text_atomic,
+)
 from bytelatent.trainer.state import (
     TrainState,
     capture_rng_state,
@@ -107,6 +113,8 @@ class Trainer:
         self.data = build_train_data(  # virtual streams: bytelatent/data/elastic.py
             args.data, self.dp_rank, self.dp_size, args.grad_acc_steps, self.state.data_state
         )
+        if env.rank == 0 and self.state.step > 0:
+            self._set_aside_replayed_metrics()
         config = {**redacted_dump(args), "n_params": self.n_params}
         self.metrics = MetricLogger.build(
             args.logging, args.dump_dir, env.rank, args.name, config, start_step=self.state.step
@@ -146,7 +154,12 @@ class Trainer:
                 lambda: read_data_states(self.checkpoints.fs, path, saved_dp_size),
                 self.dp_rank, self.dp_size, self.args.grad_acc_steps,
             )  # fmt: skip
-            self.scheduler.load_state_dict(self.state.scheduler)
+            # the config's mixture on the resumed streams (resume_check refused a new source and
+            # its "config differs" line says the weights are applied)
+            self.state.data_state, _ = apply_source_weights(
+                self.state.data_state, self.args.data.source_weights()
+            )
+            self.scheduler.load_state_dict(self.state.scheduler)  # + the config's lr, AdamW values
             self.actions.load_state_dict(self.state.actions)
             self.actions.note_resume(path, self.state.step)
             restore_rng_state(self.state.rng)
@@ -159,6 +172,19 @@ class Trainer:
             logger.info("initialised model weights from %s", ckpt.init_ckpt_path)
         elif init_global_from_pretrained(self.model, self.args):
             logger.info("global transformer initialised from %s", self.args.model.global_init.path)
+
+    def _set_aside_replayed_metrics(self) -> None:
+        """A resume from a checkpoint older than the last logged step logs those steps again:
+        their old records move to metrics.replayed.jsonl, so metrics.jsonl has one per step."""
+        aside = os.path.join(self.args.dump_dir, REPLAYED_METRICS)
+        moved = set_aside_lines_after(
+            os.path.join(self.args.dump_dir, "metrics.jsonl"), self.state.step, aside
+        )
+        if moved:
+            logger.info(
+                "metrics.jsonl: %d records after step %d (logged before this resume) moved to %s",
+                moved, self.state.step, aside,
+            )  # fmt: skip
 
     # ---------------------------------------------------------------- loop
     def train(self) -> dict | None:

@@ -173,3 +173,32 @@ def test_slurm_launcher_with_log_dir_creates_a_new_dump_dir(tmp_path):
     assert slurm_main(argv) == 0
     assert (dump / "submit.slurm").is_file() and logs.is_dir()
     assert f"#SBATCH --output={logs}/%j.out" in (dump / "submit.slurm").read_text()
+
+
+# ---------------------------------------------------------------- issue 29 item 8a: deep nesting
+@pytest.mark.parametrize("text", ["x: " + "[" * 1000, "x: " + "[" * 1000 + "]" * 1000,
+                                  "a:\n" + "".join(" " * i + "b:\n" for i in range(1, 400))])  # fmt: skip
+def test_deeply_nested_yaml_is_one_config_error(tmp_path, text):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text(text + "\n")
+    with pytest.raises(ConfigError, match=r"YAML nested more than 100 levels deep \(at line"):
+        load_yaml_file(deep)
+    with pytest.raises(ConfigError, match="nested more than 100 levels"):
+        parse_args(TrainArgs, [f"config={deep}", f"dump_dir={tmp_path}"])
+
+
+def test_deeply_nested_value_or_key_on_the_command_line_is_one_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="nested more than 100 levels"):
+        parse_args(TrainArgs, [f"dump_dir={tmp_path}", "data.sources=" + "[" * 1000])
+    with pytest.raises(ConfigError, match="nested more than 100 levels"):
+        parse_args(TrainArgs, [f"dump_dir={tmp_path}", "a" + ".a" * 1000 + "=1"])
+
+
+def test_the_train_command_says_it_in_one_line_and_exits_2(tmp_path, capsys):
+    from bytelatent.train import main
+
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("x: " + "[" * 1000 + "\n")
+    assert main([f"config={deep}", f"dump_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"config error: {deep}: YAML nested more than")

@@ -8,10 +8,13 @@ import errno
 import json
 import logging
 import os
+import subprocess
+import sys
 
 import pytest
 
 from bytelatent.errors import DiskError
+from bytelatent.eval.validate import append_jsonl
 from bytelatent.trainer import run_files
 from bytelatent.trainer.metrics import JsonlSink, setup_logging
 from bytelatent.trainer.run_files import (
@@ -21,6 +24,7 @@ from bytelatent.trainer.run_files import (
     repair_partial_line,
     write_text_atomic,
 )
+from tests.paths import REPO
 
 ENOSPC_LINE = "[Errno 28] No space left on device"
 
@@ -187,3 +191,90 @@ def test_console_on_a_closed_stream_is_dropped_quietly():
     handler.flush()
     handler.emit(logging.LogRecord("bytelatent", logging.INFO, __file__, 1, "hello", None, None))
     assert handler.failed
+
+
+# ---------------------------------------------------------------- issue 29 item 8e: metrics.eval.jsonl
+def test_eval_metrics_line_cut_by_a_file_size_limit_leaves_whole_lines(tmp_path):
+    """RLIMIT_FSIZE makes a real short write then EFBIG: the line is cut back, one DiskError."""
+    path = tmp_path / "metrics.eval.jsonl"
+    path.write_text('{"global_step": 1}\n')
+    script = (
+        "import resource, signal, sys\n"
+        "from bytelatent.errors import DiskError\n"
+        "from bytelatent.eval.validate import append_jsonl\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+        "try:\n"
+        f"    append_jsonl({str(path)!r}, {{'global_step': 2, 'pad': 'x' * 10000}})\n"
+        "except DiskError as e:\n"
+        "    print(e.one_line()); sys.exit(3)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)  # fmt: skip
+    assert res.returncode == 3, res.stderr[-2000:]
+    assert res.stdout.strip() == f"disk error: writing {path}: [Errno 27] File too large"
+    assert path.read_text() == '{"global_step": 1}\n'
+
+
+def test_eval_metrics_after_a_killed_writer_start_on_a_line_of_their_own(tmp_path):
+    path = tmp_path / "metrics.eval.jsonl"
+    path.write_text('{"global_step": 1}\n{"global_step": 2, "val/b')  # an eval job killed mid-line
+    append_jsonl(path, {"global_step": 3})
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["global_step"] for r in records] == [1, 3]
+
+
+def test_eval_metrics_from_concurrent_writers_are_whole_lines(tmp_path):
+    path = tmp_path / "metrics.eval.jsonl"
+    script = (
+        "import sys\n"
+        "from bytelatent.eval.validate import append_jsonl\n"
+        "for i in range(20):\n"
+        f"    append_jsonl({str(path)!r}, {{'global_step': i, 'w': sys.argv[1] * 70000}})\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script, w], cwd=REPO) for w in "abc"]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(records) == 60 and all(len(set(r["w"])) == 1 for r in records)
+
+
+# ---------------------------------------------------------------- issue 29 item 8b: replayed steps
+def _records(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.parametrize("chunk", [1 << 16, 7])  # 7: lines longer than a read-back chunk
+def test_records_after_the_resume_step_move_aside_whole(tmp_path, monkeypatch, chunk):
+    monkeypatch.setattr(run_files, "_TAIL_CHUNK", chunk)
+    path, aside = tmp_path / "metrics.jsonl", tmp_path / "metrics.replayed.jsonl"
+    lines = [json.dumps({"global_step": s, "loss": 1.0 / s}) for s in range(1, 11)]
+    path.write_text("\n".join(lines) + "\n" + '{"global_step": 11, "lo')  # + a killed write
+    assert run_files.set_aside_lines_after(path, 6, aside) == 4
+    assert [r["global_step"] for r in _records(path)] == [1, 2, 3, 4, 5, 6]
+    assert aside.read_text() == "\n".join(lines[6:]) + "\n"  # verbatim: nothing lost
+    assert run_files.set_aside_lines_after(path, 6, aside) == 0  # nothing after step 6 now
+    assert run_files.set_aside_lines_after(path, 0, aside) == 6
+    assert path.read_text() == "" and [r["global_step"] for r in _records(aside)] == [
+        7, 8, 9, 10, 1, 2, 3, 4, 5, 6,
+    ]  # fmt: skip
+    assert run_files.set_aside_lines_after(tmp_path / "none.jsonl", 3, aside) == 0
+
+
+@pytest.mark.slow
+def test_resume_from_an_older_checkpoint_leaves_one_record_per_step(tmp_path, corpus_root):
+    import shutil
+
+    from tests.conftest import TINY_ENTROPY
+    from tests.trainer.test_cli import run_cli
+
+    dump = tmp_path / "run"
+    argv = ["config=configs/entropy_debug.yaml", *TINY_ENTROPY, f"dump_dir={dump}",
+            f"data.root_dir={corpus_root}", "logging.freq=1", "steps=4", "checkpoint.dump.every=2"]  # fmt: skip
+    assert run_cli("bytelatent.train", argv).returncode == 0
+    first = _records(dump / "metrics.jsonl")
+    shutil.rmtree(dump / "checkpoints" / f"{4:010d}")  # the newest save is lost: resume from 2
+    res = run_cli("bytelatent.train", argv)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "metrics.jsonl: 2 records after step 2" in res.stdout
+    assert [r["global_step"] for r in _records(dump / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert _records(dump / "metrics.replayed.jsonl") == first[2:]

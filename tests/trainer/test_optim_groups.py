@@ -100,3 +100,42 @@ def test_without_groups_the_optimizer_is_one_group_as_before():
     optimizer, _ = build_optimizer(model, OptimArgs(), n_steps=10, device_type="cpu")
     assert len(optimizer.param_groups) == 1
     assert len(optimizer.param_groups[0]["params"]) == len(list(model.parameters()))
+
+
+def test_resume_takes_lr_and_weight_decay_from_the_config_not_the_checkpoint():
+    model = Tiny()
+    optimizer, scheduler = build_optimizer(model, optim_args(), n_steps=10, device_type="cpu")
+    for _ in range(4):
+        step(model, optimizer, scheduler)
+    saved_optim, saved_sched = optimizer.state_dict(), scheduler.state_dict()
+    same_opt, same_sched = build_optimizer(Tiny(), optim_args(), n_steps=10, device_type="cpu")
+    same_opt.load_state_dict(saved_optim)
+    same_sched.load_state_dict(saved_sched)
+    assert [g["lr"] for g in same_opt.param_groups] == [g["lr"] for g in optimizer.param_groups]
+    new_args = optim_args()
+    new_args.lr, new_args.weight_decay = 2e-2, 0.05
+    new_args.groups[0].lr_scale = 0.5
+    fresh = Tiny()
+    optimizer2, scheduler2 = build_optimizer(fresh, new_args, n_steps=10, device_type="cpu")
+    optimizer2.load_state_dict(saved_optim)  # brings back the old lr and weight decay
+    scheduler2.load_state_dict(saved_sched)
+    factor = 1 - 5 / 10 * 0.9  # linear over 10 steps to 0.1: the factor of update 5
+    core, bias, default = optimizer2.param_groups
+    assert core["lr"] == pytest.approx(2e-2 * 0.5 * factor)  # the next update uses the new lr
+    assert default["lr"] == pytest.approx(2e-2 * factor)
+    assert (core["weight_decay"], bias["weight_decay"], default["weight_decay"]) == (
+        0.05,
+        0.0,
+        0.05,
+    )
+    assert scheduler2.get_last_lr() == [g["lr"] for g in optimizer2.param_groups]
+
+
+def test_a_group_that_an_earlier_group_covers_is_said_to_overlap():
+    args = OptimArgs(groups=[{"params": "core.*"}, {"params": "core.0.*", "lr_scale": 0.5}])
+    with pytest.raises(ConfigError) as err:
+        build_optimizer(Tiny(), args, n_steps=10, device_type="cpu")
+    assert str(err.value).startswith(
+        "optim.groups[1].params='core.0.*' overlaps optim.groups[0].params='core.*': every "
+        "parameter it matches (e.g. core.0.weight) is already in group 0"
+    )

@@ -11,9 +11,13 @@ import pytest
 from bytelatent.args import TrainArgs
 from bytelatent.config import parse_args
 from bytelatent.config.redact import redacted_dump
+from bytelatent.errors import ConfigError
 from bytelatent.train import main
-from bytelatent.trainer.resume_check import changes_line, check_resume, config_changes
+from bytelatent.trainer.optim import lr_factor_fn
+from bytelatent.trainer.resume_check import changes_line, check_resume, config_changes, flatten
+from bytelatent.trainer.resume_rules import Saved, apply_source_weights, decide, rule_of
 from tests.conftest import TINY_ENTROPY
+from tests.tiny import TINY_BLT_MODEL
 from tests.trainer.test_cli import REPO, metrics, run_cli
 
 ARGV = ["config=configs/entropy_debug.yaml", *TINY_ENTROPY, "steps=200"]
@@ -123,3 +127,131 @@ def test_resume_with_a_changed_lr_trains_and_reports_it(tmp_path, corpus_root):
     )
     assert [r["global_step"] for r in metrics(dump)] == [1, 2, 3]
     assert (dump / "config.yaml").read_text() != config  # the run that trained wrote its config
+
+
+# ---------------------------------------------------------------- issue 29 item 4: every changed key
+# A data state as train_state files hold it, reduced to what check_resume reads: its sources.
+DATA_STATE = {"type": "packing", "source": {"type": "sampling", "weights": {"stdlib": 1.0}}}
+BLT_ARGV = ["config=configs/debug.yaml", *TINY_BLT_MODEL, "data.seq_len=16", "steps=200"]
+
+
+def refused_line(tmp_path, capsys, argv: list[str], change: list[str]) -> str:
+    """The one stderr line of a resume with `change`, checked to exit 2 and write nothing."""
+    dump = tmp_path / "run"
+    argv = [*argv, f"dump_dir={dump}", "steps=300"]
+    fake_checkpoint(dump, 200, parse_args(TrainArgs, argv), data_state=DATA_STATE)
+    before = snapshot(dump)
+    assert main([*argv, *change]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert snapshot(dump) == before  # refused before the lock, train.log, config.yaml
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    "argv, change, key",
+    [
+        (ARGV, ["data.seq_len=64"], "data.seq_len=64 (checkpoint: 128)"),
+        (BLT_ARGV, ["data.patcher_args.patching_mode=byte"],
+         "data.patcher_args.patching_mode=byte (checkpoint: space)"),
+        (ARGV, ["data.sources.more=1.0"], "data.sources.more=1.0 (checkpoint: null)"),
+        (ARGV, ["seed=7"], "seed=7 (checkpoint: 42)"),
+        (ARGV, ["data.root_dir=elsewhere"], "data.root_dir=elsewhere (checkpoint: data)"),
+    ],
+)  # fmt: skip
+def test_a_key_the_restored_state_would_override_is_refused_naming_it(
+    tmp_path, chdir_repo, capsys, argv, change, key
+):
+    line = refused_line(tmp_path, capsys, argv, change)
+    assert line.startswith(f"config error: {key}: a resume cannot apply it"), line
+    assert line.endswith("restore the value or use another dump_dir")
+
+
+def test_a_new_source_is_refused_saying_the_data_state_lacks_it(tmp_path, chdir_repo, capsys):
+    line = refused_line(tmp_path, capsys, ARGV, ["data.sources.more=1.0"])
+    assert "no position in source 'more' (it reads ['stdlib'])" in line
+
+
+def test_an_optimizer_group_added_at_resume_is_refused_naming_it(tmp_path, chdir_repo, capsys):
+    line = refused_line(
+        tmp_path, capsys, ARGV, ["optim.groups=[{params: 'layers.*', lr_scale: 0.5}]"]
+    )
+    assert line.startswith("config error: optim.groups=")
+    assert "adds params='layers.*'" in line and "optimizer state has the groups []" in line
+
+
+def test_applied_keys_say_what_applies_them_in_the_changes_line(tmp_path, chdir_repo):
+    dump = tmp_path / "run"
+    argv = [*ARGV, f"dump_dir={dump}", "data.sources={stdlib: 1.0, other: 1.0}", "steps=300"]
+    fake_checkpoint(dump, 200, parse_args(TrainArgs, argv), data_state={
+        "type": "sampling", "weights": {"stdlib": 1.0, "other": 1.0},
+    })  # fmt: skip
+    changed = [*argv, "optim.lr=0.005", "data.sources={stdlib: 1.0}", "optim.weight_decay=0.0",
+               "logging.freq=5"]  # fmt: skip
+    check = check_resume(parse_args(TrainArgs, changed))  # no ConfigError
+    line = changes_line(check)
+    assert "optim.lr 0.003 -> 0.005 (applied: the lr schedule)" in line
+    assert "data.sources.other 1.0 -> null (applied: the mixture weights" in line
+    assert "optim.weight_decay 0.1 -> 0.0 (applied: AdamW hyperparameters)" in line
+    assert "logging.freq 10 -> 5," in line or line.endswith("logging.freq 10 -> 5")
+
+
+def test_every_key_of_train_args_has_a_resume_rule():
+    """A new key must say what a resume does with it (the refusal of an unruled key is a guard
+    for users, not a decision)."""
+    keys = flatten(redacted_dump(parse_args(TrainArgs, [*BLT_ARGV, "dump_dir=x"])))
+    keys |= flatten(redacted_dump(parse_args(TrainArgs, [*ARGV, "dump_dir=x"])))
+    assert [k for k in keys if rule_of(k) is None] == []
+
+
+def test_a_key_only_an_older_version_had_is_reported_not_refused():
+    rule = decide("data.gone_key", 1, None, in_config=False, saved=Saved(data_sources={"a"}))
+    assert rule.decision == "ignored"
+
+
+def test_source_weights_apply_to_every_stream_and_a_new_source_is_refused():
+    state = {"type": "packing", "source": {"type": "streams", "streams": [
+        {"type": "sampling", "weights": {"a": 1.0, "b": 1.0}, "sources": {}},
+        {"type": "sampling", "weights": {"a": 1.0, "b": 1.0}, "sources": {}},
+    ]}}  # fmt: skip
+    new, changed = apply_source_weights(state, {"a": 3.0})
+    assert (
+        changed and [s["weights"] for s in new["source"]["streams"]] == [{"a": 3.0, "b": 0.0}] * 2
+    )
+    assert apply_source_weights(new, {"a": 3.0}) == (new, False)
+    with pytest.raises(ConfigError, match=r"data.sources.c: .* no position in source 'c'"):
+        apply_source_weights(state, {"a": 1.0, "c": 1.0})
+
+
+@pytest.mark.slow
+def test_resume_applies_a_new_lr_schedule_and_new_mixture_weights(tmp_path, corpus_root):
+    root = tmp_path / "data"
+    root.mkdir()
+    for name in ("stdlib", "other"):  # two sources (the same files) for a mixture
+        (root / name).symlink_to(corpus_root / "stdlib")
+    dump = tmp_path / "run"
+    argv = ["config=configs/entropy_debug.yaml", *TINY_ENTROPY, f"dump_dir={dump}",
+            f"data.root_dir={root}", "data.sources={stdlib: 1.0, other: 1.0}", "logging.freq=1"]  # fmt: skip
+    first = run_cli("bytelatent.train", [*argv, "steps=2"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    changed = [*argv, "steps=4", "optim.lr=0.005", "data.sources={stdlib: 1.0}"]
+    res = run_cli("bytelatent.train", changed)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "optim.lr 0.003 -> 0.005 (applied: the lr schedule)" in res.stdout
+    assert "data.sources.other 1.0 -> null (applied: the mixture weights" in res.stdout
+    args = parse_args(TrainArgs, changed)
+    schedule = lr_factor_fn(args.optim, args.steps)
+    lrs = {r["global_step"]: r["lr"] for r in metrics(dump)}
+    assert [lrs[s] for s in (3, 4)] == pytest.approx([0.005 * schedule(s) for s in (3, 4)])
+    state = json.loads((dump / "checkpoints" / f"{4:010d}" / "train_state_00000.json").read_text())
+    assert sampling_weights(state["data_state"]) == [{"stdlib": 1.0, "other": 0.0}] * 2
+    assert "lr: 0.005" in (dump / "config.yaml").read_text()  # what the run used
+
+
+def sampling_weights(node) -> list[dict]:
+    if isinstance(node, list):
+        return [w for v in node for w in sampling_weights(v)]
+    if not isinstance(node, dict):
+        return []
+    own = [node["weights"]] if node.get("type") == "sampling" else []
+    return own + [w for v in node.values() for w in sampling_weights(v)]
