@@ -24,6 +24,7 @@ from bytelatent.trainer.run_files import (
     repair_partial_line,
     write_text_atomic,
 )
+from tests.limits import hang_limit
 from tests.paths import REPO
 
 ENOSPC_LINE = "[Errno 28] No space left on device"
@@ -210,7 +211,7 @@ def test_eval_metrics_line_cut_by_a_file_size_limit_leaves_whole_lines(tmp_path)
         "    print(e.one_line()); sys.exit(3)\n"
     )
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         cwd=REPO, timeout=120)  # fmt: skip
+                         cwd=REPO, timeout=hang_limit(120))  # fmt: skip
     assert res.returncode == 3, res.stderr[-2000:]
     assert res.stdout.strip() == f"disk error: writing {path}: [Errno 27] File too large"
     assert path.read_text() == '{"global_step": 1}\n'
@@ -233,7 +234,7 @@ def test_eval_metrics_from_concurrent_writers_are_whole_lines(tmp_path):
         f"    append_jsonl({str(path)!r}, {{'global_step': i, 'w': sys.argv[1] * 70000}})\n"
     )
     procs = [subprocess.Popen([sys.executable, "-c", script, w], cwd=REPO) for w in "abc"]
-    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    assert [p.wait(timeout=hang_limit(120)) for p in procs] == [0, 0, 0]
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(records) == 60 and all(len(set(r["w"])) == 1 for r in records)
 
