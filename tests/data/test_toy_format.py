@@ -59,8 +59,8 @@ class TsvReader:
             return Document(sample_id, text, entropies=None, path=self.path, row=row)
         return None
 
-    def position(self) -> TsvPosition:
-        return TsvPosition(row=self.row, byte_offset=self.byte_offset)
+    def position(self) -> dict[str, int]:  # the fields of TsvPosition
+        return {"row": self.row, "byte_offset": self.byte_offset}
 
     def close(self) -> None:
         self.file.close()

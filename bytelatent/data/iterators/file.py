@@ -219,10 +219,11 @@ class _Slot:
         self.saved = saved or {}  # position to open at (until the reader exists)
         self.reader: Reader | None = None
 
+    def saved_position(self) -> dict[str, Any]:
+        return dict(self.saved) if self.reader is None else self.reader.position()
+
     def cursor(self) -> Cursor:
-        if self.reader is None:
-            return Cursor(shard_index=self.shard_index, position=dict(self.saved))
-        return Cursor(shard_index=self.shard_index, position=self.reader.position().model_dump())
+        return Cursor(shard_index=self.shard_index, position=self.saved_position())
 
 
 class FileIterator(StatefulIterator[Document]):
@@ -260,11 +261,10 @@ class FileIterator(StatefulIterator[Document]):
             self.opened += 1
 
     def get_state(self) -> FileIteratorState:
-        c = self.current.cursor()
         return self.state.model_copy(
             update={
-                "shard_index": c.shard_index,
-                "position": c.position,
+                "shard_index": self.current.shard_index,
+                "position": self.current.saved_position(),
                 "others": [o.cursor() for o in self.others],
                 "opened": self.opened,
             }
@@ -314,7 +314,7 @@ class FileIterator(StatefulIterator[Document]):
 
     def _row(self, slot: _Slot) -> int:
         if slot.reader is not None:
-            return slot.reader.position().row
+            return slot.reader.position()["row"]
         fmt = self.formats[self.shards[slot.shard_index].format]
         return fmt.position.load(slot.saved).row
 

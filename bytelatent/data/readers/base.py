@@ -104,8 +104,10 @@ class Reader(Protocol):
         """The next document of the shard's rows; None at the end of the file. Raises BadRecord
         (one row, already passed), BadFile (the rest of the file) or DataError."""
 
-    def position(self) -> Position:
-        """Where the next `read()` starts: saved in the state, given back to `open` at a resume."""
+    def position(self) -> dict[str, Any]:
+        """Where the next `read()` starts, as the fields of the format's Position (saved in the
+        state; `open` gets `Position.load` of it at a resume). A dict, not the model: the state
+        is taken before every document, and a pydantic model costs microseconds to build."""
 
     def close(self) -> None: ...
 

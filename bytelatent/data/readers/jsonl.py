@@ -63,7 +63,10 @@ class _LineReader:
 
     def read(self) -> Document | None:
         while True:
-            line = self._readline()
+            try:
+                line = self._readline()
+            except BadFile as exc:  # the lines before the damage were returned
+                raise BadFile(f"{exc}; the last good line is line {self.row}") from exc
             if not line:
                 return None
             row = self.row
@@ -89,8 +92,8 @@ class JsonlReader(_LineReader):
             self.file.seek(position.byte_offset)
         self._readline = self.file.readline
 
-    def position(self) -> JsonlPosition:
-        return JsonlPosition(row=self.row, byte_offset=self.byte_offset)
+    def position(self) -> dict[str, int]:
+        return {"row": self.row, "byte_offset": self.byte_offset}
 
     def close(self) -> None:
         self.file.close()
@@ -218,21 +221,16 @@ class CompressedJsonlReader(_LineReader):
             self.lines = CompressedLines(
                 self.path, kind, fs, fs_path, p.frame_offset, p.frame_start, p.byte_offset
             )
+        self._readline = self.lines.readline
 
-    def _readline(self) -> bytes:
-        try:
-            return self.lines.readline()
-        except BadFile as exc:
-            raise BadFile(f"{exc}; the last good line is line {self.row}") from exc
-
-    def position(self) -> CompressedPosition:
+    def position(self) -> dict[str, int]:
         frame_offset, frame_start = self.lines.boundary
-        return CompressedPosition(
-            row=self.row,
-            byte_offset=self.byte_offset,
-            frame_offset=frame_offset,
-            frame_start=frame_start,
-        )
+        return {
+            "row": self.row,
+            "byte_offset": self.byte_offset,
+            "frame_offset": frame_offset,
+            "frame_start": frame_start,
+        }
 
     def close(self) -> None:
         self.lines.close()

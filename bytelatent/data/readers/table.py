@@ -241,8 +241,8 @@ class ArrowReader(_TableReader):
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError, EOFError) as exc:
             raise BadFile(f"record batch {index}: truncated or corrupt Arrow data ({exc})") from exc
 
-    def position(self) -> ArrowPosition:
-        return ArrowPosition(row=self.row, batch_index=self.unit, batch_start_row=self.unit_start)
+    def position(self) -> dict[str, int]:
+        return {"row": self.row, "batch_index": self.unit, "batch_start_row": self.unit_start}
 
     def close(self) -> None:
         self.file.close()
@@ -297,8 +297,8 @@ class ParquetReader(_TableReader):
             return pa.RecordBatch.from_pylist([], schema=table.schema)
         return batches[0]
 
-    def position(self) -> ParquetPosition:
-        return ParquetPosition(row=self.row, row_group=self.unit, group_start_row=self.unit_start)
+    def position(self) -> dict[str, int]:
+        return {"row": self.row, "row_group": self.unit, "group_start_row": self.unit_start}
 
     def close(self) -> None:
         self.file.close()
