@@ -14,7 +14,7 @@ import zlib
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from bytelatent.data.iterators.base import StatefulIterator, numpy_rng_state
 from bytelatent.data.iterators.file import (
@@ -29,6 +29,7 @@ from bytelatent.data.iterators.sampling import SamplingIteratorState
 from bytelatent.data.iterators.sequence import SequenceArgs, SequenceIteratorState
 from bytelatent.data.iterators.states import load_state
 from bytelatent.data.patcher_args import PatcherArgs, PatchingMode
+from bytelatent.data.readers import formats
 from bytelatent.data.sources import file_formats, source_files
 from bytelatent.errors import ConfigError
 from bytelatent.tokenizers.args import TokenizerArgs
@@ -85,10 +86,11 @@ class DataArgs(BaseModel):
     buffer_size: int = Field(
         64, ge=1, description="sequences shuffled together; 1 disables shuffling"
     )
-    file_format: Literal["auto", "arrow", "parquet", "json", "jsonl"] = Field(
+    file_format: str = Field(
         "auto",
-        description="auto: each file's reader from its extension; arrow, parquet, json/jsonl "
-        "force that reader and pick those files when a folder holds several kinds",
+        description="auto: each file's reader from its suffix; jsonl or any registered format name "
+        "(arrow, parquet, zst, gz, or one a user registered) forces that reader and picks those "
+        "files when a folder holds several kinds",
     )
     text_field: str = Field(
         "text", description="column/key of the text (`text` also accepts `content`)"
@@ -132,6 +134,14 @@ class DataArgs(BaseModel):
     skip_bad_records: bool = Field(
         False, description="skip (and count) unreadable records instead of failing"
     )
+
+    @field_validator("file_format")
+    @classmethod
+    def _known_format(cls, value: str) -> str:
+        names = ["auto", "jsonl", *(f.name for f in formats())]
+        if value not in names:
+            raise ValueError(f"unknown format {value!r}; use one of {', '.join(names)}")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> DataArgs:
