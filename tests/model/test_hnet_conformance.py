@@ -348,3 +348,20 @@ def test_fixture_inventory() -> None:
     for dtype in DTYPES:
         assert f"routing/{dtype}/packed/edge_docs5-1-6_D16_identity" in names
         assert f"routing/{dtype}/padded/edge_L12_D16_identity" in names
+
+
+def test_comparison_names_case_field_and_error() -> None:
+    """A wrong value, a wrong dtype and an unchecked field each fail, naming the case."""
+    case = {
+        "name": "routing/float64/padded/synthetic",
+        "outputs": {"a": torch.zeros(3, dtype=torch.float64), "b": torch.zeros(2), "c": 1},
+    }
+    cmp = Comparison(case)
+    cmp.check("outputs.a", torch.tensor([0.0, 0.0, 1e-3], dtype=torch.float64), 1e-10)
+    cmp.check("outputs.b", torch.zeros(2, dtype=torch.float64), 1e-10)
+    with pytest.raises(AssertionError) as failure:
+        cmp.assert_ok()
+    message = str(failure.value)
+    assert message.startswith("routing/float64/padded/synthetic: outputs.a: max err 0.001")
+    assert "outputs.b: dtype torch.float64, expected torch.float32" in message
+    assert "outputs.c: not compared" in message

@@ -53,7 +53,9 @@ class RoutingModule(nn.Module):
         """The official init: W_q = W_k = I (cosine of the raw states at the start)."""
         with torch.no_grad():
             for layer in (self.q_proj_layer, self.k_proj_layer):
-                layer.weight.copy_(torch.eye(self.d_model, device=layer.weight.device))
+                # zero + diagonal rather than copying torch.eye: cheap on every device (torch.eye
+                # on the meta device costs seconds of decomposition set-up)
+                layer.weight.zero_().diagonal().fill_(1.0)
 
     def forward(
         self,
