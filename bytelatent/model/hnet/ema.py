@@ -100,7 +100,8 @@ def ema_scan_sequential(
         decay = decay.masked_fill(reset, 0.0)
     state = torch.zeros_like(inputs[:, 0])
     states = []
-    for t in range(inputs.shape[1]):
-        state = decay[:, t, None] * state + inputs[:, t]
+    # unbind once: indexing position t inside the loop would make the backward O(L^2 D)
+    for decay_t, input_t in zip(decay.unbind(1), inputs.unbind(1)):
+        state = decay_t[:, None] * state + input_t
         states.append(state)
     return torch.stack(states, dim=1)
