@@ -3,13 +3,12 @@ step clock, and the analytic count of a debug step against torch's FlopCounterMo
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+import bytelatent.trainer.throughput as throughput_module
 from bytelatent.args import TrainArgs
 from bytelatent.config import parse_args
 from bytelatent.data.batch import Batch
@@ -86,14 +85,17 @@ def test_peak_is_the_exact_device_and_the_runs_dtype(monkeypatch, name, dtype, t
     assert peak_flops_per_device(torch.device("cpu"), 123.0, dtype, tf32) == 123e12
 
 
-def test_step_clock_sums_steps_on_cpu():
+def test_step_clock_sums_steps_on_cpu(monkeypatch):
+    """Only the time between start() and stop() counts (a fake clock: behaviour, not speed)."""
+    now = [100.0]
+    monkeypatch.setattr(throughput_module.time, "perf_counter", lambda: now[0])
     clock = StepClock(torch.device("cpu"))
     for _ in range(2):
         clock.start()
-        time.sleep(0.02)
+        now[0] += 0.02
         clock.stop()
-    time.sleep(0.05)  # between steps: not step time
-    assert 0.04 <= clock.pop() < 0.09
+    now[0] += 0.05  # between steps: not step time
+    assert clock.pop() == pytest.approx(0.04)
     assert clock.pop() == 0.0
 
 
