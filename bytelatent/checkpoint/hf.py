@@ -31,7 +31,7 @@ from bytelatent.model.args import LMTransformerArgs, block_head_counts
 from bytelatent.model.blt import ByteLatentTransformer
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.layers import ffn_hidden_dim
-from bytelatent.model.transformer import LMTransformer
+from bytelatent.model.registry import get_arch
 
 logger = logging.getLogger("bytelatent")
 
@@ -822,7 +822,7 @@ def _load_strict(args: Any, kind: str, state: dict[str, torch.Tensor], where: st
     """Fail on a missing / unexpected / misshaped tensor before anything is written."""
 
     with torch.device("meta"):
-        model = (ByteLatentTransformer if kind == "blt" else LMTransformer)(args)
+        model = get_arch(kind).build(args)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in state.items()}
     if expected != got:
