@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from bytelatent.checkpoint.args import CheckpointArgs
 from bytelatent.config.reference_format import looks_like_reference, reference_hint
@@ -30,6 +30,14 @@ DEFAULT_ENV = {
     "NCCL_IB_TIMEOUT": "22",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
 }
+
+
+def _arch_args_errors(exc: ValidationError, arch: str) -> str:
+    """One line per problem, named like every other key (`arch_args.dim: ...`)."""
+    return "; ".join(
+        f"arch_args.{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (arch {arch})"
+        for e in exc.errors()
+    )
 
 
 class TrainArgs(BaseModel):
@@ -160,8 +168,8 @@ class TrainArgs(BaseModel):
             if not isinstance(self.arch_args, spec.args_class):
                 try:
                     self.arch_args = spec.args_class.model_validate(self.arch_args or {})
-                except ValueError as exc:
-                    raise ValueError(f"arch_args ({self.arch}): {exc}") from None
+                except ValidationError as exc:
+                    raise ValueError(_arch_args_errors(exc, self.arch)) from None
         elif self.arch_args is not None:
             raise ValueError(
                 f"arch_args: only for architectures registered outside bytelatent; arch={self.arch} "
