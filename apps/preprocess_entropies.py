@@ -58,7 +58,8 @@ from bytelatent.data.entropy import (
     model_max_length,
     resolve_device,
 )
-from bytelatent.data.iterators.file import FileIteratorState, FileShard, file_format_of
+from bytelatent.data.iterators.file import FileIteratorState, FileShard
+from bytelatent.data.readers import format_of as file_format_of
 from bytelatent.errors import ConfigError, DataError, UserError
 from bytelatent.progress import PROGRESS_MODES, Progress
 from bytelatent.tokenizers.blt import BltTokenizer

@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bytelatent.model.attention import SDPA_CHUNK, attend, self_attn_mask  # noqa: E402
+from bytelatent.model.attention import SDPA_CHUNK, SdpaChunked, attend, self_attn_mask  # noqa: E402
 
 EOS = 2
 
@@ -93,7 +93,7 @@ def stress(args, kind: str, dtype: torch.dtype, threads: int) -> dict:
         torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype) for _ in range(4)
     )
     shared = self_attn_mask(kind, tokens, EOS, window)
-    if shared.chunks is None:  # a long local mask runs banded (BandedMask), not chunked
+    if not isinstance(shared, SdpaChunked):  # a long local mask runs banded, not chunked
         return None
     ref = brute_force(q, k, v, shared.dense, g)
     first, worst, mismatches, nans = None, {}, 0, 0

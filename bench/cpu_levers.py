@@ -374,12 +374,12 @@ def bench_chunk_plan_step(blocks: int = 4) -> None:
 
     step, model = _entropy_bench_step()
     plans = _alternative_plans(21_000)
-    original = attention.chunk_plan
+    original = attention.chunked.chunk_plan
     x, _ = packed_batch(4, 1024, seed=0)
 
     def use(plan) -> Callable[[], None]:  # noqa: ANN001
         def switch() -> None:
-            attention.chunk_plan = plan
+            attention.chunked.chunk_plan = plan
 
         return switch
 
@@ -395,7 +395,7 @@ def bench_chunk_plan_step(blocks: int = 4) -> None:
         variants = {name: use(plan) for name, plan in plans.items()}
         times = alternating_steps(step, variants, blocks, 2)
     finally:
-        attention.chunk_plan = original
+        attention.chunked.chunk_plan = original
     base = statistics.median(times["current"])
     for name, values in times.items():
         seconds = statistics.median(values)

@@ -38,9 +38,9 @@ from bytelatent.data.elastic import build_train_data, resume_data_state  # noqa:
 from bytelatent.data.iterators.file import (  # noqa: E402
     FileIteratorState,
     FileShard,
-    file_format_of,  # noqa: E402
 )
 from bytelatent.data.prepare import prepare  # noqa: E402
+from bytelatent.data.readers import format_of as file_format_of  # noqa: E402
 
 FRAME = 1 << 20
 
@@ -148,9 +148,9 @@ def resume_state(path: Path, lines: list[bytes], frames: list[tuple[int, int]] |
     if fmt in ("json", "zst"):
         offset = sum(map(len, lines[:row]))
         frame = max((f for f in frames or [(0, 0)] if f[1] <= offset), key=lambda f: f[1])
-        update = {"row": row, "byte_offset": offset}
-        update |= {"frame_offset": frame[0], "frame_start": frame[1]} if fmt == "zst" else {}
-        return state.model_copy(update=update)
+        position = {"row": row, "byte_offset": offset}
+        position |= {"frame_offset": frame[0], "frame_start": frame[1]} if fmt == "zst" else {}
+        return state.model_copy(update={"position": position})
     if fmt == "parquet":
         meta = pq.ParquetFile(str(path)).metadata
         sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
@@ -161,7 +161,11 @@ def resume_state(path: Path, lines: list[bytes], frames: list[tuple[int, int]] |
     while start + sizes[batch] <= row:
         start += sizes[batch]
         batch += 1
-    return state.model_copy(update={"row": row, "batch_index": batch, "batch_start_row": start})
+    if fmt == "parquet":
+        position = {"row": row, "row_group": batch, "group_start_row": start}
+    else:
+        position = {"row": row, "batch_index": batch, "batch_start_row": start}
+    return state.model_copy(update={"position": position})
 
 
 def resume_seconds(state: FileIteratorState) -> float:

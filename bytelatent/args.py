@@ -49,7 +49,9 @@ class TrainArgs(BaseModel):
     dump_dir: str = Field(
         ..., description="where config.yaml, metrics.jsonl, train.log and checkpoints go"
     )
-    seed: int = Field(42, description="torch seed for weight init and dropout")
+    seed: int = Field(
+        42, description="torch's global RNG seed (dropout); weight init uses model.seed"
+    )
     debug_dynamo: bool = Field(False, description="verbose torch.compile (dynamo) logging")
     grad_acc_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
     gc_collect_freq: int = Field(1000, ge=0, description="0 leaves Python's GC automatic")
@@ -136,7 +138,9 @@ class TrainArgs(BaseModel):
         description="validation bpb in the loop / before training, eval tasks, async eval jobs",
     )
     actions: list[ActionArgs] = Field(
-        default_factory=list, description="run after each log step and evaluation, e.g. early_stop"
+        default_factory=list,
+        description="run after each log step and evaluation: {kind: early_stop, metric, mode, "
+        "patience, min_delta} or {kind: nonfinite_stop, max_skipped_steps}",
     )
 
     @model_validator(mode="before")

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, Field
 
 from bytelatent.errors import ConfigError, DataError, UserError
 from bytelatent.eval.generation.sampling import GenerationArgs
@@ -30,14 +30,28 @@ class GenerateArgs(GenerationArgs):
 
     model_config = ConfigDict(extra="forbid")
 
-    ckpt: str
-    prompt: str | None = None
-    prompts_file: str | None = None
-    output: str | None = None
-    entropy_ckpt: str | None = None
-    patcher: dict[str, Any] = {}
-    device: str = "cpu"
-    progress: bool | None = None
+    ckpt: str = Field(
+        ..., description="DCP step folder, consolidated folder or released-layout folder"
+    )
+    prompt: str | None = Field(None, description="one prompt (or prompts_file)")
+    prompts_file: str | None = Field(
+        None, description="JSONL, one object with a prompt (or text) string per line"
+    )
+    output: str | None = Field(
+        None, description="JSONL of prompt, continuation, finish_reason, n_bytes; null: stdout"
+    )
+    entropy_ckpt: str | None = Field(
+        None,
+        description="entropy model for entropy patching; default: the checkpoint's "
+        "entropy_model_checkpoint_dir or a sibling entropy_model/",
+    )
+    patcher: dict[str, Any] = Field(
+        {}, description="patcher_args overrides over the checkpoint's, e.g. patcher.threshold=3"
+    )
+    device: str = Field("cpu", description="torch device, e.g. cpu, cuda, cuda:1")
+    progress: bool | None = Field(
+        None, description="tqdm bar over a prompts_file; null: only on a terminal"
+    )
 
     def check_source(self) -> None:
         if (self.prompt is None) == (self.prompts_file is None):

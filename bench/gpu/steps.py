@@ -127,7 +127,7 @@ def step_attention(ctx: Ctx) -> dict:
     backends = ["sdpa"]
     if ctx.cuda:
         backends.append("flex_attention")
-        if A._xformers_available():
+        if A.xformers_available():
             backends.append("xformers")
     lengths = (256, 1024) if ctx.quick else (256, 8192)
     tol = {torch.float32: 2e-3 if ctx.cuda else 1e-4, torch.bfloat16: 5e-2}
@@ -148,7 +148,7 @@ def step_attention(ctx: Ctx) -> dict:
                         "backend": backend,
                         "dtype": str(dtype)[6:],
                         **err,
-                        "banded": mask.band is not None,
+                        "banded": isinstance(mask, A.SdpaBanded),
                     }
                     results.append(row)
                     if max(err.values()) > tol[dtype]:

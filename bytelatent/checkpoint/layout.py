@@ -1,4 +1,4 @@
-"""Checkpoint folders without a model: names, completion markers, listing, leases and retention.
+"""Checkpoint folders without a model: names, completion markers, listing, leases, setting aside.
 
 Nothing here reads or writes DCP data, so all of it is testable with plain files:
 
@@ -8,7 +8,8 @@ Nothing here reads or writes DCP data, so all of it is testable with plain files
     {path}/{step:010d}.corrupt-*    set aside after failing verification (kept, ignored)
 
 A `.complete` that is not a JSON object (damaged, hand-edited) does not count as complete: the
-folder is never resumed from and retention treats it as a partial save.
+folder is never resumed from and retention treats it as a partial save. Which folders are
+deleted is `retention.py`'s decision; this module only lists and deletes them.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class StepFolder:
 
 
 class FolderStore:
-    """The step folders under one checkpoint path: list, mark, lease-check, delete, set aside."""
+    """The step folders under one checkpoint path: list, lease-check, delete, set aside."""
 
     def __init__(self, fs: AbstractFileSystem, path: str) -> None:
         self.fs = fs
@@ -155,60 +156,3 @@ class FolderStore:
         self.fs.mv(folder, aside, recursive=True)
         cfs._refresh(self.fs, folder)  # s3fs caches listings
         return aside
-
-    def apply_retention(
-        self, just_saved: int, dump_keep: int, eval_keep: int, hold: HoldFn | None = None
-    ) -> list[str]:
-        """Delete what `retention_plan` retires, except folders held (lease, `hold`); returns them."""
-        deleted = []
-        for entry in retention_plan(self.scan(), just_saved, dump_keep, eval_keep):
-            if entry.complete:
-                reason = self._hold_reason(entry, hold)
-                if reason is not None:
-                    logger.info("retention: keeping %s: %s", entry.path, reason)
-                    continue
-                logger.info("retention: removing checkpoint %s", entry.path)
-            else:
-                logger.info("removing partial checkpoint %s", entry.path)
-            self.delete(entry.path)
-            deleted.append(entry.path)
-        return deleted
-
-    def _hold_reason(self, entry: StepFolder, hold: HoldFn | None) -> str | None:
-        if self.leased(entry.path):
-            return "a reader holds a lease"
-        return hold(entry.step, entry.path, entry.kinds) if hold is not None else None
-
-
-def retention_plan(
-    folders: Sequence[StepFolder], just_saved: int, dump_keep: int, eval_keep: int
-) -> list[StepFolder]:
-    """Folders retention retires once `just_saved` is complete (before leases and holds).
-
-    Partial folders older than `just_saved` (a newer one may be the next save starting on another
-    rank). Complete folders: each kind group (dumps: dump/final/preempt; evals) keeps its newest
-    `keep` (<= 0 keeps all); a folder goes only when every group it belongs to retires it; the
-    newest complete folder and `step` saves always stay. Kinds come from the markers, not from
-    `step % every`, so this stays right when `every` changes between runs.
-    """
-    complete = [entry for entry in folders if entry.complete]
-    newest = complete[-1].step if complete else None
-    votes: dict[int, list[bool]] = {entry.step: [] for entry in complete}
-    for group, keep in ((DUMP_KINDS, dump_keep), (frozenset({"eval"}), eval_keep)):
-        members = [entry.step for entry in complete if group & set(entry.kinds)]
-        kept = set(members[-keep:]) if keep > 0 else set(members)
-        for step in members:
-            votes[step].append(step not in kept)
-    retired = []
-    for entry in folders:
-        if not entry.complete:
-            if entry.step < just_saved:
-                retired.append(entry)
-        elif (
-            entry.step != newest
-            and not KEPT_KINDS & set(entry.kinds)
-            and votes[entry.step]
-            and all(votes[entry.step])
-        ):
-            retired.append(entry)
-    return retired

@@ -7,6 +7,8 @@ Every entry point prints its usage with `--help`; those that take a config also 
 from __future__ import annotations
 
 import json
+import re
+import textwrap
 import typing
 from typing import Any
 
@@ -17,6 +19,11 @@ from pydantic_core import PydanticUndefined
 from bytelatent.errors import ConfigError
 
 HELP_FLAGS = ("-h", "--help")
+# Help pages wrap descriptions to this many columns (a key longer than its column puts its
+# description on the lines below it).
+HELP_WIDTH = 100
+# `>= 0`, `(0, 1]`, `[0, 1)`: kept on one line (the space becomes a no-break space while wrapping)
+_GLUED = re.compile(r"((?:^|(?<=[\s(]))(?:[<>]=?|[(\[]-?\d+(?:\.\d+)?,)) ")
 
 
 def wants_help(argv: list[str]) -> bool:
@@ -32,24 +39,49 @@ def help_topic(argv: list[str]) -> str | None:
 
 
 def section_model(annotation: Any) -> type[BaseModel] | None:
-    """The arg model of a nested section (`X`, `X | None`), None for a leaf or a list of models."""
+    """The arg model of a nested section (`X`, `X | None`, or the items of `list[X]`), None for
+    a leaf."""
     for member in typing.get_args(annotation) or (annotation,):
         if isinstance(member, type) and issubclass(member, BaseModel):
             return member
     return None
 
 
+def _is_list(annotation: Any) -> bool:
+    return typing.get_origin(annotation) is list
+
+
+def _row(text: str, description: str | None, column: int) -> list[str]:
+    """`text`, then `description` from `column` on, wrapped to HELP_WIDTH; the description starts
+    on the next line when `text` reaches its column."""
+    if not (description or "").strip():
+        return [text]
+    indent = " " * column
+    chunks = textwrap.wrap(
+        _GLUED.sub("\\1\u00a0", description),
+        max(HELP_WIDTH - column, 40),
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    chunks = [chunk.replace("\u00a0", " ") for chunk in chunks]
+    if len(text) < column:
+        return [f"{text:<{column}}{chunks[0]}", *(indent + c for c in chunks[1:])]
+    return [text, *(indent + c for c in chunks)]
+
+
 def sections(model: type[BaseModel]) -> dict[str, FieldInfo]:
     return {n: f for n, f in model.model_fields.items() if section_model(f.annotation) is not None}
 
 
-def _default(field: FieldInfo) -> str:
+def _default_value(field: FieldInfo) -> Any:
     if field.is_required():
-        return "required"
+        return PydanticUndefined
     if field.default_factory is not None:
-        value = field.default_factory()
-    else:
-        value = field.default
+        return field.default_factory()
+    return field.default
+
+
+def _shown(value: Any) -> str:
     if value is PydanticUndefined:
         return "required"
     if isinstance(value, BaseModel):
@@ -60,24 +92,37 @@ def _default(field: FieldInfo) -> str:
         return str(value)
 
 
-def key_lines(model: type[BaseModel], prefix: str = "") -> list[str]:
-    """`  key = default   description`, one line per leaf key, nested sections flattened."""
+def _default(field: FieldInfo) -> str:
+    return _shown(_default_value(field))
+
+
+def key_lines(
+    model: type[BaseModel], prefix: str = "", defaults: BaseModel | None = None
+) -> list[str]:
+    """`  key = default   description` per leaf key, nested sections flattened (the keys of a
+    list's items as `key[i].name`); descriptions wrapped to HELP_WIDTH. `defaults`: the section's
+    default value when its parent sets one (e.g. `eval.async_launch.slurm.time`), which wins over
+    the field defaults of `model`."""
     lines = []
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
+        value = getattr(defaults, name) if defaults is not None else _default_value(field)
         nested = section_model(field.annotation)
         if nested is not None:
-            note = "  (optional section, unset by default)" if _default(field) == "null" else ""
-            lines.append(
-                f"  {key}:{note}" + (f"  {field.description}" if field.description else "")
-            )
-            lines += key_lines(nested, key + ".")
+            if _is_list(field.annotation):
+                note, item = f"  (a list, default {_shown(value)}; each item:)", "[i]."
+            elif value is None:
+                note, item = "  (optional section, unset by default)", "."
+            else:
+                note, item = "", "."
+            lines += _row(f"  {key}:{note}", field.description, 49)
+            section_defaults = value if isinstance(value, nested) else None
+            lines += key_lines(nested, key + item, section_defaults)
             continue
-        default = _default(field)
+        default = _shown(value)
         if len(default) > 40:
             default = default[:37] + "..."
-        text = f"  {key} = {default}"
-        lines.append(f"{text:<48} {field.description}" if field.description else text)
+        lines += _row(f"  {key} = {default}", field.description, 49)
     return lines
 
 
@@ -91,6 +136,7 @@ def section_help(model: type[BaseModel], topic: str, program: str) -> str:
         names = ", ".join(sections(model))
         raise ConfigError(f"--help {topic}: not a section of {program}; sections: {names}, all")
     head = f"{topic}: {field.description}" if field.description else f"{topic}:"
+    head = textwrap.fill(head, HELP_WIDTH, subsequent_indent="  ", break_long_words=False)
     return head + "\n" + "\n".join(key_lines(nested, topic + ".")) + "\n"
 
 
@@ -101,16 +147,15 @@ def top_level_lines(model: type[BaseModel]) -> list[str]:
     for name, field in model.model_fields.items():
         if name in nested:
             continue
-        text = f"  {name} = {_default(field)}"
-        lines.append(f"{text:<40} {field.description}" if field.description else text)
+        lines += _row(f"  {name} = {_default(field)}", field.description, 41)
     return lines
 
 
 def section_lines(model: type[BaseModel]) -> list[str]:
-    return [
-        f"  {name:<15} {field.description or ''}".rstrip()
-        for name, field in sections(model).items()
-    ]
+    lines = []
+    for name, field in sections(model).items():
+        lines += _row(f"  {name}", field.description, 18)
+    return lines
 
 
 def entry_help(argv: list[str], *, usage: str, model: type[BaseModel], doc: str = "") -> str | None:

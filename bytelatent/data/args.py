@@ -14,7 +14,7 @@ import zlib
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from bytelatent.data.iterators.base import StatefulIterator, numpy_rng_state
 from bytelatent.data.iterators.file import (
@@ -29,6 +29,7 @@ from bytelatent.data.iterators.sampling import SamplingIteratorState
 from bytelatent.data.iterators.sequence import SequenceArgs, SequenceIteratorState
 from bytelatent.data.iterators.states import load_state
 from bytelatent.data.patcher_args import PatcherArgs, PatchingMode
+from bytelatent.data.readers import formats
 from bytelatent.data.sources import file_formats, source_files
 from bytelatent.errors import ConfigError
 from bytelatent.tokenizers.args import TokenizerArgs
@@ -46,28 +47,51 @@ class DataArgs(BaseModel):
     dataset_files: list[str] | None = Field(
         None, description="explicit files/globs, used instead of sources"
     )
-    batch_size: int = Field(2, ge=1)
+    batch_size: int = Field(2, ge=1, description="rows per micro-batch on each data-parallel rank")
     seq_len: int = Field(
         2048,
         ge=1,
         description="patches per row (patch mode) or bytes per row (byte mode)",
     )
-    seed: int = 42
-    add_bos: bool = True
-    add_eos: bool = True
-    load_async: bool = True
+    seed: int = Field(
+        42, description="seeds the file order, the shuffle buffers and the source sampling"
+    )
+    add_bos: bool = Field(
+        True, description="start each document with BOS (unless tokenizer_args.init_kwargs sets it)"
+    )
+    add_eos: bool = Field(
+        True, description="end each document with EOS (unless tokenizer_args.init_kwargs sets it)"
+    )
+    load_async: bool = Field(
+        True, description="build batches in a background process that prefetches them"
+    )
     async_persist_type: Literal["exact", "approximate"] = Field(
         "exact",
         description="accepted for reference configs; the state is always exact (and free)",
     )
-    prefetch_size: int = Field(64, ge=1)
-    preprocess_dir: str | None = None
-    entropy_model_name: str | None = "transformer_100m"
-    arrow_batch_size: int = Field(20, ge=1)
+    prefetch_size: int = Field(
+        64, ge=1, description="batches the load_async process may queue ahead of training"
+    )
+    preprocess_dir: str | None = Field(
+        None,
+        description="read source S from {preprocess_dir}/S/{entropy_model_name}/*.arrow: shards "
+        "with precomputed entropies, written by apps/preprocess_entropies",
+    )
+    entropy_model_name: str | None = Field(
+        "transformer_100m", description="folder under preprocess_dir/{source}/ to read"
+    )
+    arrow_batch_size: int = Field(
+        20, ge=1, description="Arrow/Parquet rows converted to Python at a time"
+    )
     buffer_size: int = Field(
         64, ge=1, description="sequences shuffled together; 1 disables shuffling"
     )
-    file_format: Literal["auto", "arrow", "parquet", "json", "jsonl"] = "auto"
+    file_format: str = Field(
+        "auto",
+        description="auto: each file's reader from its suffix; jsonl or any registered format name "
+        "(arrow, parquet, zst, gz, or one a user registered) forces that reader and picks those "
+        "files when a folder holds several kinds",
+    )
     text_field: str = Field(
         "text", description="column/key of the text (`text` also accepts `content`)"
     )
@@ -79,21 +103,45 @@ class DataArgs(BaseModel):
         None,
         ge=1,
         description="data streams of a training run, fixed at its first start (docs/data.md); "
-        "None: one per row of the global batch",
+        "null: one per row of the global batch",
     )
-    pad_to_max_length: bool = True
+    pad_to_max_length: bool = Field(
+        True,
+        description="patch mode: pad every row to max_encoder_seq_length bytes; false: to the "
+        "longest row of the batch",
+    )
     max_encoder_seq_length: int = Field(12288, ge=1, description="bytes per row in patch mode")
-    enable_byte_ngrams: bool = False
-    add_patches: bool = True
-    tokenizer_args: TokenizerArgs = Field(default_factory=TokenizerArgs)
-    patcher_args: PatcherArgs = Field(default_factory=PatcherArgs)
-    s3_profile: str | None = None
+    enable_byte_ngrams: bool = Field(
+        False, description="reference key; byte n-gram ids are not implemented, must stay false"
+    )
+    add_patches: bool = Field(
+        True,
+        description="put patch lengths in the batches (patch mode); false: byte mode, rows of "
+        "seq_len bytes",
+    )
+    tokenizer_args: TokenizerArgs = Field(
+        default_factory=TokenizerArgs, description="tokenizer that turns text into token ids"
+    )
+    patcher_args: PatcherArgs = Field(
+        default_factory=PatcherArgs, description="how byte rows are split into patches"
+    )
+    s3_profile: str | None = Field(
+        None, description="AWS profile for s3:// data (a `profile` in storage_options wins)"
+    )
     storage_options: dict[str, Any] | None = Field(
         None, description="extra fsspec options for URLs"
     )
     skip_bad_records: bool = Field(
         False, description="skip (and count) unreadable records instead of failing"
     )
+
+    @field_validator("file_format")
+    @classmethod
+    def _known_format(cls, value: str) -> str:
+        names = ["auto", "jsonl", *(f.name for f in formats())]
+        if value not in names:
+            raise ValueError(f"unknown format {value!r}; use one of {', '.join(names)}")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> DataArgs:

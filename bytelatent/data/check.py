@@ -2,9 +2,11 @@
 
 Reads every file of every training source (data.sources / data.dataset_files) and every
 validation file (`*.val.jsonl` beside the training files, plus each `--val` path or glob), and
-checks what training would otherwise find hours later: the file opens (an Arrow IPC or Parquet
-file has its footer, a `.zst`/`.gz` stream is complete), it has a text column, every record is valid JSON and UTF-8 with a string text, and an
-`entropies` list has one value per token. Prints a summary table; exits 1 if anything is wrong
+checks what training would otherwise find hours later, with the reader of each file's format
+(`bytelatent/data/readers`): the file opens (an Arrow IPC or Parquet file has its footer, a
+`.zst`/`.gz` stream is complete), it has a text column, every record is valid (JSON, UTF-8, a
+string text), an `entropies` list has one value per token, and what the format's `inspect` adds
+(Arrow/Parquet: the text column is a string, every batch is valid data). Prints a summary table; exits 1 if anything is wrong
 (2 for a config error).
 """
 
@@ -15,19 +17,14 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-import pyarrow as pa
-
-from bytelatent.data.iterators.file import (
-    SAMPLE_ID_KEYS,
-    _ArrowColumns,
-    _ArrowReader,
-    _BadRecord,
-    _document,
-    _record_from_json,
+from bytelatent.data.readers import (
+    BadFile,
+    BadRecord,
+    ReadOptions,
+    get_format,
     open_fs,
     text_keys,
 )
-from bytelatent.data.iterators.formats import BadFile, CompressedLines, ParquetReader
 from bytelatent.data.sources import file_formats, source_files
 from bytelatent.errors import DataError, UserError
 
@@ -65,121 +62,49 @@ def _entropy_problem(doc, tokenizer) -> str | None:
     return None
 
 
-def _lines(report: FileReport, options: dict | None):
-    """(row, line) of a plain or compressed JSONL file; a broken stream is reported and ends it."""
-    fs, fs_path = open_fs(report.path, options)
-    if report.format == "json":
-        with fs.open(fs_path, "rb") as f:
-            yield from enumerate(f)
-        return
-    reader = CompressedLines(report.path, report.format, fs, fs_path)
-    row = 0
+class _WholeFile:
+    """Every row of a file (the shard a check reads)."""
+
+    stride = 1
+    offset = 0
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+def check_records(report: FileReport, options: ReadOptions, tokenizer) -> None:
+    """Read every record with the file's reader (as training does, from its start) and report
+    each bad one, and what the format's `inspect` finds that reading does not."""
+    fmt = get_format(report.format)
     try:
-        while line := reader.readline():
-            yield row, line
-            row += 1
+        reader = fmt.open(_WholeFile(report.path), fmt.position(), options)
     except BadFile as exc:
-        report.bad(f"{exc}; the last good line is line {row}")
-    finally:
-        reader.close()
-
-
-def check_jsonl(report: FileReport, options: dict | None, tokenizer, keys=("text",)) -> None:
-    for row, line in _lines(report, options):
-        if not line.strip():
-            continue
-        report.records += 1
-        try:
-            doc = _document(_record_from_json(line), report.path, row, keys)
-        except (_BadRecord, ValueError, TypeError) as exc:
-            report.bad(f"row {row}: {exc}")
-            continue
-        problem = _entropy_problem(doc, tokenizer)
-        if problem:
-            report.bad(f"row {row}: {problem}")
-
-
-def _open_table(report: FileReport, options: dict | None, keys: tuple[str, ...]):
-    if report.format == "arrow":
-        return _ArrowReader(report.path, options)
-    fs, fs_path = open_fs(report.path, options)
-    return ParquetReader(report.path, fs, fs_path, keys, SAMPLE_ID_KEYS)
-
-
-def check_arrow(report: FileReport, options: dict | None, tokenizer, keys=("text",)) -> None:
-    """Arrow IPC and Parquet files: footer, text column type, then every batch / row group."""
-    try:
-        reader = _open_table(report, options, keys)
-    except (_BadRecord, BadFile) as exc:
         report.bad(str(exc))
         return
     except DataError as exc:
         report.bad(str(exc).removeprefix(f"{report.path}: "))
         return
-    index = 0
     try:
-        names = reader.schema.names
-        text_key = next((k for k in keys if k in names), None)
-        if text_key is None:
-            wanted = " or ".join(repr(k) for k in keys)
-            report.bad(f"no {wanted} column (columns: {names})")
-            return
-        if not pa.types.is_string(reader.schema.field(text_key).type) and not (
-            pa.types.is_large_string(reader.schema.field(text_key).type)
-        ):
-            report.bad(f"column '{text_key}' is {reader.schema.field(text_key).type}, not string")
-            return
-        index, row = 0, 0
-        while (batch := reader.batch(index)) is not None:
-            _check_arrow_batch(report, batch, index, row, tokenizer, keys)
-            row += batch.num_rows
-            index += 1
-    except (_BadRecord, BadFile) as exc:
-        report.bad(f"record batch {index}: {exc}")
+        while True:
+            try:
+                doc = reader.read()
+            except BadRecord as exc:
+                report.records += 1
+                report.bad(f"row {exc.row}: {exc.reason}")
+                continue
+            except BadFile as exc:
+                report.bad(str(exc))
+                break
+            if doc is None:
+                break
+            report.records += 1
+            problem = _entropy_problem(doc, tokenizer)
+            if problem:
+                report.bad(f"row {doc.row}: {problem}")
     finally:
         reader.close()
-
-
-def _check_arrow_batch(
-    report: FileReport, batch, index: int, first_row: int, tokenizer, keys: tuple[str, ...]
-) -> None:
-    report.records += batch.num_rows
-    invalid = None
-    try:
-        batch.validate(full=True)  # invalid UTF-8, bad offsets
-    except pa.ArrowInvalid as exc:
-        invalid = f"record batch {index} (rows {first_row}-): invalid data ({exc})"
-        if not _valid_as_bytes(batch):
-            report.bad(invalid)
-            return
-        # only invalid UTF-8: the rows below name the rows that training would fail on
-    if batch.num_rows == 0:
-        return
-    n_bad = report.n_bad
-    columns = _ArrowColumns(batch, 0, batch.num_rows, report.path, keys)
-    for local in range(batch.num_rows):
-        row = first_row + local
-        try:
-            doc = _document(columns.record(local), report.path, row, keys)
-        except _BadRecord as exc:
-            report.bad(f"row {row}: {exc}")
-            continue
-        problem = _entropy_problem(doc, tokenizer)
-        if problem:
-            report.bad(f"row {row}: {problem}")
-    if invalid and report.n_bad == n_bad:  # in a column that training does not read
-        report.bad(invalid)
-
-
-def _valid_as_bytes(batch: pa.RecordBatch) -> bool:
-    """Whether `batch` is valid with its string columns read as bytes: its only fault is UTF-8."""
-    as_bytes = {pa.string(): pa.binary(), pa.large_string(): pa.large_binary()}
-    try:
-        columns = [c.view(as_bytes[c.type]) if c.type in as_bytes else c for c in batch.columns]
-        pa.RecordBatch.from_arrays(columns, names=batch.schema.names).validate(full=True)
-    except pa.ArrowException:
-        return False
-    return True
+    for problem in fmt.inspect(report.path, options) if fmt.inspect else ():
+        report.bad(problem)
 
 
 def check_file(
@@ -197,9 +122,9 @@ def check_file(
     if size == 0:
         report.bad("empty file (0 bytes)")
         return report
+    read_options = ReadOptions(text_keys=text_keys(text_field), storage_options=options)
     try:
-        check = check_arrow if report.format in ("arrow", "parquet") else check_jsonl
-        check(report, options, tokenizer, text_keys(text_field))
+        check_records(report, read_options, tokenizer)
     except (OSError, DataError) as exc:
         report.bad(f"unreadable ({exc})")
     if report.records == 0 and report.ok:

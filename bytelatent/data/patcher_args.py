@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from enum import Enum
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
@@ -32,22 +32,58 @@ class PatcherArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    patching_mode: PatchingMode = PatchingMode.entropy
-    # where a loaded entropy model runs: auto (cuda if available), cpu, cuda, cuda:N
-    patching_device: str = "auto"
-    entropy_model_checkpoint_dir: str | None = None
-    # compute entropies on the fly with the model in entropy_model_checkpoint_dir
-    realtime_patching: bool = False
-    threshold: float | None = 1.335442066192627
-    threshold_add: float | None = None
-    max_patch_length: int | None = None
-    patch_size: float = 4.5
-    patching_batch_size: int = 1
-    # the reference's second device setting (where model inputs go); must agree with
-    # patching_device when both are set
-    device: str = "auto"
-    monotonicity: bool = False
-    log_time: bool = False
+    patching_mode: PatchingMode = Field(
+        PatchingMode.entropy,
+        description="entropy (next-byte entropy vs threshold), space, bpe (BPE delimiters in the "
+        "tokens), bpe_patcher (a model predicts them), static (patch_size bytes), byte (1 byte)",
+    )
+    patching_device: str = Field(
+        "auto",
+        description="where a loaded entropy model runs: auto (cuda if available), cpu, cuda, cuda:N",
+    )
+    entropy_model_checkpoint_dir: str | None = Field(
+        None,
+        description="entropy model folder (params.json, consolidated.pth) for realtime_patching",
+    )
+    realtime_patching: bool = Field(
+        False,
+        description="compute entropies on the fly with the model in entropy_model_checkpoint_dir "
+        "instead of reading them from the data",
+    )
+    threshold: float | None = Field(
+        1.335442066192627,
+        description="entropy mode: a patch starts after a byte whose next-byte entropy (nats) "
+        "exceeds it; null: the N // patch_size - 2 highest entropies of a row start patches",
+    )
+    threshold_add: float | None = Field(
+        None,
+        description="entropy mode: also require the entropy's rise over the previous byte to "
+        "exceed this (both rules must hold); null: off",
+    )
+    max_patch_length: int | None = Field(
+        None, description="split patches longer than this many bytes (any mode); null: no limit"
+    )
+    patch_size: float = Field(
+        4.5,
+        description="bytes per patch: the length in static mode (integer), the target mean of "
+        "top-k entropy patching (threshold=null), the nominal size for FLOP counts",
+    )
+    patching_batch_size: int = Field(
+        1, description="rows per forward of the entropy / bpe_patcher model (>= 1)"
+    )
+    device: str = Field(
+        "auto",
+        description="the reference's second device key; must agree with patching_device when "
+        "both are set",
+    )
+    monotonicity: bool = Field(
+        False,
+        description="entropy mode: compare the entropy's rise over the previous byte with "
+        "threshold instead of the entropy itself",
+    )
+    log_time: bool = Field(
+        False, description="accumulate patching and entropy seconds in the Patcher's `log` dict"
+    )
 
     @field_validator("patching_device", "device")
     @classmethod

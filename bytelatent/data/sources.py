@@ -5,11 +5,14 @@ A source name `S` (a key of data.sources) resolves, in this order, to:
    entropy-preprocessing layout); only shards with a `<shard>.complete` marker are used;
 2. the files matching `S` when it is a glob (relative to root_dir unless absolute or a URL);
 3. the file `S` itself;
-4. a directory `S`: its `*.arrow` files (if any `.complete` markers exist there, only marked ones),
-   else its `*.parquet` files (FineWeb), else its `*.jsonl.zst` / `*.jsonl.gz` files (DCLM),
-   else its `*.chunk.*.jsonl` files (the reference layout `{root}/{S}/{S}.chunk.NN.jsonl`), else its
-   `*.jsonl` files except `*.val.jsonl` (validation files live beside the training chunks).
-   `data.file_format` (arrow, parquet, json) picks one kind when a folder holds several.
+4. a directory `S`: the files of the first registered format (`bytelatent/data/readers`, in
+   `listing_rank` order) that it holds: `*.arrow` (`.arrows`, `.ipc`, `.feather`), else
+   `*.parquet` / `*.pq` (FineWeb), else `*.jsonl.zst` / `*.jsonl.gz` (DCLM), else `*.jsonl`;
+   never `*.val.jsonl*` (validation files live beside the training chunks). Within that kind,
+   if some files have a `<file>.complete` marker only the marked ones are used (entropy
+   preprocessing writes them), and `*.chunk.NN.*` files (the reference layout
+   `{root}/{S}/{S}.chunk.NN.jsonl`) are preferred when present.
+   `data.file_format` (a format name, or `jsonl`) picks one kind when a folder holds several.
 Files are sorted naturally (`shard_2` before `shard_10`). Anything missing is a DataError that
 names the path.
 """
@@ -20,14 +23,17 @@ import logging
 import os
 import re
 
-from bytelatent.data.iterators.file import FileFormat, file_format_of, open_fs
+from bytelatent.data.readers import forced_format, formats, open_fs
 from bytelatent.errors import DataError
 
-DEFAULT_CORPUS = "stdlib"  # written by `python -m bytelatent.data.prepare` (bytelatent/data/corpus.py)
+DEFAULT_CORPUS = (
+    "stdlib"  # written by `python -m bytelatent.data.prepare` (bytelatent/data/corpus.py)
+)
 
 logger = logging.getLogger(__name__)
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
+_CHUNK = re.compile(r"\.chunk\.\d+$")  # before the suffix: the reference layout {S}.chunk.NN.jsonl
 COMPLETE_SUFFIX = ".complete"
 
 
@@ -52,41 +58,45 @@ def _glob(pattern: str, storage_options: dict | None) -> list[str]:
     return [_full(fs, p, pattern) for p in fs.glob(fs_pattern)]
 
 
-def _complete_arrow(
+def _complete(
     paths: list[str], all_paths: set[str], where: str, require_markers: bool
 ) -> list[str]:
-    arrows = [p for p in paths if p.endswith(".arrow")]
-    has_markers = any(p + COMPLETE_SUFFIX in all_paths for p in arrows)
+    """`paths`, or only those with a `.complete` marker when some have one (or markers are
+    required)."""
+    has_markers = any(p + COMPLETE_SUFFIX in all_paths for p in paths)
     if not (require_markers or has_markers):
-        return arrows
-    complete = [p for p in arrows if p + COMPLETE_SUFFIX in all_paths]
-    if len(complete) < len(arrows):
+        return paths
+    complete = [p for p in paths if p + COMPLETE_SUFFIX in all_paths]
+    if len(complete) < len(paths):
         logger.warning(
-            "%s: ignoring %d arrow shard(s) without a .complete marker",
-            where,
-            len(arrows) - len(complete),
+            "%s: ignoring %d shard(s) without a .complete marker", where, len(paths) - len(complete)
         )
     return complete
 
 
+def _without_suffix(path: str, suffixes: list[str]) -> str:
+    suffix = max((s for s in suffixes if path.lower().endswith(s)), key=len)
+    return path[: len(path) - len(suffix)]
+
+
 def _directory_files(directory: str, storage_options: dict | None, file_format: str) -> list[str]:
+    """The files of the first format (by listing rank) that `directory` holds."""
     fs, fs_dir = open_fs(directory, storage_options)
     names = [_full(fs, p, directory) for p in fs.ls(fs_dir, detail=False)]
     everything = set(names)
-    if file_format in ("auto", "arrow"):
-        arrows = _complete_arrow(names, everything, directory, require_markers=False)
-        if arrows or file_format == "arrow":
-            return arrows
-    if file_format in ("auto", "parquet"):
-        parquet = [p for p in names if p.endswith((".parquet", ".pq"))]
-        if parquet or file_format == "parquet":
-            return parquet
-    compressed = [p for p in names if p.endswith((".jsonl.zst", ".jsonl.zstd", ".jsonl.gz"))]
-    if compressed and file_format == "auto":
-        return [p for p in compressed if ".val.jsonl" not in p]
-    jsonl = [p for p in names if p.endswith(".jsonl")]
-    chunks = [p for p in jsonl if re.search(r"\.chunk\.\d+\.jsonl$", p)]
-    return chunks or [p for p in jsonl if not p.endswith(".val.jsonl")]
+    names = [p for p in names if ".val.jsonl" not in p]
+    forced = "json" if file_format == "jsonl" else file_format
+    ranks: dict[int, list[str]] = {}
+    for fmt in formats():
+        if forced == "auto" or fmt.name == forced:
+            ranks.setdefault(fmt.listing_rank, []).extend(s.lower() for s in fmt.suffixes)
+    for suffixes in (ranks[rank] for rank in sorted(ranks)):
+        found = [p for p in names if p.lower().endswith(tuple(suffixes))]
+        found = _complete(found, everything, directory, require_markers=False)
+        chunks = [p for p in found if _CHUNK.search(_without_suffix(p, suffixes))]
+        if found or forced != "auto":
+            return chunks or found
+    return []
 
 
 def _raise_if_unreadable(source: str, location: str) -> None:
@@ -120,7 +130,8 @@ def source_files(
                 "(check data.preprocess_dir / data.entropy_model_name, or run apps/preprocess_entropies)"
             )
         names = [_full(fs, p, directory) for p in fs.ls(fs_dir, detail=False)]
-        files = _complete_arrow(names, set(names), directory, require_markers=True)
+        arrows = [p for p in names if p.endswith(".arrow")]
+        files = _complete(arrows, set(names), directory, require_markers=True)
         if not files:
             raise DataError(
                 f"data source '{source}': no complete .arrow shards (with .complete markers) in {directory}"
@@ -139,20 +150,18 @@ def source_files(
         _raise_if_unreadable(source, location)
         hint = "check data.root_dir and data.sources"
         if source == DEFAULT_CORPUS:
-            hint = f"build the default corpus with: python -m bytelatent.data.prepare --out {location}"
+            hint = (
+                f"build the default corpus with: python -m bytelatent.data.prepare --out {location}"
+            )
         raise DataError(f"data source '{source}': {location} does not exist ({hint})")
     files = _directory_files(location, storage_options, file_format)
     if not files:
-        raise DataError(
-            f"data source '{source}': no .arrow, .parquet, .jsonl(.zst/.gz) files in {location}"
-        )
+        suffixes = ", ".join(s for fmt in formats() for s in fmt.suffixes)
+        raise DataError(f"data source '{source}': no {suffixes} files in {location}")
     return sorted(files, key=natural_key)
 
 
-def file_formats(paths: list[str], file_format: str) -> list[FileFormat]:
-    """Reader format of each file: forced by data.file_format, else from the extension."""
-    if file_format in ("arrow", "parquet"):
-        return [file_format] * len(paths)
-    if file_format in ("json", "jsonl"):  # plain JSONL; compression still follows the extension
-        return [f if f in ("zst", "gz") else "json" for f in map(file_format_of, paths)]
-    return [file_format_of(p) for p in paths]
+def file_formats(paths: list[str], file_format: str) -> list[str]:
+    """Format of each file: forced by data.file_format (a format name, `jsonl` for JSONL: its
+    compressed forms still follow the extension), else from the suffix (the readers' registry)."""
+    return [forced_format(p, file_format) for p in paths]

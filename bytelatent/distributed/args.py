@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 if TYPE_CHECKING:
     import torch
@@ -22,41 +22,82 @@ class DistributedArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    dp_shard: int = -1
-    dp_replicate: int = 1
-    tp_size: int = 1
-    # none | full (recompute each block) | selective (save matmul/attention outputs, recompute
-    # the cheap element-wise ops: norms, RoPE, SiLU, residual adds).
-    activation_checkpointing: Literal["none", "full", "selective"] = "none"
-    # Deprecated reference name for full per-block recompute: True maps to
-    # activation_checkpointing=full.
-    selective_activation_checkpointing: bool = False
-    compile: bool = False
-    fsdp_type: Literal["no_shard", "full_shard"] = "full_shard"
-    model_dtype: Literal["fp32", "bf16", "fp16"] = "bf16"
-    fsdp_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
-    # FSDP units free their gathered params after forward (re-gathered in backward). False keeps
-    # them (more memory, less communication). The last unit never reshards: its backward is next.
-    reshard_after_forward: bool = True
-    float8_recipe: Literal["rowwise"] | None = None
-    float8_filter: str = r"layers\.[0-9]+\."
-    matmul_allow_tf32: bool = False
-    allow_bf16_reduced_precision_reduction: bool = True
-    detect_anomaly: bool = False
-    compile_cache_size_limit: int = 8
-    spawn_method: Literal["fork", "spawn", "forkserver"] = "forkserver"
-    # One process: FSDP2 on a 1-rank mesh, the numerics N ranks train with (params gathered in
-    # model_dtype, fp32 sharded master weights and reductions) instead of autocast over fp32
-    # params. None: on with CUDA (what a developer's single GPU should test), off on CPU.
-    single_device_fsdp: bool | None = None
-    # Bitwise-reproducible runs: torch.use_deterministic_algorithms(True) (index_add, gather and
-    # index_select backward on CUDA take their deterministic kernels; an op without one raises),
-    # CUBLAS_WORKSPACE_CONFIG=:4096:8, cuDNN autotuning off. Costs speed: see docs/gpu.md.
-    deterministic: bool = False
-    # Seconds a collective may wait for its peers before the job ends with one line naming the
-    # rank and the step; first_step_timeout_s covers init and the first step (compilation).
-    timeout_s: float = 600.0
-    first_step_timeout_s: float = 1800.0
+    dp_shard: int = Field(
+        -1, description="ranks a parameter is sharded over (FSDP); -1: fills WORLD_SIZE"
+    )
+    dp_replicate: int = Field(
+        1, description="replicas of each shard group (HSDP); -1: fills WORLD_SIZE"
+    )
+    tp_size: int = Field(1, description="tensor-parallel ranks per model; -1: fills WORLD_SIZE")
+    activation_checkpointing: Literal["none", "full", "selective"] = Field(
+        "none",
+        description="none | full (recompute each block) | selective (save matmul/attention "
+        "outputs, recompute norms, RoPE, SiLU, residual adds)",
+    )
+    selective_activation_checkpointing: bool = Field(
+        False,
+        description="deprecated reference name: true means activation_checkpointing=full",
+    )
+    compile: bool = Field(
+        False, description="torch.compile each transformer block (identical blocks share a graph)"
+    )
+    fsdp_type: Literal["no_shard", "full_shard"] = Field(
+        "full_shard", description="full_shard: FSDP; no_shard: replicate only (dp_shard=1)"
+    )
+    model_dtype: Literal["fp32", "bf16", "fp16"] = Field(
+        "bf16",
+        description="compute dtype: FSDP gathers parameters in it, a process without FSDP "
+        "autocasts to it; fp16 is refused",
+    )
+    fsdp_reduce_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32", description="dtype of FSDP's gradient reduce-scatter"
+    )
+    reshard_after_forward: bool = Field(
+        True,
+        description="FSDP units free their gathered params after forward (re-gathered in "
+        "backward); false keeps them: more memory, less communication",
+    )
+    float8_recipe: Literal["rowwise"] | None = Field(
+        None, description="reference key; float8 training is not implemented, must stay null"
+    )
+    float8_filter: str = Field(
+        r"layers\.[0-9]+\.", description="reference key, unused (no float8 training)"
+    )
+    matmul_allow_tf32: bool = Field(
+        False, description="let CUDA fp32 matmuls and convolutions use TF32"
+    )
+    allow_bf16_reduced_precision_reduction: bool = Field(
+        True, description="let cuBLAS bf16 matmuls reduce in reduced precision"
+    )
+    detect_anomaly: bool = Field(
+        False, description="torch.autograd anomaly detection (slow; names the op making NaNs)"
+    )
+    compile_cache_size_limit: int = Field(
+        8, description="torch._dynamo cache_size_limit (recompilations per block), >= 1"
+    )
+    spawn_method: Literal["fork", "spawn", "forkserver"] = Field(
+        "forkserver",
+        description="torch.multiprocessing start method, set at startup unless one is set",
+    )
+    single_device_fsdp: bool | None = Field(
+        None,
+        description="one process trains through FSDP2 on a 1-rank mesh (the numerics of N "
+        "ranks) instead of autocast; null: on with CUDA, off on CPU (docs/gpu.md)",
+    )
+    deterministic: bool = Field(
+        False,
+        description="bitwise-reproducible runs: deterministic torch algorithms, "
+        "CUBLAS_WORKSPACE_CONFIG, no cuDNN autotuning; slower (docs/gpu.md)",
+    )
+    timeout_s: float = Field(
+        600.0,
+        description="seconds a collective waits for its peers after the first step; then the "
+        "job ends with one line naming the rank and step (exit 4)",
+    )
+    first_step_timeout_s: float = Field(
+        1800.0,
+        description="the same bound for process-group init and the first step (compilation)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> DistributedArgs:

@@ -47,9 +47,18 @@ class StandaloneEvalArgs(BaseModel):
 
     ckpt: str = Field(..., description="DCP step folder, or a consolidated/released folder")
     dump_dir: str = Field(..., description="results.json goes here")
-    eval: EvalArgs = Field(default_factory=EvalArgs)
-    data: DataArgs = Field(default_factory=DataArgs)
-    distributed: DistributedArgs = Field(default_factory=DistributedArgs)
+    eval: EvalArgs = Field(
+        default_factory=EvalArgs,
+        description="tasks and validation data (default: the checkpoint's eval section)",
+    )
+    data: DataArgs = Field(
+        default_factory=DataArgs,
+        description="tokenizer, patcher and data roots (default: the checkpoint's data section)",
+    )
+    distributed: DistributedArgs = Field(
+        default_factory=DistributedArgs,
+        description="numerics (default: the checkpoint's); the model is FSDP-sharded over all ranks",
+    )
     step: int | None = Field(None, description="global_step to record (default: from ckpt)")
     metrics_file: str | None = Field(None, description="also append the results line here")
     lease: str | None = Field(None, description="reader lease file to remove when done")

@@ -28,12 +28,12 @@ class ValidationArgs(BaseModel):
 
     sources: list[str] | None = Field(
         None,
-        description="None: the *.val.jsonl files beside each training source; else entries that "
+        description="null: the *.val.jsonl files beside each training source; else entries that "
         "are training source names (their *.val.jsonl), or files/directories/globs, local or "
         "s3://, relative to data.root_dir unless absolute",
     )
     max_batches: int | None = Field(
-        None, ge=1, description="batches per source (over all ranks); None = one full pass"
+        None, ge=1, description="batches per source (over all ranks); null: one full pass"
     )
     batch_size: int | None = Field(None, ge=1, description="default: data.batch_size")
     seq_len: int | None = Field(None, ge=1, description="row length; default: data.seq_len")
@@ -44,9 +44,12 @@ class AsyncLaunchArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    mode: Literal["none", "local", "slurm"] = "none"
+    mode: Literal["none", "local", "slurm"] = Field(
+        "none",
+        description="none; local: a detached process on this machine; slurm: an sbatch job",
+    )
     devices: str | None = Field(
-        None, description="local: CUDA_VISIBLE_DEVICES of the eval process (e.g. '6,7'); None = CPU"
+        None, description="local: CUDA_VISIBLE_DEVICES of the eval process (e.g. '6,7'); null: CPU"
     )
     nproc: int = Field(1, ge=1, description="eval processes per job (torchrun when > 1)")
     python: str = Field(sys.executable, description="interpreter that runs the eval")
@@ -59,7 +62,7 @@ class AsyncLaunchArgs(BaseModel):
     num_threads: int | None = Field(
         None,
         ge=1,
-        description="OMP_NUM_THREADS of the eval job (None: 1 for a local CPU job, which shares "
+        description="OMP_NUM_THREADS of the eval job (null: 1 for a local CPU job, which shares "
         "the trainer's cores; else inherited / torch's)",
     )
     poll_interval_s: float = Field(
@@ -78,13 +81,27 @@ class EvalArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     every: int = Field(0, ge=0, description="steps between in-loop validations; 0 = off")
-    before_training: bool = False
-    tasks: list[str] = Field(default_factory=lambda: ["bpb"])
-    task_args: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    validation: ValidationArgs = Field(default_factory=ValidationArgs)
-    async_launch: AsyncLaunchArgs = Field(default_factory=AsyncLaunchArgs)
+    before_training: bool = Field(
+        False, description="validate the initial or restored model before the first step"
+    )
+    tasks: list[str] = Field(
+        default_factory=lambda: ["bpb"],
+        description="what an evaluation runs: bpb (validation bits per byte), harness (lm-eval; "
+        "not in the loop), registry in bytelatent/eval/tasks.py",
+    )
+    task_args: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per-task options, {task name: {...}}, checked by it"
+    )
+    validation: ValidationArgs = Field(
+        default_factory=ValidationArgs,
+        description="validation data: sources, batches, batch size and row length",
+    )
+    async_launch: AsyncLaunchArgs = Field(
+        default_factory=AsyncLaunchArgs,
+        description="evaluate each checkpoint.eval save in a separate job; training never waits",
+    )
     progress: bool | None = Field(
-        None, description="tqdm progress bars in the standalone eval; None: only on a terminal"
+        None, description="tqdm progress bars in the standalone eval; null: only on a terminal"
     )
 
     @field_validator("tasks")

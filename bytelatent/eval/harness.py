@@ -212,18 +212,30 @@ class HarnessArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    ckpt: str
-    tasks: list[str] = Field(min_length=1)
-    include_path: str | None = None
-    output: str | None = None
-    limit: int | float | None = None
-    num_fewshot: int | None = None
-    bootstrap_iters: int = 0
-    include_defaults: bool = True
-    entropy_ckpt: str | None = None
-    patcher: dict[str, Any] = {}
-    device: str = "cpu"
-    progress: bool | None = None
+    ckpt: str = Field(
+        ..., description="DCP step folder, consolidated folder or released-layout folder"
+    )
+    tasks: list[str] = Field(min_length=1, description="lm-eval task names, e.g. [hellaswag]")
+    include_path: str | None = Field(None, description="folder of extra lm-eval task YAMLs")
+    output: str | None = Field(None, description="write lm-eval's results JSON here")
+    limit: int | float | None = Field(
+        None, description="documents per task: a count, or a fraction < 1; null: all"
+    )
+    num_fewshot: int | None = Field(None, description="few-shot examples; null: the task's")
+    bootstrap_iters: int = Field(
+        0, description="bootstrap resamples for standard errors; 0: none (fast)"
+    )
+    include_defaults: bool = Field(True, description="also offer lm-eval's built-in tasks")
+    entropy_ckpt: str | None = Field(
+        None,
+        description="entropy model for entropy patching; default: the checkpoint's "
+        "entropy_model_checkpoint_dir or a sibling entropy_model/",
+    )
+    patcher: dict[str, Any] = Field(
+        {}, description="patcher_args overrides over the checkpoint's, e.g. patcher.threshold=3"
+    )
+    device: str = Field("cpu", description="torch device, e.g. cpu, cuda, cuda:1")
+    progress: bool | None = Field(None, description="tqdm progress bars; null: only on a terminal")
 
 
 def run(args: HarnessArgs) -> dict[str, Any]:
@@ -283,11 +295,13 @@ class HarnessTaskArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    tasks: list[str] = Field(min_length=1)
-    include_path: str | None = None
-    include_defaults: bool = True
-    limit: int | float | None = None
-    num_fewshot: int | None = None
+    tasks: list[str] = Field(min_length=1, description="lm-eval task names, e.g. [hellaswag]")
+    include_path: str | None = Field(None, description="folder of extra lm-eval task YAMLs")
+    include_defaults: bool = Field(True, description="also offer lm-eval's built-in tasks")
+    limit: int | float | None = Field(
+        None, description="documents per task: a count, or a fraction < 1; null: all"
+    )
+    num_fewshot: int | None = Field(None, description="few-shot examples; null: the task's")
 
 
 def _numeric_results(results: dict[str, Any]) -> dict[str, float]:

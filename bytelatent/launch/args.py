@@ -40,18 +40,18 @@ class SlurmArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     job_name: str | None = Field(None, description="default: the config's name")
-    nodes: int = Field(1, ge=1)
+    nodes: int = Field(1, ge=1, description="#SBATCH --nodes (one task per node)")
     nproc_per_node: int = Field(1, ge=1, description="training processes per node (GPUs per node)")
     gpus_per_node: int | None = Field(None, ge=0, description="#SBATCH --gpus-per-node")
     cpus_per_task: int | None = Field(None, ge=1, description="CPUs per node (one task per node)")
     mem: str | None = Field(None, description="#SBATCH --mem, e.g. 0 (all) or 200G")
     time: str | None = Field(None, description="#SBATCH --time, e.g. 72:00:00")
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
+    partition: str | None = Field(None, description="#SBATCH --partition")
+    account: str | None = Field(None, description="#SBATCH --account")
+    qos: str | None = Field(None, description="#SBATCH --qos")
+    constraint: str | None = Field(None, description="#SBATCH --constraint (node features)")
     signal_seconds: int = Field(120, ge=1, description="USR2 this long before the time limit")
-    requeue: bool = True
+    requeue: bool = Field(True, description="#SBATCH --requeue; false: --no-requeue")
     launcher: Literal["auto", "direct", "srun"] = Field(
         "auto", description="auto: direct on one node, srun on several"
     )

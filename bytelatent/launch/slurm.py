@@ -226,7 +226,13 @@ def _parser() -> argparse.ArgumentParser:
         if name in ("setup", "sbatch_args"):
             parser.add_argument(flag, action="append", default=None, help=field.description)
         elif name == "requeue":
-            parser.add_argument("--no-requeue", dest="requeue", action="store_false", default=None)
+            parser.add_argument(
+                "--no-requeue",
+                dest="requeue",
+                action="store_false",
+                default=None,
+                help="#SBATCH --no-requeue (default: --requeue)",
+            )
         else:
             parser.add_argument(flag, default=None, help=field.description)
     parser.add_argument("--dry-run", action="store_true", help="write the script, do not submit it")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bytelatent.tokenizers.constants import EOS_ID, VOCAB_SIZE
 
@@ -37,11 +37,20 @@ class RopeScalingArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    rope_type: Literal["llama3"] = "llama3"
-    factor: float = 8.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
+    rope_type: Literal["llama3"] = Field("llama3", description="only llama3 is supported")
+    factor: float = Field(
+        8.0,
+        description="frequencies of wavelength > original / low_freq_factor are divided by this",
+    )
+    low_freq_factor: float = Field(
+        1.0, description="wavelengths above original / this are scaled by factor"
+    )
+    high_freq_factor: float = Field(
+        4.0, description="wavelengths below original / this are kept (between: interpolated)"
+    )
+    original_max_position_embeddings: int = Field(
+        8192, description="context length the checkpoint was pretrained on (positions)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RopeScalingArgs:
@@ -65,23 +74,50 @@ class BaseTransformerArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    dim: int = 512
-    n_layers: int = 8
-    head_dim: int | None = None
-    n_heads: int | None = None
-    n_kv_heads: int | None = None
-    ffn_dim_multiplier: float | None = None
-    multiple_of: int = 256
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    rope_use_fp32_in_outer_product: bool = False
-    rope_scaling: RopeScalingArgs | None = None  # Llama 3 frequency scaling (rope_scaling.py)
-    init_base_std: float | None = None
-    init_std_factor: str = "disabled"
-    max_seqlen: int = 1024
-    attn_impl: str = "sdpa"
-    attn_bias_type: str | None = None
-    eos_id: int = EOS_ID
+    dim: int = Field(512, description="model width (hidden size)")
+    n_layers: int = Field(8, description="transformer blocks")
+    head_dim: int | None = Field(
+        None, description="width of one attention head (even); null: dim // n_heads"
+    )
+    n_heads: int | None = Field(
+        None, description="attention heads; null: dim // head_dim (set one of the two)"
+    )
+    n_kv_heads: int | None = Field(
+        None, description="key/value heads (GQA), dividing n_heads; null: n_heads"
+    )
+    ffn_dim_multiplier: float | None = Field(
+        None, description="SwiGLU width: int(this * int(8 * dim / 3)), rounded up to multiple_of"
+    )
+    multiple_of: int = Field(256, description="SwiGLU hidden width is rounded up to a multiple")
+    norm_eps: float = Field(1e-5, description="RMSNorm epsilon")
+    rope_theta: float = Field(10000.0, description="RoPE base")
+    rope_use_fp32_in_outer_product: bool = Field(
+        False, description="RoPE: positions in float32 before the outer product with frequencies"
+    )
+    rope_scaling: RopeScalingArgs | None = Field(
+        None, description="Llama 3 RoPE frequency scaling (rope_scaling.py); null: none"
+    )
+    init_base_std: float | None = Field(
+        None,
+        description="σ of block weights (trunc normal ±3σ); null: fan_in ** -0.5 divided by "
+        "the init_std_factor rule",
+    )
+    init_std_factor: str = Field(
+        "disabled",
+        description="divisor of the default init σ: disabled (1), current_depth "
+        "(sqrt(2(depth+1))), global_depth (sqrt(2(n_layers+1))), dim_ratio (dim/4096)",
+    )
+    max_seqlen: int = Field(1024, description="longest row in tokens (RoPE table length)")
+    attn_impl: str = Field(
+        "sdpa",
+        description="sdpa, flex_attention or xformers (the last two need CUDA, else sdpa runs)",
+    )
+    attn_bias_type: str | None = Field(
+        None,
+        description="self-attention mask: null/causal, block_causal (causal within documents, "
+        "which end at eos_id) or local_block_causal (also a sliding window)",
+    )
+    eos_id: int = Field(EOS_ID, description="token id that ends a document (document masks)")
 
     @model_validator(mode="after")
     def _check_base(self) -> BaseTransformerArgs:
@@ -126,10 +162,13 @@ class BaseTransformerArgs(BaseModel):
 class LMTransformerArgs(BaseTransformerArgs):
     """A byte LM: embedding, TransformerBlocks, norm, output (the BLT entropy model)."""
 
-    seed: int = 42
-    vocab_size: int = VOCAB_SIZE
-    weight_tying: bool = False
-    sliding_window: int | None = None
+    seed: int = Field(42, description="seed of the weight initialisation")
+    vocab_size: int = Field(VOCAB_SIZE, description="token ids (260: 256 bytes + 4 special)")
+    weight_tying: bool = Field(False, description="share the token embedding with the output layer")
+    sliding_window: int | None = Field(
+        None,
+        description="local_block_causal window: a token sees itself and the window - 1 before it",
+    )
 
     @model_validator(mode="after")
     def _check_lm(self) -> LMTransformerArgs:

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Field,
     ValidationError,
     field_validator,
     model_validator,
@@ -56,64 +57,173 @@ class ByteLatentTransformerArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    seed: int = 42
-    vocab_size: int = VOCAB_SIZE
-    pm_size: int = 0
+    seed: int = Field(42, description="seed of the weight initialisation")
+    vocab_size: int = Field(VOCAB_SIZE, description="token ids (260: 256 bytes + 4 special)")
+    pm_size: int = Field(
+        0, description="extra ids after vocab_size in the byte embedding and the output layer"
+    )
     # global transformer
-    dim: int = _DEFAULT_DIM
-    n_layers: int = _DEFAULT_N_LAYERS
-    n_heads: int = _DEFAULT_N_HEADS
-    dim_global: int | None = None
-    n_layers_global: int | None = None
-    n_heads_global: int | None = None
-    n_kv_heads_global: int | None = None
-    attn_bias_type: str | None = "causal"
-    max_seqlen: int = 1024
-    init_base_std: float | None = None
-    rope_scaling: RopeScalingArgs | None = None  # global transformer only (Llama 3 checkpoints)
-    global_init: GlobalInitArgs | None = None  # pretrained global weights (docs/byteify.md)
+    dim: int = Field(_DEFAULT_DIM, description="global (latent) transformer width")
+    n_layers: int = Field(_DEFAULT_N_LAYERS, description="global transformer blocks")
+    n_heads: int = Field(_DEFAULT_N_HEADS, description="global transformer attention heads")
+    dim_global: int | None = Field(None, description="reference alias of dim; null: dim")
+    n_layers_global: int | None = Field(
+        None, description="reference alias of n_layers; null: n_layers"
+    )
+    n_heads_global: int | None = Field(
+        None, description="reference alias of n_heads; null: n_heads"
+    )
+    n_kv_heads_global: int | None = Field(
+        None, description="global key/value heads (GQA), dividing n_heads; null: n_heads"
+    )
+    attn_bias_type: str | None = Field(
+        "causal",
+        description="global mask over patches: causal (null too) or block_causal (causal within "
+        "documents; a patch holding eos_id ends one)",
+    )
+    max_seqlen: int = Field(1024, description="most patches per row (the global RoPE table length)")
+    init_base_std: float | None = Field(
+        None,
+        description="σ of global block weights (trunc normal ±3σ); null: fan_in ** -0.5 divided "
+        "by the init_std_factor rule",
+    )
+    rope_scaling: RopeScalingArgs | None = Field(
+        None, description="Llama 3 RoPE scaling of the global transformer only; null: none"
+    )
+    global_init: GlobalInitArgs | None = Field(
+        None,
+        description="pretrained decoder copied into the global transformer at a fresh start "
+        "(docs/byteify.md); null: random init",
+    )
     # local models
-    dim_local_encoder: int = 512
-    dim_local_decoder: int = 512
-    n_layers_local_encoder: int = 8
-    n_layers_local_decoder: int = 8
-    n_heads_local_encoder: int = 8
-    n_heads_local_decoder: int = 8
-    n_kv_heads: int | None = None
-    local_attention_window_len: int | None = None
-    max_encoder_seq_length: int = 12288
-    use_rope: bool = True
+    dim_local_encoder: int = Field(
+        512, description="local encoder width (must equal dim_local_decoder)"
+    )
+    dim_local_decoder: int = Field(512, description="local decoder width")
+    n_layers_local_encoder: int = Field(8, description="local encoder blocks")
+    n_layers_local_decoder: int = Field(8, description="local decoder blocks")
+    n_heads_local_encoder: int = Field(8, description="local encoder attention heads")
+    n_heads_local_decoder: int = Field(8, description="local decoder attention heads")
+    n_kv_heads: int | None = Field(
+        None, description="key/value heads of the local models (GQA); null: their n_heads"
+    )
+    local_attention_window_len: int | None = Field(
+        None,
+        description="local self-attention window in bytes (a byte sees itself and window - 1 "
+        "before it, within its document); null: the whole document",
+    )
+    max_encoder_seq_length: int = Field(
+        12288,
+        description="most bytes per row of the local models; must equal "
+        "data.max_encoder_seq_length",
+    )
+    use_rope: bool = Field(
+        True,
+        description="RoPE in the local models; false: learned absolute positions (the global "
+        "model always uses RoPE)",
+    )
     # shared block settings
-    head_dim: int | None = None
-    ffn_dim_multiplier: float | None = 1.0
-    multiple_of: int = 256
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    rope_use_fp32_in_outer_product: bool = False
-    init_std_factor: str = "disabled"
-    attn_impl: str = "sdpa"
-    eos_id: int = EOS_ID
-    dropout: float = 0.0
+    head_dim: int | None = Field(
+        None,
+        description="width of one attention head in every component; null: its dim // n_heads",
+    )
+    ffn_dim_multiplier: float | None = Field(
+        1.0,
+        description="SwiGLU width: int(this * int(8 * dim / 3)), rounded up to multiple_of "
+        "(every component)",
+    )
+    multiple_of: int = Field(256, description="SwiGLU hidden width is rounded up to a multiple")
+    norm_eps: float = Field(1e-5, description="RMSNorm epsilon")
+    rope_theta: float = Field(10000.0, description="RoPE base")
+    rope_use_fp32_in_outer_product: bool = Field(
+        False, description="RoPE: positions in float32 before the outer product with frequencies"
+    )
+    init_std_factor: str = Field(
+        "disabled",
+        description="divisor of the default init σ: disabled (1), current_depth "
+        "(sqrt(2(depth+1))), global_depth (sqrt(2(n_layers+1))), dim_ratio (dim/4096)",
+    )
+    attn_impl: str = Field(
+        "sdpa",
+        description="sdpa, flex_attention or xformers (the last two need CUDA, else sdpa runs)",
+    )
+    eos_id: int = Field(EOS_ID, description="token id that ends a document (document masks)")
+    dropout: float = Field(
+        0.0,
+        description="dropout probability in [0, 1) on the encoder, global and decoder inputs and "
+        "the decoder's last norm",
+    )
     # patches
-    patch_in_forward: bool = False
-    patch_size: float | None = None
-    # the reference default (None, concatenation) needs an integer patch_size; "max" as released
-    downsampling_by_pooling: str | None = "max"
+    patch_in_forward: bool = Field(
+        False,
+        description="forward may patch rows given without patch_lengths, with a Patcher "
+        "attached by attach_patcher",
+    )
+    patch_size: float | None = Field(
+        None,
+        description="bytes per patch concatenated into the global input when neither "
+        "cross_attn_encoder nor pooling is set (an integer then)",
+    )
+    downsampling_by_pooling: str | None = Field(
+        "max",
+        description="patch states by pooling byte states: avg (or mean), min, max or a comma "
+        "list (concatenated avg, min, max); null: concatenation (the reference default)",
+    )
     # cross-attention
-    cross_attn_encoder: bool = False
-    cross_attn_decoder: bool = False
-    cross_attn_k: int = 2
-    cross_attn_nheads: int | None = None
-    cross_attn_window_encoder: int | None = None
-    cross_attn_window_decoder: int | None = None
-    cross_attn_all_layers_encoder: bool = False
-    cross_attn_all_layers_decoder: bool = False
-    cross_attn_init_by_pooling: bool = False
+    cross_attn_encoder: bool = Field(
+        False,
+        description="encoder makes cross_attn_k slot states per patch by cross-attending to "
+        "the patch's bytes (instead of pooling)",
+    )
+    cross_attn_decoder: bool = Field(
+        False,
+        description="decoder bytes cross-attend to the global states (cross_attn_k slots per "
+        "patch) instead of adding their patch's state",
+    )
+    cross_attn_k: int = Field(
+        2, description="slots per patch of the cross-attentions (global input: k x encoder dim)"
+    )
+    cross_attn_nheads: int | None = Field(
+        None, description="cross-attention heads; null: the local model's n_heads"
+    )
+    cross_attn_window_encoder: int | None = Field(
+        None,
+        description="encoder slots of patch p see the bytes of patches p-w+1..p; null: 1",
+    )
+    cross_attn_window_decoder: int | None = Field(
+        None,
+        description="decoder bytes see the slots of the w latest patches they may see; null: 1",
+    )
+    cross_attn_all_layers_encoder: bool = Field(
+        False,
+        description="a cross-attention after every encoder layer; false: after the last only",
+    )
+    cross_attn_all_layers_decoder: bool = Field(
+        False,
+        description="a cross-attention before every decoder layer; false: before the first only",
+    )
+    cross_attn_init_by_pooling: bool = Field(
+        False,
+        description="encoder slot queries start from the pooled patch (needs "
+        "downsampling_by_pooling); false: from learned per-slot queries",
+    )
     # byte n-gram embeddings
-    encoder_hash_byte_group_size: list[int] | None = None
-    encoder_hash_byte_group_vocab: int = 30000
-    encoder_hash_byte_group_nb_functions: int = 3
-    encoder_ngram_to_size_str: str | None = None
+    encoder_hash_byte_group_size: list[int] | None = Field(
+        None,
+        description="n-gram sizes of the hash embeddings added to the byte embeddings, e.g. "
+        "[3,4,5] or '3,4,5'; null: none",
+    )
+    encoder_hash_byte_group_vocab: int = Field(
+        30000, description="rows of each hash embedding table (id = n-gram hash mod this)"
+    )
+    encoder_hash_byte_group_nb_functions: int = Field(
+        3, description="hash functions per n-gram size, 1..11 (one table each)"
+    )
+    encoder_ngram_to_size_str: str | None = Field(
+        None,
+        description="frequency n-gram tables as 'n:size,...' (e.g. '2:38396'); forward then "
+        "needs ngram_ids, which the data loader does not make; null: none",
+    )
 
     @field_validator("encoder_hash_byte_group_size", mode="before")
     @classmethod

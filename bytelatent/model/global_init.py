@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class GlobalInitArgs(BaseModel):
@@ -22,8 +22,14 @@ class GlobalInitArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    path: str
-    format: Literal["hf_llama"] = "hf_llama"
+    path: str = Field(
+        ...,
+        description="folder (local or s3://) with config.json and *.safetensors of the decoder",
+    )
+    format: Literal["hf_llama"] = Field(
+        "hf_llama",
+        description="hf_llama: a LlamaForCausalLM (its embedding, final norm and head are unused)",
+    )
 
     @field_validator("path")
     @classmethod

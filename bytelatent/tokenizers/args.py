@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from bytelatent.errors import ConfigError
 from bytelatent.tokenizers.base import Tokenizer
@@ -20,8 +20,15 @@ class TokenizerArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: TokenizerName = "blt"
-    init_kwargs: dict[str, Any] | None = None
+    name: TokenizerName = Field(
+        "blt",
+        description="blt (or its alias bytes): UTF-8 bytes + 4; sp: SentencePiece; tiktoken: BPE",
+    )
+    init_kwargs: dict[str, Any] | None = Field(
+        None,
+        description="keyword arguments of the tokenizer's constructor (sp/tiktoken: model_path; "
+        "blt: bpe_delim, bpe_tokenizer_path; add_bos/add_eos override data.add_bos/add_eos)",
+    )
 
     def build(self) -> Tokenizer:
         kwargs = dict(self.init_kwargs or {})

@@ -31,9 +31,11 @@ class Stop:
 class EarlyStopArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["early_stop"] = "early_stop"
+    kind: Literal["early_stop"] = Field(
+        "early_stop", description="early_stop: stop (saving) when `metric` stops improving"
+    )
     metric: str = Field("val/bpb", description="a key of the train or eval metrics")
-    mode: Literal["min", "max"] = "min"
+    mode: Literal["min", "max"] = Field("min", description="min: lower is better; max: higher")
     patience: int = Field(3, ge=1, description="evaluations without improvement before stopping")
     min_delta: float = Field(0.0, ge=0.0, description="smallest change that counts as improvement")
 
@@ -41,7 +43,10 @@ class EarlyStopArgs(BaseModel):
 class NonFiniteStopArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["nonfinite_stop"] = "nonfinite_stop"
+    kind: Literal["nonfinite_stop"] = Field(
+        "nonfinite_stop",
+        description="nonfinite_stop: stop without saving after consecutive non-finite updates",
+    )
     max_skipped_steps: int = Field(
         5, ge=1, description="consecutive skipped (non-finite) updates before the run stops"
     )

@@ -15,9 +15,13 @@ class ParamGroupArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    params: str
-    lr_scale: float = Field(1.0, ge=0.0)
-    weight_decay: float | None = Field(None, ge=0.0, description="None: optim.weight_decay")
+    params: str = Field(
+        ...,
+        description="fnmatch glob over parameter names as in model-info.txt, e.g. "
+        "'local_encoder.*'; the first matching group wins",
+    )
+    lr_scale: float = Field(1.0, ge=0.0, description="this group's lr: optim.lr times this")
+    weight_decay: float | None = Field(None, ge=0.0, description="null: optim.weight_decay")
     freeze_until_step: int = Field(0, ge=0, description="no updates in optimizer steps 1..N")
 
 
@@ -26,25 +30,48 @@ class OptimArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    lr: float = 3e-4
-    weight_decay: float = 0.1
-    epsilon: float = 1e-8
-    beta1: float = 0.9
-    beta2: float = 0.95
-    clip: float = 1.0  # max global grad norm, applied once per optimizer step; <= 0 disables
-    scheduler: Literal["constant", "linear", "inv_sqrt", "cosine", "wsd"] = "cosine"
-    warmup: int = 2000
-    lr_min_ratio: float = 0.1
-    cycle_length: float = 1.0  # cosine / wsd: cycle length as a fraction of `steps`
-    cosine_theta: float = 1.0
-    decay_fraction: float = 0.1  # wsd: fraction of each cycle spent decaying
-    exp_factor: float = 0.5  # inv_sqrt exponent
-    # None: fused AdamW on CUDA and CPU (the CPU kernel is several times faster than foreach:
-    # bench/RESULTS_blt_cpu.md); False: foreach
-    fused: bool | None = None
-    # Non-finite guard: stop after this many consecutive skipped updates (0: never stop, only skip).
-    max_skipped_steps: int = Field(5, ge=0)
-    groups: list[ParamGroupArgs] = Field(default_factory=list)
+    lr: float = Field(3e-4, description="peak learning rate (> 0), reached after warmup")
+    weight_decay: float = Field(0.1, description="AdamW decoupled weight decay")
+    epsilon: float = Field(1e-8, description="AdamW eps")
+    beta1: float = Field(0.9, description="AdamW first-moment decay")
+    beta2: float = Field(0.95, description="AdamW second-moment decay")
+    clip: float = Field(
+        1.0,
+        description="max global grad norm, applied once per optimizer step; <= 0 disables",
+    )
+    scheduler: Literal["constant", "linear", "inv_sqrt", "cosine", "wsd"] = Field(
+        "cosine", description="lr schedule after warmup (wsd: warmup-stable-decay)"
+    )
+    warmup: int = Field(2000, description="optimizer steps of linear warmup from 0 to lr (>= 0)")
+    lr_min_ratio: float = Field(
+        0.1, description="final lr as a fraction of lr, in [0, 1] (inv_sqrt: its floor)"
+    )
+    cycle_length: float = Field(
+        1.0, description="cosine / wsd: cycle length as a fraction of `steps` (< 1: restarts)"
+    )
+    cosine_theta: float = Field(
+        1.0, description="cosine: exponent on the schedule progress (1: plain cosine)"
+    )
+    decay_fraction: float = Field(
+        0.1, description="wsd: fraction of each cycle spent decaying, in (0, 1]"
+    )
+    exp_factor: float = Field(0.5, description="inv_sqrt: lr falls as (warmup / step) ** this")
+    fused: bool | None = Field(
+        None,
+        description="null: fused AdamW on CUDA and CPU (several times faster than foreach on "
+        "CPU: bench/RESULTS_blt_cpu.md); false: foreach",
+    )
+    max_skipped_steps: int = Field(
+        5,
+        ge=0,
+        description="non-finite guard: stop after this many consecutive skipped updates "
+        "(0: never stop, only skip)",
+    )
+    groups: list[ParamGroupArgs] = Field(
+        default_factory=list,
+        description="AdamW parameter groups with their own lr scale, weight decay, freezing; "
+        "unmatched parameters form the default group",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> OptimArgs:
@@ -65,7 +92,7 @@ class LoggingArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     freq: int = Field(10, ge=1, description="log every `freq` optimizer steps")
-    console: bool = True
+    console: bool = Field(True, description="print one line per log step on rank 0")
     peak_tflops: float | None = Field(
         None,
         gt=0,
@@ -77,7 +104,7 @@ class LoggingArgs(BaseModel):
 class ProfilerArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    run: bool = False
+    run: bool = Field(False, description="trace steps with torch.profiler; off: no profiler")
     start_step: int = Field(
         3, ge=2, description="first profiled step, counted in this process (step 1 is warm-up)"
     )

@@ -35,12 +35,14 @@ RUN_FILE = "wandb_run.json"
 class WandbArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    project: str = "bytelatent"
-    entity: str | None = None
+    project: str = Field("bytelatent", description="wandb project")
+    entity: str | None = Field(None, description="wandb team or user; default: wandb's default")
     name: str | None = Field(None, description="run name; default: the run's `name`")
-    group: str | None = None
-    tags: list[str] = Field(default_factory=list)
-    mode: Literal["online", "offline", "disabled"] = "online"
+    group: str | None = Field(None, description="wandb group of related runs")
+    tags: list[str] = Field(default_factory=list, description="wandb run tags")
+    mode: Literal["online", "offline", "disabled"] = Field(
+        "online", description="online, offline (upload later with `wandb sync`) or disabled"
+    )
     dir: str | None = Field(None, description="where wandb writes its files; default: dump_dir")
 
 

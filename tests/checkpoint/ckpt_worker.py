@@ -182,7 +182,7 @@ def scenario_load(args: argparse.Namespace, rank: int, world: int) -> None:
 
 def scenario_kill(args: argparse.Namespace, rank: int, world: int) -> None:
     """Save step 1, then start saving step 2 and hang at the kill point named by --kill-at."""
-    from bytelatent.checkpoint import manager as manager_module
+    from bytelatent.checkpoint import saver as saver_module
 
     model, optimizer = build(world, dim=args.dim)
     manager = CheckpointManager(CheckpointArgs(path=args.ckpt_path), dp_rank=rank, dp_size=world)
@@ -196,9 +196,9 @@ def scenario_kill(args: argparse.Namespace, rank: int, world: int) -> None:
         time.sleep(600)
 
     if args.kill_at == "before_marker":
-        manager_module.CheckpointManager._write_marker = hang  # DCP data and .metadata are written
+        saver_module.Saver._write_marker = hang  # DCP data and .metadata are written
     elif args.kill_at == "before_metadata":
-        writer_cls = manager_module.ManifestWriter  # the writer the manager saves with
+        writer_cls = saver_module.ManifestWriter  # the writer the saver saves with
         original = writer_cls.finish
 
         def finish_then_hang(self: object, *a: object, **k: object) -> None:

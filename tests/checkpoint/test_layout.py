@@ -1,4 +1,4 @@
-"""Checkpoint folders without a model or DCP: names, markers, listing, leases, retention."""
+"""Checkpoint folders without a model or DCP: names, markers, listing, leases; retention."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from bytelatent.checkpoint.layout import (
     normalize_kinds,
     parse_step,
     read_marker,
-    retention_plan,
     step_folder_name,
     write_marker,
 )
+from bytelatent.checkpoint.retention import Retention, retention_plan
 
 
 def _store(tmp_path) -> FolderStore:
@@ -75,7 +75,7 @@ def test_damaged_marker_does_not_count_as_complete(tmp_path, text):
     assert "damaged marker" in marker_problem(store.fs, folder)
     _folder(store, 6, ["dump"])
     # A damaged marker is not an exemption: the folder goes like any stale partial save.
-    assert store.apply_retention(6, dump_keep=1, eval_keep=0) == [folder]
+    assert Retention(store, dump_keep=1, eval_keep=0).apply(6) == [folder]
     assert _steps(store) == [6]
 
 
@@ -109,7 +109,7 @@ def test_leases_and_holds_keep_folders(tmp_path):
         held.append((step, kinds))
         return "its eval is owed" if step == 2 else None
 
-    deleted = store.apply_retention(4, dump_keep=0, eval_keep=1, hold=hold)
+    deleted = Retention(store, dump_keep=0, eval_keep=1, hold=hold).apply(4)
     assert deleted == [store.step_folder(3)]
     assert _steps(store) == [1, 2, 4]
     assert held == [(2, ["eval"]), (3, ["eval"])]  # the leased folder never reaches the hold

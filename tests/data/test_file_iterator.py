@@ -9,11 +9,11 @@ from bytelatent.data.iterators.file import (
     FileIteratorState,
     FileShard,
     LoopingIteratorState,
-    _ArrowReader,
-    _BadRecord,
     assign_shards,
 )
 from bytelatent.data.iterators.states import load_state
+from bytelatent.data.readers import BadFile, ReadOptions
+from bytelatent.data.readers.table import ArrowPosition, ArrowReader
 from bytelatent.errors import DataError
 
 
@@ -89,9 +89,9 @@ def test_resume_at_every_row_without_replay(tmp_path, kind):
         next(it)
     mid = it.get_state()
     if kind == "jsonl":
-        assert mid.byte_offset > 0
+        assert mid.position["byte_offset"] > 0
     else:
-        assert (mid.batch_index, mid.batch_start_row, mid.row) == (1, 4, 6)
+        assert mid.position == {"row": 6, "batch_index": 1, "batch_start_row": 4}
 
 
 @pytest.mark.parametrize("n_files,world", [(3, 1), (3, 2), (3, 3), (2, 3), (1, 3), (5, 2), (4, 3)])
@@ -128,7 +128,7 @@ def test_looping_epochs_and_resume_across_epoch_boundary(tmp_path):
     it = state.build()
     seen = [next(it).sample_id for _ in range(10)]
     assert seen == [f"s-{i % 4}" for i in range(10)]
-    assert it.get_state().epoch == 2 and it.get_state().file_state.row == 2
+    assert it.get_state().epoch == 2 and it.get_state().file_state.position["row"] == 2
     for k in range(10):
         it = state.build()
         head = [next(it).sample_id for _ in range(k)]
@@ -171,8 +171,8 @@ def test_truncated_arrow_file_fails_at_open_or_skips(tmp_path):
     with pytest.raises(DataError, match=r"cut\.arrow: truncated Arrow IPC file.*footer"):
         FileIteratorState(shards=shards_of(cut)).build()
     # Opening it (the check that also covers s3:// files) names the footer too.
-    with pytest.raises(_BadRecord, match=r"truncated Arrow IPC file.*footer"):
-        _ArrowReader(str(cut), None)
+    with pytest.raises(BadFile, match=r"truncated Arrow IPC file.*footer"):
+        ArrowReader(FileShard(path=str(cut), format="arrow"), ArrowPosition(), ReadOptions())
     good = write_jsonl(tmp_path / "next.jsonl", "n", range(2))
     skipping = FileIteratorState(shards=shards_of(cut, good), skip_bad_records=True).build()
     ids = [d.sample_id for d in skipping]

@@ -17,10 +17,11 @@ from bytelatent.data.iterators.file import (
     FileIteratorState,
     FileShard,
     LoopingIteratorState,
-    file_format_of,
     shard_order,
 )
-from bytelatent.data.iterators.formats import ParquetReader
+from bytelatent.data.readers import ReadOptions
+from bytelatent.data.readers import format_of as file_format_of
+from bytelatent.data.readers.table import ParquetPosition, ParquetReader
 from bytelatent.data.sources import source_files
 from bytelatent.errors import DataError
 
@@ -100,16 +101,15 @@ def load_json(text: str) -> FileIteratorState:
 
 def test_parquet_reads_only_needed_columns_and_seeks_to_the_row_group(tmp_path):
     path = write_parquet(tmp_path / "a.parquet", records("p", range(20)), row_group_size=5)
-    reader = ParquetReader(
-        str(path), *_local(path), ("text", "content"), ("sample_id", "url", "id")
-    )
+    shard = FileShard(path=str(path), format="parquet")
+    reader = ParquetReader(shard, ParquetPosition(), ReadOptions(text_keys=("text", "content")))
     assert reader.columns == ["text", "url"] and reader.num_row_groups == 4
     state = state_for([path])
     it = state.build()
     for _ in range(13):
         next(it)
     saved = it.get_state()
-    assert (saved.batch_index, saved.batch_start_row, saved.row) == (2, 10, 13)
+    assert saved.position == {"row": 13, "row_group": 2, "group_start_row": 10}
     # Damage every row group but the resumed one's: the resume must not read them.
     meta = pq.ParquetFile(str(path)).metadata
     blob = bytearray(path.read_bytes())
@@ -124,12 +124,6 @@ def test_parquet_reads_only_needed_columns_and_seeks_to_the_row_group(tmp_path):
     assert [next(resumed).sample_id for _ in range(2)] == ["p-13", "p-14"]
 
 
-def _local(path):
-    from fsspec.implementations.local import LocalFileSystem
-
-    return LocalFileSystem(), str(path)
-
-
 @pytest.mark.parametrize("suffix", ["zst", "gz"])
 def test_compressed_resume_starts_at_the_last_frame(tmp_path, suffix):
     path = write_compressed(tmp_path / f"d.jsonl.{suffix}", records("z", range(40)), 4)
@@ -137,11 +131,12 @@ def test_compressed_resume_starts_at_the_last_frame(tmp_path, suffix):
     for _ in range(30):
         next(it)
     saved = it.get_state()
-    assert saved.row == 30 and 0 < saved.frame_offset < path.stat().st_size
-    assert saved.frame_start <= saved.byte_offset
+    at = saved.position
+    assert at["row"] == 30 and 0 < at["frame_offset"] < path.stat().st_size
+    assert at["frame_start"] <= at["byte_offset"]
     # Zero everything before that frame: a resume that decompressed from the start would fail.
     blob = bytearray(path.read_bytes())
-    blob[: saved.frame_offset] = bytes(saved.frame_offset)
+    blob[: at["frame_offset"]] = bytes(at["frame_offset"])
     path.write_bytes(bytes(blob))
     assert ids(saved) == [f"z-{i}" for i in range(30, 40)]
 
@@ -152,7 +147,7 @@ def test_single_frame_file_resumes_exactly(tmp_path):
     for _ in range(11):
         next(it)
     saved = it.get_state()
-    assert saved.frame_offset == 0 and saved.byte_offset > 0
+    assert saved.position["frame_offset"] == 0 and saved.position["byte_offset"] > 0
     assert ids(saved) == [f"o-{i}" for i in range(11, 25)]
 
 
@@ -253,7 +248,7 @@ def test_training_reads_parquet_and_zst_folders(tmp_path):
         next(it)
     for name, sequence in it.get_state().source.sources.items():
         files = sequence.source.source.file_state
-        assert files.row > 0 or files.epoch > 0, name  # both sources were read
+        assert files.position.get("row", 0) > 0 or files.epoch > 0, name  # both sources were read
 
 
 def test_state_stores_a_long_file_list_compactly():

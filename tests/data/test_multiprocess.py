@@ -94,7 +94,9 @@ def test_worker_error_reraises_with_its_traceback(tmp_path):
     with pytest.raises(DataError, match=r"s\.chunk\.00\.jsonl: row 3: malformed JSON") as info:
         take(it, 1000)
     assert isinstance(info.value.__cause__, RemoteTraceback)
-    assert "Traceback" in str(info.value.__cause__) and "_next_line" in str(info.value.__cause__)
+    assert "Traceback" in str(info.value.__cause__) and "readers/jsonl.py" in str(
+        info.value.__cause__
+    )
     assert it._process is None and not mp.active_children()
     with pytest.raises(StopIteration):
         next(it)

@@ -8,6 +8,8 @@ uninterrupted run's. Under torchrun the ranks split the verification and agree o
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from harness import model_args, read_metrics
 from test_resume import checkpoint_steps
@@ -50,8 +52,12 @@ def test_corrupted_newest_checkpoint_is_set_aside_and_resume_is_bitwise(
     aside = [p for p in (first.dump_dir / "checkpoints").iterdir() if ".corrupt-" in p.name]
     assert len(aside) == 1 and (aside[0] / shard.name).exists()  # kept, not deleted
 
-    resumed = read_metrics(first.dump_dir)[len(uninterrupted) :]
-    assert [r["global_step"] for r in resumed] == list(range(16, 21))
+    # one record per step: the first run's records of steps 16-20 were moved aside at the resume
+    records = read_metrics(first.dump_dir)
+    assert [r["global_step"] for r in records] == list(range(1, 21))
+    replayed = (first.dump_dir / "metrics.replayed.jsonl").read_text().splitlines()
+    assert [json.loads(line)["global_step"] for line in replayed] == list(range(16, 21))
+    resumed = records[15:]
     want = {r["global_step"]: r["loss"] for r in uninterrupted}
     mismatches = {r["global_step"]: (r["loss"], want[r["global_step"]]) for r in resumed
                   if r["loss"] != want[r["global_step"]]}  # fmt: skip

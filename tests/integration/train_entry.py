@@ -52,7 +52,9 @@ def install_delays() -> None:
 
         CheckpointManager.load = slow_load
     if marker_delay > 0:
-        write_marker = CheckpointManager._write_marker
+        from bytelatent.checkpoint.saver import Saver
+
+        write_marker = Saver._write_marker
 
         def slow_write_marker(self, folder, step, kinds):
             if step >= marker_from_step:
@@ -62,7 +64,7 @@ def install_delays() -> None:
                 time.sleep(marker_delay)
             return write_marker(self, folder, step, kinds)
 
-        CheckpointManager._write_marker = slow_write_marker
+        Saver._write_marker = slow_write_marker
 
 
 def main() -> int:

@@ -7,15 +7,26 @@ import pytest
 import torch
 
 from bytelatent.model import attention
+from bytelatent.model.args import BACKENDS
 from bytelatent.model.attention import (
     AttnMask,
+    FlexMask,
+    KeyIntervals,
+    SdpaBanded,
+    SdpaChunked,
+    SdpaDense,
+    SdpaSingleDocument,
+    XformersBlockDiagonal,
     attend,
     band_chunk,
     banded_self_attn_mask,
+    build_mask,
     document_lengths,
     resolve_backend,
+    select_backend,
     self_attn_mask,
 )
+from bytelatent.model.attention import xformers as xformers_backend
 from tests.model.mask_helpers import FakeBias, LargestTensor, flex_elementwise
 
 EOS = 2
@@ -94,7 +105,7 @@ def test_sdpa_masks_match_brute_force(kind, window, n_kv_heads):
     tokens = packed_rows(3, 40, seed=CASES.index((kind, window)))
     mask = self_attn_mask(kind, tokens, eos_id=EOS, window=window)
     allowed = brute_force_allowed(kind, tokens, window)
-    if mask.dense is not None:
+    if isinstance(mask, SdpaDense):
         dense = mask.dense.expand(3, 1, 40, 40)[:, 0]
         assert torch.equal(dense, allowed)
     q, k, v = qkv(3, 40, n_kv_heads=n_kv_heads)
@@ -112,7 +123,7 @@ def test_sdpa_masks_match_brute_force(kind, window, n_kv_heads):
 )
 def test_banded_local_mask_matches_brute_force(seqlen, window, chunk):
     tokens = packed_rows(3, seqlen, seed=seqlen + window)
-    mask = AttnMask(band=banded_self_attn_mask(tokens, EOS, window, chunk))
+    mask = SdpaBanded(banded_self_attn_mask(tokens, EOS, window, chunk))
     allowed = brute_force_allowed("local_block_causal", tokens, window)
     q, k, v = qkv(3, seqlen, n_kv_heads=2)
     out, grads = forward_backward(lambda a, b, c: attend(a, b, c, mask), q, k, v)
@@ -128,9 +139,10 @@ def test_long_rows_use_the_band_and_short_rows_the_dense_mask():
     assert band_chunk(1024, 512) is None  # band would cover most of the row
     assert band_chunk(8192, 512) == 256
     long_row = packed_rows(1, 2048, seed=0)
-    assert self_attn_mask("local_block_causal", long_row, window=64).band is not None
-    assert self_attn_mask("local_block_causal", long_row[:, :100], window=64).dense is not None
-    assert self_attn_mask("block_causal", long_row).dense is not None
+    assert isinstance(self_attn_mask("local_block_causal", long_row, window=64), SdpaBanded)
+    short = self_attn_mask("local_block_causal", long_row[:, :100], window=64)
+    assert isinstance(short, SdpaDense)
+    assert isinstance(self_attn_mask("block_causal", long_row), SdpaDense)
 
 
 def test_documents_are_separated():
@@ -190,6 +202,10 @@ def test_bad_arguments_raise():
         self_attn_mask("causal", tokens, backend="fmha")
     with pytest.raises(ValueError, match="exactly one"):
         AttnMask()
+    with pytest.raises(ValueError, match="must be bool"):
+        AttnMask.from_dense(torch.ones(1, 1, 2, 2))
+    with pytest.raises(ValueError, match="flex_attention builds its masks from key intervals"):
+        AttnMask.from_dense(torch.ones(1, 1, 2, 2, dtype=torch.bool), backend="flex_attention")
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the CPU error path")
@@ -202,7 +218,7 @@ def test_cuda_only_backends_fail_clearly_on_cpu(backend):
     mask = self_attn_mask("block_causal", tokens, backend="flex_attention")  # builds on CPU
     with pytest.raises(RuntimeError, match="CUDA|not installed"):
         attend(q, k, v, mask)  # the mask carries its backend
-    if backend == "xformers" and not attention._xformers_available():
+    if backend == "xformers" and not attention.xformers_available():
         with pytest.raises(RuntimeError, match="not installed"):
             self_attn_mask("block_causal", tokens, backend=backend)
 
@@ -216,7 +232,7 @@ def test_flex_block_mask_equals_brute_force_and_create_block_mask(kind, window, 
     tokens[1, 100:230] = 7  # a document spanning whole blocks: full blocks off the diagonal
     window = None if window is None else window * 17
     mask = self_attn_mask(kind, tokens, eos_id=EOS, window=window, backend="flex_attention")
-    assert mask.backend == "flex_attention" and mask.dense is None and not mask.is_causal
+    assert isinstance(mask, FlexMask) and mask.backend == "flex_attention"
     block_mask = mask.block_mask
     expected = brute_force_allowed(kind, tokens, window)
     assert torch.equal(flex_elementwise(block_mask, 2, seqlen), expected)
@@ -247,17 +263,18 @@ class _FakeFmha:
 @pytest.mark.parametrize(("kind", "window"), CASES[2:])
 @pytest.mark.parametrize("backend", ["flex_attention", "xformers"])
 def test_flex_and_xformers_masks_never_allocate_s_by_s(monkeypatch, kind, window, backend):
-    monkeypatch.setattr(attention, "_import_xformers_fmha", lambda: _FakeFmha)
+    monkeypatch.setattr(xformers_backend, "_import_fmha", lambda: _FakeFmha)
     seqlen = 1024
     tokens = packed_rows(2, seqlen, seed=1)
     with LargestTensor() as sizes:
         mask = self_attn_mask(kind, tokens, eos_id=EOS, window=window, backend=backend)
     assert sizes.largest < seqlen * seqlen // 8
-    assert mask.dense is None and mask.backend == backend
+    assert not isinstance(mask, SdpaDense) and mask.backend == backend
     if backend == "xformers":
-        assert mask.xformers_bias.seqlens == document_lengths(tokens, EOS)
-        assert mask.xformers_bias.window == window
-        assert sum(mask.xformers_bias.seqlens) == tokens.numel()
+        assert isinstance(mask, XformersBlockDiagonal)
+        assert mask.bias.seqlens == document_lengths(tokens, EOS)
+        assert mask.bias.window == window
+        assert sum(mask.bias.seqlens) == tokens.numel()
     with LargestTensor() as sizes:  # the sdpa path does build it (the check can fail)
         self_attn_mask(kind, tokens, eos_id=EOS, window=window)
     if kind == "block_causal":
@@ -265,7 +282,7 @@ def test_flex_and_xformers_masks_never_allocate_s_by_s(monkeypatch, kind, window
 
 
 def test_resolve_backend_falls_back_to_sdpa_off_cuda(caplog, monkeypatch):
-    monkeypatch.setattr(attention, "_warned_fallbacks", set())
+    monkeypatch.setattr(attention.base, "_warned_fallbacks", set())
     with caplog.at_level(logging.WARNING, logger="bytelatent.model.attention"):
         assert resolve_backend("xformers", "cpu") == "sdpa"
         assert resolve_backend("xformers", "cpu") == "sdpa"
@@ -277,10 +294,52 @@ def test_resolve_backend_falls_back_to_sdpa_off_cuda(caplog, monkeypatch):
         resolve_backend("triton", "cpu")
 
 
+def test_every_config_backend_is_registered_and_selected_once(caplog, monkeypatch):
+    monkeypatch.setattr(attention.base, "_warned_fallbacks", set())
+    assert sorted(attention.base._BACKENDS) == sorted(BACKENDS)
+    for name in BACKENDS:
+        assert attention.get_backend(name).name == name
+    assert select_backend("sdpa", "cpu") is attention.get_backend("sdpa")
+    with caplog.at_level(logging.WARNING, logger="bytelatent.model.attention"):
+        assert select_backend("flex_attention", "cpu") is attention.get_backend("sdpa")
+    assert select_backend("flex_attention", "cuda").name == "flex_attention"  # no CUDA needed
+
+
+def test_a_mask_runs_only_on_a_backend_that_has_its_representation():
+    """A flex or xformers mask handed to sdpa raises instead of running unmasked."""
+    tokens = packed_rows(1, 8, seed=0)
+    q, k, v = (t.detach() for t in qkv(1, 8))
+    flex_mask = self_attn_mask("block_causal", tokens, eos_id=EOS, backend="flex_attention")
+    with pytest.raises(ValueError, match="built for flex_attention .* cannot run on sdpa"):
+        attend(q, k, v, flex_mask, backend="sdpa")
+    with pytest.raises(ValueError, match="cannot run on sdpa"):
+        attend(q, k, v, XformersBlockDiagonal(bias=None), backend="sdpa")
+
+
+def test_old_keyword_constructor_builds_the_variant():
+    """patch_utils still builds its flex cross mask as AttnMask(block_mask=..., ...)."""
+    has_key = torch.ones(1, 1, 4, 1, dtype=torch.bool)
+    mask = AttnMask(block_mask="bm", query_has_key=has_key, backend="flex_attention")
+    assert isinstance(mask, FlexMask) and mask.block_mask == "bm" and mask.query_has_key is has_key
+    assert isinstance(AttnMask(dense=torch.ones(1, 1, 2, 2, dtype=torch.bool)), SdpaDense)
+    with pytest.raises(ValueError, match="no sdpa mask holds"):
+        AttnMask(block_mask="bm")
+
+
+def test_key_intervals_dense_matches_the_bounds():
+    lo = torch.tensor([[0, 0, 1, 3, 3]])
+    hi = torch.tensor([[1, 2, 3, 3, 5]])
+    mask = build_mask(KeyIntervals(lo, hi, 5))
+    expected = torch.tensor([[j >= lo[0, q] and j < hi[0, q] for j in range(5)] for q in range(5)])
+    assert torch.equal(mask.query_has_key[0, 0, :, 0], torch.tensor([1, 1, 1, 0, 1]).bool())
+    assert torch.equal(mask.dense[0, 0][[0, 1, 2, 4]], expected[[0, 1, 2, 4]])
+    assert mask.dense[0, 0, 3].all()  # the empty row is opened up (attend zeroes it)
+
+
 def _cuda_backend_available(backend: str) -> bool:
     if not HAS_CUDA:
         return False
-    return backend != "xformers" or attention._xformers_available()
+    return backend != "xformers" or attention.xformers_available()
 
 
 @pytest.mark.parametrize("backend", ["flex_attention", "xformers"])
@@ -308,11 +367,11 @@ def test_cuda_backends_match_sdpa(backend, kind, window):
 def test_cpu_chunk_plan_matches_brute_force(kind, window, n_kv_heads, monkeypatch):
     """The block-sparse CPU plan (chunks of 8 over 40 positions) computes the dense mask's
     attention, forward and backward, with rows that share chunks and rows that do not."""
-    monkeypatch.setattr(attention, "SDPA_CHUNK", 8)
+    monkeypatch.setattr(attention.chunked, "SDPA_CHUNK", 8)
     tokens = packed_rows(3, 40, seed=11)
     tokens[2] = 7  # one row without documents: its chunks see from key 0 (or the window)
     mask = self_attn_mask(kind, tokens, eos_id=EOS, window=window)
-    assert mask.chunks is not None and not mask.sdpa_causal
+    assert isinstance(mask, SdpaChunked)
     assert any(k0 > 0 for *_, k0 in mask.chunks.pieces)  # some work is skipped
     allowed = brute_force_allowed(kind, tokens, window)
     for (r0, r1, q0, q1, k0), block in zip(mask.chunks.pieces, mask.chunks.allowed):
@@ -335,7 +394,7 @@ def test_single_document_rows_run_as_plain_causal(kind, window):
     tokens[tokens == EOS] = 9
     tokens[1, -1] = EOS  # an EOS at the very end closes the only document
     mask = self_attn_mask(kind, tokens, eos_id=EOS, window=window)
-    assert mask.sdpa_causal and mask.dense is not None
+    assert isinstance(mask, SdpaSingleDocument)
     allowed = brute_force_allowed(kind, tokens, window)
     assert torch.equal(mask.dense.expand(3, 1, 40, 40)[:, 0], allowed)
     q, k, v = qkv(3, 40)
@@ -347,4 +406,6 @@ def test_single_document_rows_run_as_plain_causal(kind, window):
     for grad, ref_grad in zip(grads, ref_grads):
         torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-9)
     tokens[0, 5] = EOS  # one more document: no longer plain causal
-    assert not self_attn_mask(kind, tokens, eos_id=EOS, window=window).sdpa_causal
+    assert not isinstance(
+        self_attn_mask(kind, tokens, eos_id=EOS, window=window), SdpaSingleDocument
+    )

@@ -5,12 +5,13 @@ import torch
 
 from bytelatent.errors import DataError
 from bytelatent.model.args import parse_pooling
-from bytelatent.model.attention import attend
+from bytelatent.model.attention import FlexMask, KeyIntervals, SdpaDense, attend, build_mask
 from bytelatent.model.cross_attention import CrossAttention
 from bytelatent.model.patch_utils import (
     build_cross_mask,
     check_patch_lengths,
     concat_patches,
+    cross_attn_key_bounds,
     decoder_cross_attn_allowed,
     decoder_patch_ids_from_lengths,
     encoder_cross_attn_allowed,
@@ -227,7 +228,7 @@ def test_flex_cross_block_mask_equals_brute_force(side, window, k, seed) -> None
     ids = _cross_ids(side, lengths, seq_len)
     mask = build_cross_mask(side, ids, num_patches, k, window, "flex_attention", structured=False)
     attn = mask.attn
-    assert attn.backend == "flex_attention" and attn.dense is None and not mask.structured
+    assert isinstance(attn, FlexMask) and attn.backend == "flex_attention" and not mask.structured
     expected = _dense_cross(side, ids, num_patches, k, window)
     q_len, kv_len = expected.shape[1:]
     assert torch.equal(flex_elementwise(attn.block_mask, 3, q_len, kv_len), expected)
@@ -240,6 +241,29 @@ def test_flex_cross_block_mask_equals_brute_force(side, window, k, seed) -> None
     )
     assert torch.equal(attn.block_mask.to_dense(), reference.to_dense())
     assert torch.equal(attn.block_mask.full_kv_num_blocks, reference.full_kv_num_blocks)
+
+
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+@pytest.mark.parametrize(("window", "k"), [(None, 2), (1, 1), (3, 3)])
+def test_key_interval_spec_builds_the_cross_masks_of_every_backend(side, window, k) -> None:
+    """masks.KeyIntervals from cross_attn_key_bounds: sdpa's dense mask is the patch_utils one
+    (empty rows opened and flagged), flex's BlockMask the one build_cross_mask makes."""
+    seq_len = 300
+    lengths, num_patches = _cross_layout(2, seq_len, k, extra_padding=70)
+    ids = _cross_ids(side, lengths, seq_len)
+    lo, hi = cross_attn_key_bounds(side, ids, num_patches, k, window)
+    kv_len = seq_len if side == "encoder" else num_patches * k
+    spec = KeyIntervals(lo, hi, kv_len)
+    want = build_cross_mask(side, ids, num_patches, k, window, structured=False).attn
+    got = build_mask(spec)
+    assert isinstance(got, SdpaDense) and torch.equal(got.dense, want.dense)
+    assert torch.equal(got.query_has_key, want.query_has_key)
+    flex = build_mask(spec, "flex_attention")
+    flex_want = build_cross_mask(
+        side, ids, num_patches, k, window, "flex_attention", structured=False
+    ).attn
+    assert torch.equal(flex.block_mask.to_dense(), flex_want.block_mask.to_dense())
+    assert torch.equal(flex.query_has_key, flex_want.query_has_key)
 
 
 @pytest.mark.parametrize("side", ["encoder", "decoder"])

@@ -12,9 +12,16 @@ import torch
 import torch.nn.functional as F
 
 from bytelatent.data.batch import Batch
-from bytelatent.model import attention, blt, local_models, transformer
+from bytelatent.model import blt, local_models, transformer
 from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.attention import HostDocuments, document_lengths, self_attn_mask
+from bytelatent.model.attention import (
+    HostDocuments,
+    XformersBlockDiagonal,
+    XformersCausal,
+    document_lengths,
+    self_attn_mask,
+)
+from bytelatent.model.attention import xformers as xformers_backend
 from bytelatent.model.blt import ByteLatentTransformer
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.loss import forward_logits
@@ -108,16 +115,16 @@ def no_host_sync(monkeypatch):
 @pytest.mark.parametrize(("kind", "window"), KINDS)
 @pytest.mark.parametrize("seed", range(5))
 def test_xformers_mask_from_host_documents_never_syncs(monkeypatch, kind, window, seed):
-    monkeypatch.setattr(attention, "_import_xformers_fmha", lambda: _Fmha)
+    monkeypatch.setattr(xformers_backend, "_import_fmha", lambda: _Fmha)
     tokens = random_tokens(np.random.default_rng(seed), 5, 33)
     device_tokens = torch.from_numpy(tokens)
     docs = HostDocuments.from_tokens(tokens, EOS)
     with no_host_sync(monkeypatch):
         mask = self_attn_mask(kind, device_tokens, EOS, window, backend="xformers", docs=docs)
     synced = self_attn_mask(kind, device_tokens, EOS, window, backend="xformers")
-    assert mask.xformers_bias.seqlens == synced.xformers_bias.seqlens == brute_lengths(tokens)
-    assert mask.xformers_bias.window == synced.xformers_bias.window == window
-    assert mask.xformers_flatten and mask.dense is None
+    assert isinstance(mask, XformersBlockDiagonal) and isinstance(synced, XformersBlockDiagonal)
+    assert mask.bias.seqlens == synced.bias.seqlens == brute_lengths(tokens)
+    assert mask.bias.window == synced.bias.window == window
     # the check can fail: without host documents the builder reads the device tokens
     with pytest.raises(HostSync), no_host_sync(monkeypatch):
         self_attn_mask(kind, device_tokens, EOS, window, backend="xformers")
@@ -162,12 +169,11 @@ def _fake_xformers_attention(q, k, v, mask):
     bsz, n_heads, seqlen, head_dim = q.shape
     k = k.repeat_interleave(n_heads // k.shape[1], dim=1)
     v = v.repeat_interleave(n_heads // v.shape[1], dim=1)
-    if mask.xformers_bias is None:
-        assert mask.is_causal
+    if not isinstance(mask, XformersBlockDiagonal):
+        assert isinstance(mask, XformersCausal)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    assert mask.xformers_flatten
     flat = [t.transpose(0, 1).reshape(1, n_heads, bsz * seqlen, head_dim) for t in (q, k, v)]
-    out = F.scaled_dot_product_attention(*flat, attn_mask=mask.xformers_bias.allowed())
+    out = F.scaled_dot_product_attention(*flat, attn_mask=mask.bias.allowed())
     return out.reshape(n_heads, bsz, seqlen, head_dim).transpose(0, 1)
 
 
@@ -177,8 +183,8 @@ def xformers_on_cpu(monkeypatch):
     builder's only device -> host path (document_lengths) raises."""
     for module in (blt, local_models, transformer):
         monkeypatch.setattr(module, "resolve_backend", lambda impl, device: impl)
-    monkeypatch.setattr(attention, "_import_xformers_fmha", lambda: _Fmha)
-    monkeypatch.setattr(attention, "_attend_xformers", _fake_xformers_attention)
+    monkeypatch.setattr(xformers_backend, "_import_fmha", lambda: _Fmha)
+    monkeypatch.setattr(xformers_backend.BACKEND, "attend", _fake_xformers_attention)
     built = []
     monkeypatch.setattr(
         FakeBias, "from_seqlens", classmethod(lambda cls, s: built.append(s) or cls(s))
@@ -187,7 +193,7 @@ def xformers_on_cpu(monkeypatch):
     def synced(tokens, eos_id):
         raise HostSync("document lengths read from the device tokens")
 
-    monkeypatch.setattr(attention, "document_lengths", synced)
+    monkeypatch.setattr(xformers_backend, "document_lengths", synced)
     return built
 
 

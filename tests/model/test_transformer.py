@@ -249,11 +249,14 @@ def test_banded_local_attention_gives_the_same_logits_as_the_dense_mask(monkeypa
     tokens = random_tokens(2, 300, seed=4)
     tokens[0, [10, 40, 41]] = EOS
     tokens[1, [70, 250]] = EOS
-    assert attention.self_attn_mask("local_block_causal", tokens, window=6).band is not None
+    assert isinstance(
+        attention.self_attn_mask("local_block_causal", tokens, window=6), attention.SdpaBanded
+    )
     with torch.no_grad():
         banded = model(tokens)
-        monkeypatch.setattr(attention, "band_chunk", lambda seqlen, window: None)
-        assert attention.self_attn_mask("local_block_causal", tokens, window=6).dense is not None
+        monkeypatch.setattr(attention.chunked, "band_chunk", lambda seqlen, window: None)
+        dense_mask = attention.self_attn_mask("local_block_causal", tokens, window=6)
+        assert isinstance(dense_mask, attention.SdpaDense)
         dense = model(tokens)
     torch.testing.assert_close(banded, dense, rtol=1e-5, atol=1e-5)
 

@@ -1,10 +1,6 @@
-"""Document readers for JSONL (plain, `.zst`, `.gz`), Arrow IPC and Parquet files on any fsspec
-filesystem (local, s3://, ...). The compressed and Parquet readers are in `formats.py`.
-
-Records
-    text comes from `data.text_field` (default `text`, which also accepts `content`); sample_id from the first present of sample_id,
-    title, qid, paper_id, path, url, id (else "<file name>:<row>"); `entropies` (a list of floats,
-    one per token including BOS and EOS, as written by entropy preprocessing) when present.
+"""The iterator that walks a stream's files: which files, in which order, interleaved how, and
+where it is in each. How a file is read is its format's reader (`bytelatent/data/readers/`):
+this module knows no format, only the reader protocol and the registry.
 
 Sharding across data-parallel ranks (`assign_shards`), for one source's sorted file list of n
 files and a world of W ranks:
@@ -14,74 +10,73 @@ files and a world of W ranks:
 Every row is read by exactly one rank, for every world size; no row is dropped.
 
 Position
-    The state names the current file and the exact next row: a byte offset for JSONL (for
-    compressed JSONL an uncompressed offset plus the last frame boundary before it) and a
-    (record batch or Parquet row group, first row of it) pair for Arrow IPC and Parquet files, so
-    resuming seeks straight there without replaying the file. Arrow *stream* files have no random access: resuming reads
-    and discards the earlier record batches.
+    The state names the file read next (`shard_index` into this epoch's order) and that file's
+    reader position (`position`, the format's own model as JSON: a byte offset, a row group and
+    row, a frame boundary, ...), and the same pair for every other open file (`others`), so a
+    resume seeks straight to the next row without replaying a file. States written before the
+    readers had one set of position fields shared by all formats; they load unchanged
+    (`_legacy_cursor`) and continue at the same row.
 
-An Arrow IPC *file* (it starts with the `ARROW1` magic) must end with a valid footer: one that
-does not was cut short (a failed copy, a full disk), so it is rejected when it is opened, not
-days later when training reaches the damage.
-
-Bad records (malformed JSON, invalid UTF-8 in a JSONL line or in an Arrow/Parquet text or id
-string, missing/null text, unreadable Arrow data) raise DataError naming the file and row, or are
-skipped and counted when `skip_bad_records` is true. A file whose rest cannot be read (a corrupt
-or truncated `.zst`/`.gz` stream after its good frames) is read up to the damage, then raises one
+Bad records (a reader's BadRecord) raise one DataError naming the file and row, or are skipped
+and counted when `skip_bad_records` is true. A file whose rest cannot be read (BadFile: no
+footer, a corrupt compressed frame after good ones) is read up to the damage, then raises one
 DataError, or its rest is one counted skip.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
 import zlib
-from dataclasses import dataclass
 from typing import Any, Literal
 
-import fsspec
 import numpy as np
-import pyarrow as pa
-from fsspec.implementations.local import LocalFileSystem
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from bytelatent.data.iterators.base import IteratorState, StatefulIterator
-from bytelatent.data.iterators.formats import BadFile, CompressedLines, ParquetReader
+from bytelatent.data.readers import (
+    BadFile,
+    BadRecord,
+    Document,
+    Reader,
+    ReadOptions,
+    format_of,
+    get_format,
+    text_keys,
+)
+from bytelatent.data.readers.base import LEGACY_CURSOR
 from bytelatent.errors import DataError
 
 logger = logging.getLogger(__name__)
 
-SAMPLE_ID_KEYS = ("sample_id", "title", "qid", "paper_id", "path", "url", "id")
-TEXT_KEYS = ("text", "content")
-FileFormat = Literal["json", "arrow", "parquet", "zst", "gz"]
-LINE_FORMATS = ("json", "zst", "gz")  # JSONL, plain or compressed
-_EXTENSIONS = {"arrow": "arrow", "arrows": "arrow", "ipc": "arrow", "feather": "arrow"}
-_EXTENSIONS |= {"parquet": "parquet", "pq": "parquet", "zst": "zst", "zstd": "zst", "gz": "gz"}
-IPC_MAGIC = b"ARROW1"  # first 6 (and last 6) bytes of an Arrow IPC file
+__all__ = ["Document", "FileIterator", "FileIteratorState", "FileShard", "LoopingIterator"]
 
-
-@dataclass
-class Document:
-    sample_id: str
-    text: str
-    entropies: np.ndarray | None
-    path: str
-    row: int
-
-
-class _BadRecord(Exception):
-    """A record that cannot be used; becomes a DataError or a counted skip."""
+# the position fields of the state written before readers had their own (one set for all formats)
+_LEGACY_POSITION = (
+    "row",
+    "byte_offset",
+    "frame_offset",
+    "frame_start",
+    "batch_index",
+    "batch_start_row",
+)
 
 
 class FileShard(BaseModel):
-    """One file and which of its rows this rank reads: rows r with r % stride == offset."""
+    """One file, its format (a registered name) and which of its rows this stream reads: rows r
+    with r % stride == offset."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     path: str
-    format: FileFormat
+    format: str
     stride: int = Field(1, ge=1)
     offset: int = Field(0, ge=0)
 
@@ -112,24 +107,13 @@ def unpack_shards(packed: dict) -> list[dict]:
     ]
 
 
-def file_format_of(path: str) -> FileFormat:
-    """`arrow` for *.arrow / *.arrows / *.ipc / *.feather, `parquet` for *.parquet / *.pq,
-    `zst` / `gz` for zstd / gzip-compressed JSONL (*.jsonl.zst, *.jsonl.gz), else `json`."""
-    return _EXTENSIONS.get(path.rsplit(".", 1)[-1].lower(), "json")
-
-
-def text_keys(text_field: str) -> tuple[str, ...]:
-    """Record keys that hold the text: `text` (or `content`), else exactly `text_field`."""
-    return TEXT_KEYS if text_field == "text" else (text_field,)
-
-
 def assign_shards(
-    paths: list[str], rank: int, world: int, formats: list[FileFormat] | None = None
+    paths: list[str], rank: int, world: int, formats: list[str] | None = None
 ) -> list[FileShard]:
     """The part of `paths` that `rank` of `world` reads (rule in the module docstring)."""
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} is outside a world of {world}")
-    formats = formats or [file_format_of(p) for p in paths]
+    formats = formats or [format_of(p) for p in paths]
     n = len(paths)
     if n == 0:
         return []
@@ -140,270 +124,22 @@ def assign_shards(
     return [FileShard(path=paths[f], format=formats[f], stride=sharers, offset=rank // n)]
 
 
-def open_fs(
-    path: str, storage_options: dict[str, Any] | None
-) -> tuple[fsspec.AbstractFileSystem, str]:
-    """fsspec filesystem and in-filesystem path for a local path or URL (s3://... uses s3fs)."""
-    options = dict(storage_options or {}) if "://" in path else {}
-    return fsspec.core.url_to_fs(path, **options)
-
-
-def _record_from_json(line: bytes) -> dict:
-    try:
-        text = line.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise _BadRecord(f"invalid UTF-8 at byte {exc.start}") from exc
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise _BadRecord(f"malformed JSON ({exc.msg} at column {exc.colno})") from exc
-    if not isinstance(record, dict):
-        raise _BadRecord(f"expected a JSON object, got {type(record).__name__}")
-    return record
-
-
-def _document(record: dict, path: str, row: int, keys: tuple[str, ...] = TEXT_KEYS) -> Document:
-    text = next((record[k] for k in keys if k in record), None)
-    if text is None:
-        raise _BadRecord(f"no {' or '.join(repr(k) for k in keys)} field (or it is null)")
-    if not isinstance(text, str):
-        raise _BadRecord(f"'text' must be a string, got {type(text).__name__}")
-    sample_id = next((record[k] for k in SAMPLE_ID_KEYS if record.get(k) is not None), None)
-    if sample_id is None:
-        sample_id = f"{os.path.basename(path)}:{row}"
-    entropies = record.get("entropies")
-    if entropies is not None and not isinstance(entropies, np.ndarray):
-        entropies = np.asarray(entropies, dtype=np.float32)
-    return Document(sample_id=str(sample_id), text=text, entropies=entropies, path=path, row=row)
-
-
-class _JsonReader:
-    """Lines of a JSONL file from a byte offset."""
-
-    def __init__(self, path: str, storage_options: dict | None, byte_offset: int) -> None:
-        fs, fs_path = open_fs(path, storage_options)
-        with open_errors(path):
-            self.file = fs.open(fs_path, "rb")
-        if byte_offset:
-            self.file.seek(byte_offset)
-
-    def readline(self) -> bytes:
-        return self.file.readline()
-
-    def close(self) -> None:
-        self.file.close()
-
-
-def arrow_footer_problem(path: str) -> str | None:
-    """For a local file: why it is a truncated Arrow IPC file (IPC magic at the start, not at the
-    end), else None. Two 6-byte reads, so every shard can be checked before training starts."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(len(IPC_MAGIC))
-            if head != IPC_MAGIC:
-                return None  # a stream (no footer by design) or not Arrow at all: found at open
-            f.seek(0, os.SEEK_END)
-            if f.tell() < 2 * len(IPC_MAGIC) + 8:
-                return "truncated Arrow IPC file: shorter than its header and footer"
-            f.seek(-len(IPC_MAGIC), os.SEEK_END)
-            if f.read(len(IPC_MAGIC)) != IPC_MAGIC:
-                return "truncated Arrow IPC file: it starts with the IPC magic but has no footer"
-    except OSError:
-        return None  # missing/unreadable: reported when the file is opened
-    return None
-
-
-@contextlib.contextmanager
-def open_errors(path: str):
-    """A file that cannot be opened (missing, a symlink loop, no permission) as one DataError."""
-    try:
-        yield
-    except FileNotFoundError as exc:
-        raise DataError(f"{path}: file not found") from exc
-    except OSError as exc:
-        raise DataError(f"{path}: cannot open ({exc.strerror or exc})") from exc
-
-
-def open_reader(shard: FileShard, state: FileIteratorState):
-    """The reader of `shard`, positioned at the state's row (JSONL) or ready for `batch()`."""
-    path, options = shard.path, state.storage_options
-    if shard.format == "json":
-        return _JsonReader(path, options, state.byte_offset)
-    if shard.format == "arrow":
-        return _ArrowReader(path, options)
-    fs, fs_path = open_fs(path, options)
-    with open_errors(path):
-        try:
-            if shard.format == "parquet":
-                keys = text_keys(state.text_field)
-                return ParquetReader(path, fs, fs_path, keys, SAMPLE_ID_KEYS)
-            return CompressedLines(
-                path,
-                shard.format,
-                fs,
-                fs_path,
-                state.frame_offset,
-                state.frame_start,
-                state.byte_offset,
-            )
-        except BadFile as exc:
-            raise _BadRecord(str(exc)) from exc
-
-
-class _ArrowReader:
-    """Record batches of an Arrow IPC file (random access) or stream (sequential)."""
-
-    def __init__(self, path: str, storage_options: dict | None) -> None:
-        self.path = path
-        fs, fs_path = open_fs(path, storage_options)
-        with open_errors(path):
-            if isinstance(fs, LocalFileSystem):
-                self.file = pa.memory_map(fs_path, "r")
-            else:
-                self.file = fs.open(fs_path, "rb")
-        self.file_reader = None
-        self.stream_reader = None
-        self.stream_next = 0  # index of the batch the stream reader yields next
-        try:
-            self.file_reader = pa.ipc.open_file(self.file)
-        except (pa.ArrowInvalid, OSError) as exc:
-            self.file.seek(0)
-            if self.file.read(6) == IPC_MAGIC:
-                self.file.close()
-                raise _BadRecord(
-                    f"truncated Arrow IPC file: it starts with the IPC magic but has no valid "
-                    f"footer ({exc})"
-                ) from exc
-            self._open_stream()
-
-    def _open_stream(self) -> None:
-        self.file.seek(0)
-        try:
-            self.stream_reader = pa.ipc.open_stream(self.file)
-        except (pa.ArrowInvalid, OSError) as exc:
-            self.file.close()
-            raise _BadRecord(f"not an Arrow IPC file or stream ({exc})") from exc
-
-    @property
-    def schema(self) -> pa.Schema:
-        return (self.file_reader or self.stream_reader).schema
-
-    def batch(self, index: int) -> pa.RecordBatch | None:
-        """Record batch `index`, or None past the end. Raises _BadRecord on corrupt data."""
-        try:
-            if self.file_reader is not None:
-                if index >= self.file_reader.num_record_batches:
-                    return None
-                return self.file_reader.get_batch(index)
-            while self.stream_next <= index:
-                try:
-                    batch = self.stream_reader.read_next_batch()
-                except StopIteration:
-                    return None
-                self.stream_next += 1
-            return batch
-        except (pa.ArrowInvalid, pa.ArrowIOError, OSError, EOFError) as exc:
-            raise _BadRecord(f"truncated or corrupt Arrow data ({exc})") from exc
-
-    def close(self) -> None:
-        self.file.close()
-
-
-class _InvalidUtf8:
-    """Stands for a string value that is not valid UTF-8 (Arrow does not check when it reads)."""
-
-    __slots__ = ("reason",)
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-
-def _python_values(column: pa.Array, name: str) -> list:
-    """`column.to_pylist()`, except that a string that is not valid UTF-8 becomes an _InvalidUtf8
-    for its row alone (to_pylist raises UnicodeDecodeError for the whole column)."""
-    try:
-        return column.to_pylist()
-    except UnicodeDecodeError:
-        pass
-    values: list = []
-    for i in range(len(column)):
-        try:
-            values.append(column[i].as_py())
-        except UnicodeDecodeError as exc:
-            values.append(_InvalidUtf8(f"column {name!r}: invalid UTF-8 at byte {exc.start}"))
-    return values
-
-
-def _valid(value: Any) -> Any:
-    if isinstance(value, _InvalidUtf8):
-        raise _BadRecord(value.reason)
-    return value
-
-
-class _ArrowColumns:
-    """Python values of `rows` consecutive rows of a record batch, converted once per chunk."""
-
-    def __init__(
-        self,
-        batch: pa.RecordBatch,
-        start: int,
-        rows: int,
-        path: str,
-        keys: tuple[str, ...] = TEXT_KEYS,
-    ) -> None:
-        chunk = batch.slice(start, rows)
-        names = chunk.schema.names
-        text_key = next((k for k in keys if k in names), None)
-        if text_key is None:
-            wanted = " or ".join(repr(k) for k in keys)
-            raise DataError(f"{path}: no {wanted} column (columns: {names}); set data.text_field")
-        self.start, self.text_key = start, text_key
-        self.texts = _python_values(chunk.column(text_key), text_key)
-        id_key = next((k for k in SAMPLE_ID_KEYS if k in names), None)
-        self.ids = _python_values(chunk.column(id_key), id_key) if id_key else None
-        self.entropies = (
-            self._entropies(chunk.column("entropies")) if "entropies" in names else None
-        )
-
-    @staticmethod
-    def _entropies(column: pa.Array) -> list[np.ndarray | None]:
-        # A sliced list array's offsets index its *whole* child array: convert only our span.
-        offsets = column.offsets.to_numpy()
-        start, end = int(offsets[0]), int(offsets[-1])
-        values = column.values.slice(start, end - start).to_numpy(zero_copy_only=False)
-        values = values.astype(np.float32, copy=False)
-        offsets = offsets - start
-        valid = column.is_valid().to_numpy(zero_copy_only=False)
-        return [
-            values[offsets[i] : offsets[i + 1]] if valid[i] else None for i in range(len(column))
-        ]
-
-    def record(self, local_row: int) -> dict:
-        """The row as a record; raises _BadRecord for a text or id that is not valid UTF-8."""
-        i = local_row - self.start
-        record = {self.text_key: _valid(self.texts[i])}
-        if self.ids is not None:
-            record["sample_id"] = _valid(self.ids[i])
-        if self.entropies is not None:
-            record["entropies"] = self.entropies[i]
-        return record
-
-
-_POSITION = ("row", "byte_offset", "frame_offset", "frame_start", "batch_index", "batch_start_row")
-
-
 class Cursor(BaseModel):
-    """Exact position in one open file: which shard (index into the epoch's order) and row."""
+    """One open file: its index in the epoch's order and its reader's position ({}: its start)."""
 
     model_config = ConfigDict(extra="forbid")
 
     shard_index: int = 0
-    row: int = 0  # next row of the file to consider (counts every row of the file)
-    byte_offset: int = 0  # jsonl: (uncompressed) byte offset of `row`
-    frame_offset: int = 0  # zst/gz: compressed offset of the last frame boundary before `row`
-    frame_start: int = 0  # zst/gz: uncompressed offset of that boundary
-    batch_index: int = 0  # arrow/parquet: the record batch / row group that holds `row`
-    batch_start_row: int = 0  # arrow/parquet: the first row of that batch / row group
+    position: dict[str, Any] = Field(default_factory=dict)
+
+
+def _legacy_cursor(fields: dict) -> dict:
+    """A cursor of the old state (flat position fields shared by all formats) in the new form:
+    the fields move under `position`, and the shard's format picks its own when it opens."""
+    old = {k: fields.pop(k) for k in _LEGACY_POSITION if k in fields}
+    if old:
+        fields["position"] = {LEGACY_CURSOR: old}
+    return fields
 
 
 def shard_order(shards: list[FileShard], seed: int | None, epoch: int) -> list[int]:
@@ -419,21 +155,18 @@ def shard_order(shards: list[FileShard], seed: int | None, epoch: int) -> list[i
 
 
 class FileIteratorState(IteratorState):
-    """Position in this rank's list of file shards (exact row; see the module docstring).
+    """Position in this stream's list of file shards (exact row; see the module docstring).
 
-    The flat position fields are the cursor of the file read next; `others` are the other open
-    files (`open_files` > 1), taken in turn after it; `opened` counts the shards of this epoch's
-    order opened so far (None in states written before interleaving: shard_index + 1)."""
+    `shard_index` and `position` are the cursor of the file read next; `others` are the other
+    open files (`open_files` > 1), taken in turn after it; `opened` counts the shards of this
+    epoch's order opened so far (None in states written before interleaving: shard_index + 1)."""
 
     type: Literal["file"] = "file"
     shards: list[FileShard]
     shard_index: int = 0
-    row: int = 0
-    byte_offset: int = 0
-    frame_offset: int = 0
-    frame_start: int = 0
-    batch_index: int = 0
-    batch_start_row: int = 0
+    position: dict[str, Any] = Field(
+        default_factory=dict, description="the reader's position in the current file"
+    )
     others: list[Cursor] = Field(default_factory=list)
     opened: int | None = None
     open_files: int = Field(1, ge=1, description="files read in turn, one document each")
@@ -444,6 +177,16 @@ class FileIteratorState(IteratorState):
     arrow_batch_size: int = Field(20, ge=1, description="Arrow rows converted to Python at a time")
     skip_bad_records: bool = False
     n_skipped: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not any(k in data for k in _LEGACY_POSITION):
+            return data
+        data = _legacy_cursor(dict(data))
+        others = data.get("others") or []
+        data["others"] = [_legacy_cursor(dict(o)) if isinstance(o, dict) else o for o in others]
+        return data
 
     @field_validator("shards", mode="before")
     @classmethod
@@ -458,51 +201,82 @@ class FileIteratorState(IteratorState):
         return FileIterator(self)
 
     def cursor(self) -> Cursor:
-        return Cursor(shard_index=self.shard_index, **{k: getattr(self, k) for k in _POSITION})
+        return Cursor(shard_index=self.shard_index, position=dict(self.position))
 
     def rewound(self, epoch: int | None = None) -> FileIteratorState:
         """The same shards from their first row (the start of epoch `epoch`)."""
-        update = {**Cursor().model_dump(), "others": [], "opened": None}
+        update = {"shard_index": 0, "position": {}, "others": [], "opened": None}
         return self.model_copy(update={**update, "epoch": self.epoch if epoch is None else epoch})
 
 
+class _Slot:
+    """An open file of the iterator: its cursor, and its reader once opened."""
+
+    __slots__ = ("shard_index", "saved", "reader")
+
+    def __init__(self, shard_index: int, saved: dict[str, Any] | None = None) -> None:
+        self.shard_index = shard_index
+        self.saved = saved or {}  # position to open at (until the reader exists)
+        self.reader: Reader | None = None
+
+    def saved_position(self) -> dict[str, Any]:
+        return dict(self.saved) if self.reader is None else self.reader.position()
+
+    def cursor(self) -> Cursor:
+        return Cursor(shard_index=self.shard_index, position=self.saved_position())
+
+
 class FileIterator(StatefulIterator[Document]):
-    """Yields this rank's documents once: the shards in this epoch's order, `open_files` of them
-    read in turn (one document from each)."""
+    """Yields this stream's documents once: the shards in this epoch's order, `open_files` of
+    them read in turn (one document from each)."""
 
     def __init__(self, state: FileIteratorState) -> None:
         self.state = state.model_copy()
         order = shard_order(state.shards, state.order_seed, state.epoch)
         self.shards = [state.shards[i] for i in order]
-        self.current = state.cursor()
-        self.others = [c.model_copy() for c in state.others]
+        self.formats = {s.format: get_format(s.format) for s in self.shards}
+        self.options = ReadOptions(
+            text_keys=text_keys(state.text_field),
+            storage_options=state.storage_options,
+            arrow_batch_size=state.arrow_batch_size,
+        )
+        self.current = self._slot(state.shard_index, state.position)
+        self.others = [self._slot(c.shard_index, c.position) for c in state.others]
         self.opened = state.shard_index + 1 if state.opened is None else state.opened
         self._fill_slots()
         if not state.skip_bad_records:
-            self._check_arrow_footers()
-        self._readers: dict[int, Any] = {}  # shard index -> open reader
-        self._batches: dict[int, tuple[pa.RecordBatch, _ArrowColumns | None]] = {}
+            self._preflight()
+
+    def _slot(self, shard_index: int, saved: dict[str, Any]) -> _Slot:
+        """A saved cursor, its position checked (and an old state's cursor converted) by the
+        format of its file."""
+        if saved and shard_index < len(self.shards):
+            fmt = self.formats[self.shards[shard_index].format]
+            saved = fmt.position.load(saved).model_dump()
+        return _Slot(shard_index, saved)
 
     def _fill_slots(self) -> None:
         while len(self.others) + 1 < self.state.open_files and self.opened < len(self.shards):
-            self.others.append(Cursor(shard_index=self.opened))
+            self.others.append(_Slot(self.opened))
             self.opened += 1
 
     def get_state(self) -> FileIteratorState:
-        c = self.current
         return self.state.model_copy(
             update={
-                **c.model_dump(),
-                "others": [o.model_copy() for o in self.others],
+                "shard_index": self.current.shard_index,
+                "position": self.current.saved_position(),
+                "others": [o.cursor() for o in self.others],
                 "opened": self.opened,
             }
         )
 
-    def _check_arrow_footers(self) -> None:
-        """Fail now, not when the loop reaches it, on a local Arrow file that lost its footer."""
+    def _preflight(self) -> None:
+        """Fail now, not when the loop reaches it, on a local file its format can tell is broken
+        (an Arrow file that lost its footer)."""
         for shard in self.shards[self.current.shard_index :]:
-            if shard.format == "arrow" and "://" not in shard.path:
-                problem = arrow_footer_problem(shard.path)
+            preflight = self.formats[shard.format].preflight
+            if preflight is not None and "://" not in shard.path:
+                problem = preflight(shard.path)
                 if problem:
                     raise DataError(
                         f"{shard.path}: {problem}; re-copy or regenerate it, or set "
@@ -511,34 +285,48 @@ class FileIterator(StatefulIterator[Document]):
 
     def __next__(self) -> Document:
         while self.current.shard_index < len(self.shards):
-            c = self.current
-            shard = self.shards[c.shard_index]
+            slot = self.current
             try:
-                if shard.format in LINE_FORMATS:
-                    doc = self._next_line(shard, c)
-                else:
-                    doc = self._next_batch_row(shard, c)
-            except _BadRecord as exc:  # the rest of this file is unreadable
-                self._bad(shard.path, c.row, str(exc))
+                doc = self._read(slot)
+            except BadFile as exc:  # the rest of this file is unreadable
+                self._bad(self.shards[slot.shard_index].path, self._row(slot), str(exc))
                 doc = None
             if doc is not None:
                 if self.others:  # next turn: the next open file
-                    self.others.append(self.current)
+                    self.others.append(slot)
                     self.current = self.others.pop(0)
                 return doc
-            self._close_reader(c.shard_index)
+            self._close(slot)
             self._advance()
         raise StopIteration
+
+    def _read(self, slot: _Slot) -> Document | None:
+        reader = slot.reader
+        if reader is None:
+            shard = self.shards[slot.shard_index]
+            fmt = self.formats[shard.format]
+            reader = slot.reader = fmt.open(shard, fmt.position.load(slot.saved), self.options)
+        while True:
+            try:
+                return reader.read()
+            except BadRecord as exc:
+                self._bad(self.shards[slot.shard_index].path, exc.row, exc.reason)
+
+    def _row(self, slot: _Slot) -> int:
+        if slot.reader is not None:
+            return slot.reader.position()["row"]
+        fmt = self.formats[self.shards[slot.shard_index].format]
+        return fmt.position.load(slot.saved).row
 
     def _advance(self) -> None:
         """The current file is done: open the next one of the order, else take an open one."""
         if self.opened < len(self.shards):
-            self.current = Cursor(shard_index=self.opened)
+            self.current = _Slot(self.opened)
             self.opened += 1
         elif self.others:
             self.current = self.others.pop(0)
         else:
-            self.current = Cursor(shard_index=len(self.shards))
+            self.current = _Slot(len(self.shards))
 
     def _bad(self, path: str, row: int, reason: str) -> None:
         if not self.state.skip_bad_records:
@@ -548,76 +336,14 @@ class FileIterator(StatefulIterator[Document]):
         self.state.n_skipped += 1
         logger.warning("skipping bad record %s row %d: %s", path, row, reason)
 
-    def _reader(self, shard: FileShard, c: Cursor):
-        reader = self._readers.get(c.shard_index)
-        if reader is None:
-            position = self.state.model_copy(update=c.model_dump())
-            reader = self._readers[c.shard_index] = open_reader(shard, position)
-        return reader
-
-    def _next_line(self, shard: FileShard, c: Cursor) -> Document | None:
-        reader = self._reader(shard, c)
-        keys = text_keys(self.state.text_field)
-        while True:
-            try:
-                line = reader.readline()
-            except BadFile as exc:
-                raise _BadRecord(f"{exc}; the last good line is line {c.row}") from exc
-            if not line:
-                return None
-            row = c.row
-            c.row += 1
-            c.byte_offset += len(line)
-            if isinstance(reader, CompressedLines):
-                c.frame_offset, c.frame_start = reader.boundary
-            if row % shard.stride != shard.offset or not line.strip():
-                continue
-            try:
-                return _document(_record_from_json(line), shard.path, row, keys)
-            except _BadRecord as exc:
-                self._bad(shard.path, row, str(exc))
-
-    def _next_batch_row(self, shard: FileShard, c: Cursor) -> Document | None:
-        reader = self._reader(shard, c)
-        keys = text_keys(self.state.text_field)
-        while True:
-            batch, columns = self._batches.get(c.shard_index, (None, None))
-            if batch is None:
-                try:
-                    batch = reader.batch(c.batch_index)
-                except BadFile as exc:
-                    raise _BadRecord(str(exc)) from exc
-                if batch is None:
-                    return None
-                self._batches[c.shard_index] = (batch, None)
-            local = c.row - c.batch_start_row
-            if local >= batch.num_rows:
-                c.batch_index += 1
-                c.batch_start_row += batch.num_rows
-                del self._batches[c.shard_index]
-                continue
-            row = c.row
-            c.row += 1
-            if row % shard.stride != shard.offset:
-                continue
-            if columns is None or not columns.start <= local < columns.start + len(columns.texts):
-                size = self.state.arrow_batch_size
-                columns = _ArrowColumns(batch, local, size, shard.path, keys)
-                self._batches[c.shard_index] = (batch, columns)
-            try:
-                return _document(columns.record(local), shard.path, row, keys)
-            except _BadRecord as exc:
-                self._bad(shard.path, row, str(exc))
-
-    def _close_reader(self, shard_index: int) -> None:
-        reader = self._readers.pop(shard_index, None)
-        self._batches.pop(shard_index, None)
-        if reader is not None:
-            reader.close()
+    def _close(self, slot: _Slot) -> None:
+        if slot.reader is not None:
+            slot.reader.close()
+            slot.reader = None
 
     def close(self) -> None:
-        for index in list(self._readers):
-            self._close_reader(index)
+        for slot in [self.current, *self.others]:
+            self._close(slot)
 
 
 class LoopingIteratorState(IteratorState):

@@ -12,16 +12,22 @@ class GenerationArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_new_bytes: int = Field(200, ge=0)
-    temperature: float = Field(0.0, ge=0.0)
-    top_k: int | None = Field(None, ge=1)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int = 0
-    # stop after any of these strings (the string itself is cut from the continuation)
-    stop: list[str] = Field(default_factory=list)
-    stop_at_eos: bool = True
-    use_cache: bool = True
-    batch_size: int = Field(8, ge=1)
+    max_new_bytes: int = Field(200, ge=0, description="most bytes generated per prompt")
+    temperature: float = Field(0.0, ge=0.0, description="sampling temperature; 0: greedy")
+    top_k: int | None = Field(None, ge=1, description="sample from the k likeliest tokens only")
+    top_p: float | None = Field(
+        None, gt=0.0, le=1.0, description="nucleus sampling: the smallest set of mass >= top_p"
+    )
+    seed: int = Field(0, description="sampling seed, the same for every row")
+    stop: list[str] = Field(
+        default_factory=list,
+        description="stop after any of these strings (cut from the continuation)",
+    )
+    stop_at_eos: bool = Field(True, description="stop a row when it generates EOS")
+    use_cache: bool = Field(
+        True, description="incremental (cached) decoding; false: re-run the whole model every byte"
+    )
+    batch_size: int = Field(8, ge=1, description="prompts generated together")
 
     @model_validator(mode="after")
     def _check_stop(self) -> GenerationArgs:

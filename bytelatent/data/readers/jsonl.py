@@ -1,10 +1,7 @@
-"""Readers for Parquet and compressed JSONL (`.jsonl.zst`, `.jsonl.gz`) with exact positions.
+"""JSONL readers: plain (`.jsonl`) and compressed (`.jsonl.zst`, `.jsonl.gz`), one line a record.
 
-Parquet
-    Read one row group at a time and only the columns training needs (the text column, the first
-    sample-id column present, `entropies` when present). A position is (row group, row), so a
-    resume opens the footer and seeks straight to its row group. A missing or corrupt footer is
-    found when the file is opened.
+Plain JSONL
+    A position is the byte offset of the next line: a resume seeks straight there.
 
 Compressed JSONL
     zstd and gzip streams are decompressed sequentially; a position is the uncompressed byte
@@ -15,10 +12,7 @@ Compressed JSONL
     file is decompressed from its start (measured in bench/RESULTS_data_formats.md).
     A stream that ends inside a frame, or does not decompress, is truncated or corrupt: the lines
     decompressed before the damage are returned first (they are trained on), then BadFile names
-    the compressed byte where the frame that does not decompress starts. The file iterator makes
-    it one DataError naming the file and the first line it could not read, or, with
-    `data.skip_bad_records=true`, skips the file's rest as one counted bad record with one warning
-    line (as for any damage that leaves the rest of a file unreadable).
+    the compressed byte where the frame that does not decompress starts and the last good line.
 """
 
 from __future__ import annotations
@@ -26,15 +20,83 @@ from __future__ import annotations
 import zlib
 
 import fsspec
-import pyarrow as pa
 
-from bytelatent.errors import DataError
+from bytelatent.data.readers.base import (
+    BadFile,
+    BadRecord,
+    DataFormat,
+    Document,
+    Position,
+    ReadOptions,
+    RecordError,
+    Shard,
+    document,
+    open_errors,
+    open_fs,
+    record_from_json,
+)
 
 READ_CHUNK = 1 << 20  # compressed bytes read at a time
 
 
-class BadFile(Exception):
-    """The file (or its rest) cannot be read; becomes a DataError or a counted skip."""
+class JsonlPosition(Position):
+    byte_offset: int = 0  # byte offset of `row`
+
+
+class CompressedPosition(Position):
+    byte_offset: int = 0  # uncompressed byte offset of `row`
+    frame_offset: int = 0  # compressed offset of the last frame boundary before `row`
+    frame_start: int = 0  # uncompressed offset of that boundary
+
+
+class _LineReader:
+    """Records of a line-per-record file; subclasses give `_readline()` and track the offset."""
+
+    def __init__(self, shard: Shard, position: Position, options: ReadOptions) -> None:
+        self.path, self.stride, self.offset = shard.path, shard.stride, shard.offset
+        self.keys = options.text_keys
+        self.row = position.row
+        self.byte_offset = getattr(position, "byte_offset", 0)
+
+    def _readline(self) -> bytes:
+        raise NotImplementedError
+
+    def read(self) -> Document | None:
+        while True:
+            try:
+                line = self._readline()
+            except BadFile as exc:  # the lines before the damage were returned
+                raise BadFile(f"{exc}; the last good line is line {self.row}") from exc
+            if not line:
+                return None
+            row = self.row
+            self.row += 1
+            self.byte_offset += len(line)
+            if row % self.stride != self.offset or not line.strip():
+                continue
+            try:
+                return document(record_from_json(line), self.path, row, self.keys)
+            except RecordError as exc:
+                raise BadRecord(row, str(exc)) from exc
+
+
+class JsonlReader(_LineReader):
+    """Lines of a JSONL file from a byte offset."""
+
+    def __init__(self, shard: Shard, position: JsonlPosition, options: ReadOptions) -> None:
+        super().__init__(shard, position, options)
+        fs, fs_path = open_fs(self.path, options.storage_options)
+        with open_errors(self.path):
+            self.file = fs.open(fs_path, "rb")
+        if position.byte_offset:
+            self.file.seek(position.byte_offset)
+        self._readline = self.file.readline
+
+    def position(self) -> dict[str, int]:
+        return {"row": self.row, "byte_offset": self.byte_offset}
+
+    def close(self) -> None:
+        self.file.close()
 
 
 def _decompressor(kind: str):
@@ -54,7 +116,7 @@ def _decompress_errors(kind: str) -> tuple[type[BaseException], ...]:
 
 
 class CompressedLines:
-    """Lines of a zstd/gzip-compressed JSONL file, from a known frame boundary.
+    """Lines of a zstd/gzip-compressed file, from a known frame boundary.
 
     `frame_offset`/`frame_start`: compressed and uncompressed offsets of a frame boundary at or
     before `byte_offset` (the uncompressed offset of the first line to return)."""
@@ -146,59 +208,48 @@ class CompressedLines:
         self.file.close()
 
 
-class ParquetReader:
-    """Row groups of a Parquet file, reading only the columns that training uses."""
+class CompressedJsonlReader(_LineReader):
+    """JSONL lines of a zstd (`kind="zst"`) or gzip (`"gz"`) stream, from a frame boundary."""
 
     def __init__(
-        self,
-        path: str,
-        fs: fsspec.AbstractFileSystem,
-        fs_path: str,
-        text_keys: tuple[str, ...],
-        id_keys: tuple[str, ...],
+        self, shard: Shard, position: CompressedPosition, options: ReadOptions, kind: str
     ) -> None:
-        import pyarrow.parquet as pq  # noqa: PLC0415 - only Parquet runs need it
+        super().__init__(shard, position, options)
+        fs, fs_path = open_fs(self.path, options.storage_options)
+        p = position
+        with open_errors(self.path):
+            self.lines = CompressedLines(
+                self.path, kind, fs, fs_path, p.frame_offset, p.frame_start, p.byte_offset
+            )
+        self._readline = self.lines.readline
 
-        self.path = path
-        self.file = fs.open(fs_path, "rb")
-        try:
-            self.parquet = pq.ParquetFile(self.file)
-        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
-            self.file.close()
-            raise BadFile(f"not a Parquet file or its footer is missing/corrupt ({exc})") from exc
-        names = self.parquet.schema_arrow.names
-        text = next((k for k in text_keys if k in names), None)
-        if text is None:
-            self.file.close()
-            wanted = " or ".join(repr(k) for k in text_keys)
-            raise DataError(f"{path}: no {wanted} column (columns: {names}); set data.text_field")
-        self.columns = [text]
-        sample_id = next((k for k in id_keys if k in names), None)
-        self.columns += [sample_id] if sample_id else []
-        self.columns += ["entropies"] if "entropies" in names else []
-
-    @property
-    def schema(self) -> pa.Schema:
-        """The schema of the columns read."""
-        full = self.parquet.schema_arrow
-        return pa.schema([full.field(name) for name in self.columns])
-
-    @property
-    def num_row_groups(self) -> int:
-        return self.parquet.num_row_groups
-
-    def batch(self, index: int) -> pa.RecordBatch | None:
-        """Row group `index` as one record batch, or None past the end."""
-        if index >= self.parquet.num_row_groups:
-            return None
-        try:
-            table = self.parquet.read_row_group(index, columns=self.columns)
-        except (pa.ArrowInvalid, pa.ArrowIOError, OSError, EOFError) as exc:
-            raise BadFile(f"row group {index}: truncated or corrupt Parquet data ({exc})") from exc
-        batches = table.combine_chunks().to_batches()
-        if not batches:
-            return pa.RecordBatch.from_pylist([], schema=table.schema)
-        return batches[0]
+    def position(self) -> dict[str, int]:
+        frame_offset, frame_start = self.lines.boundary
+        return {
+            "row": self.row,
+            "byte_offset": self.byte_offset,
+            "frame_offset": frame_offset,
+            "frame_start": frame_start,
+        }
 
     def close(self) -> None:
-        self.file.close()
+        self.lines.close()
+
+
+JSONL = DataFormat("json", (".jsonl",), JsonlPosition, JsonlReader, listing_rank=30)
+ZST = DataFormat(
+    "zst",
+    (".jsonl.zst", ".jsonl.zstd"),
+    CompressedPosition,
+    lambda shard, position, options: CompressedJsonlReader(shard, position, options, "zst"),
+    listing_rank=20,
+    variant_of="json",
+)
+GZ = DataFormat(
+    "gz",
+    (".jsonl.gz",),
+    CompressedPosition,
+    lambda shard, position, options: CompressedJsonlReader(shard, position, options, "gz"),
+    listing_rank=20,
+    variant_of="json",
+)
