@@ -7,8 +7,9 @@ module only composes them and checks the few rules that span sections, before an
 from __future__ import annotations
 
 import os
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from bytelatent.checkpoint.args import CheckpointArgs
 from bytelatent.config.reference_format import looks_like_reference, reference_hint
@@ -18,6 +19,7 @@ from bytelatent.eval.args import EvalArgs
 from bytelatent.launch.args import EnvVars
 from bytelatent.model.args import LMTransformerArgs
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
+from bytelatent.model.registry import arch_name_from_config, get_arch
 from bytelatent.trainer.actions import ActionArgs
 from bytelatent.trainer.args import LoggingArgs, OptimArgs, ProfilerArgs
 from bytelatent.trainer.run_lock import RunLockArgs
@@ -28,6 +30,14 @@ DEFAULT_ENV = {
     "NCCL_IB_TIMEOUT": "22",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
 }
+
+
+def _arch_args_errors(exc: ValidationError, arch: str) -> str:
+    """One line per problem, named like every other key (`arch_args.dim: ...`)."""
+    return "; ".join(
+        f"arch_args.{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (arch {arch})"
+        for e in exc.errors()
+    )
 
 
 class TrainArgs(BaseModel):
@@ -59,8 +69,15 @@ class TrainArgs(BaseModel):
         ge=1,
         description="module output stats and grad norms every N steps to dump_dir/probe/",
     )
+    arch: str = Field(
+        "blt",
+        description="architecture (bytelatent/model/registry.py): blt (args in `model`), entropy "
+        "or lm (args in `entropy_model`), or 'package.module:name' for one a module registers "
+        "(args in `arch_args`; docs/extending_model.md)",
+    )
     train_entropy_model: bool = Field(
-        False, description="train the byte LM of `entropy_model` instead of the BLT of `model`"
+        False,
+        description="same as arch=entropy (kept for configs and checkpoints from before `arch`)",
     )
     num_threads: int | None = Field(
         None,
@@ -87,6 +104,11 @@ class TrainArgs(BaseModel):
     )
     entropy_model: LMTransformerArgs | None = Field(
         None, description="byte LM shape, used with train_entropy_model=true"
+    )
+    arch_args: Any = Field(
+        None,
+        description="args of an architecture registered outside bytelatent (validated by its "
+        "spec's args class)",
     )
     distributed: DistributedArgs = Field(
         default_factory=DistributedArgs,
@@ -121,6 +143,44 @@ class TrainArgs(BaseModel):
         "patience, min_delta} or {kind: nonfinite_stop, max_skipped_steps}",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _arch_compat(cls, data: Any) -> Any:
+        """`train_entropy_model: true` (configs and params.json from before `arch`) means
+        arch=entropy; the two keys must not disagree."""
+        if not isinstance(data, dict) or not data.get("train_entropy_model"):
+            return data
+        arch = data.get("arch")
+        if arch in (None, "entropy", "lm"):
+            return {**data, "arch": arch or arch_name_from_config(data)}
+        raise ValueError(
+            f"train_entropy_model=true and arch={arch}: train_entropy_model=true means "
+            "arch=entropy; remove train_entropy_model"
+        )
+
+    @model_validator(mode="after")
+    def _arch_section(self) -> TrainArgs:
+        try:
+            spec = get_arch(self.arch)
+        except ValueError as exc:
+            raise ValueError(f"arch: {exc}") from None
+        if ":" not in self.arch:
+            self.arch = spec.name  # an alias (lm) is saved as the name it stands for
+        if spec.name == "entropy":
+            self.train_entropy_model = True  # old readers of config.yaml / params.json
+        if spec.section == "arch_args":
+            if not isinstance(self.arch_args, spec.args_class):
+                try:
+                    self.arch_args = spec.args_class.model_validate(self.arch_args or {})
+                except ValidationError as exc:
+                    raise ValueError(_arch_args_errors(exc, self.arch)) from None
+        elif self.arch_args is not None:
+            raise ValueError(
+                f"arch_args: only for architectures registered outside bytelatent; arch={self.arch} "
+                f"reads `{spec.section}`"
+            )
+        return self
+
     @model_validator(mode="after")
     def _cross_section_rules(self) -> TrainArgs:
         if not self.dump_dir:
@@ -136,41 +196,10 @@ class TrainArgs(BaseModel):
                 f"eval.async_launch.mode={self.eval.async_launch.mode}: evaluates checkpoint.eval "
                 "saves, but checkpoint.eval.every=0; set it > 0"
             )
-        if self.train_entropy_model:
-            self._check_entropy_model_run()
-        else:
-            self._check_blt_run()
+        check_run = get_arch(self.arch).resolve("check_run")
+        if check_run is not None:
+            check_run(self)
         return self
-
-    def _check_entropy_model_run(self) -> None:
-        if self.entropy_model is None:
-            raise ValueError("entropy_model: must be set when train_entropy_model=true")
-        if self.data.patcher_args.patching_mode != "byte":
-            raise ValueError(
-                "data.patcher_args.patching_mode: the entropy model trains on bytes; "
-                f"set it to 'byte' (got '{self.data.patcher_args.patching_mode}')"
-            )
-        if self.entropy_model.max_seqlen < self.data.seq_len:
-            raise ValueError(
-                f"entropy_model.max_seqlen ({self.entropy_model.max_seqlen}) < data.seq_len "
-                f"({self.data.seq_len}): RoPE tables would be too short"
-            )
-
-    def _check_blt_run(self) -> None:
-        if self.model is None:
-            raise ValueError("model: must be set unless train_entropy_model=true")
-        if self.model.global_init is not None and self.checkpoint.init_ckpt_path:
-            raise ValueError(
-                "model.global_init and checkpoint.init_ckpt_path both initialise weights; set one"
-            )
-        if self.data.patcher_args.patching_mode == "byte" and not self.data.add_patches:
-            return
-        enc_len = self.model.max_encoder_seq_length
-        if enc_len is not None and enc_len != self.data.max_encoder_seq_length:
-            raise ValueError(
-                f"model.max_encoder_seq_length ({enc_len}) != data.max_encoder_seq_length "
-                f"({self.data.max_encoder_seq_length}); set them equal"
-            )
 
     @classmethod
     def config_format_hint(cls, tree: dict, path: str | None) -> str | None:
@@ -184,4 +213,5 @@ class TrainArgs(BaseModel):
         return ("data",) if tree.get("dry_run") is True else ()
 
     def active_model_args(self) -> BaseModel:
-        return self.entropy_model if self.train_entropy_model else self.model
+        """The args of the run's architecture (its spec's section)."""
+        return getattr(self, get_arch(self.arch).section)

@@ -16,9 +16,8 @@ import torch
 from bytelatent.checkpoint.hf_weights import StateDict
 from bytelatent.errors import CheckpointError
 from bytelatent.model.args import LMTransformerArgs, block_head_counts
-from bytelatent.model.blt import ByteLatentTransformer
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.transformer import LMTransformer
+from bytelatent.model.registry import arch_of_args
 
 
 def check_hf_representable(args: ByteLatentTransformerArgs) -> list[str]:
@@ -157,9 +156,7 @@ def expected_shapes(
 ) -> dict[str, tuple[int, ...]]:
     """Parameter name -> shape of the model `args` builds (on the meta device: no memory)."""
     with torch.device("meta"):
-        model = (
-            ByteLatentTransformer if isinstance(args, ByteLatentTransformerArgs) else LMTransformer
-        )(args)
+        model = arch_of_args(args).build(args)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 

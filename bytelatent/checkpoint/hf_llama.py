@@ -280,3 +280,15 @@ def load_hf_llama(model: nn.Module, model_args: Any) -> int:
         )
     logger.info("global transformer: %d tensors from %s", len(done), model_args.global_init.path)
     return len(done)
+
+
+def warm_start_global(model: nn.Module, model_args: Any) -> bool:
+    """The BLT spec's warm start (`ArchSpec.warm_start`): `model.global_init`'s Llama layers into
+    the global transformer; False when the config sets none."""
+    if model_args is None or getattr(model_args, "global_init", None) is None:
+        return False
+    load_hf_llama(model, model_args)
+    logging.getLogger("bytelatent").info(
+        "global transformer initialised from %s", model_args.global_init.path
+    )
+    return True

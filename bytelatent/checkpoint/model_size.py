@@ -22,8 +22,9 @@ from typing import Any
 import torch
 
 from bytelatent.errors import CheckpointError
-from bytelatent.model.args import LMTransformerArgs, block_head_counts
+from bytelatent.model.args import block_head_counts
 from bytelatent.model.layers import ffn_hidden_dim
+from bytelatent.model.registry import arch_of_args
 
 GIB = 2**30
 # Host memory of one transformer block's module objects on the meta device (measured ~29 KB:
@@ -47,22 +48,34 @@ def _rope_values(block: Any, max_seqlen: int) -> int:
 
 
 def lower_bound(args: Any) -> tuple[int, int]:
-    """(values at least, blocks) of the model `args` describes, without building anything.
+    """(values at least, blocks) of the model `args` describes, without building anything, by its
+    architecture (`ArchSpec.size_lower_bound`; (0, 0) for one without).
 
     Never more than the real count (tests check it against meta builds): only the parts every
     variant has are counted.
     """
-    if isinstance(args, LMTransformerArgs):
-        vocab, dim = args.vocab_size, args.dim
-        embeddings = vocab * dim * (1 if args.weight_tying else 2)
-        rope = _rope_values(args, args.max_seqlen)
-        return args.n_layers * _block_params(args) + embeddings + rope, args.n_layers
+    bound = arch_of_args(args).resolve("size_lower_bound")
+    return bound(args) if bound is not None else (0, 0)
+
+
+def lm_lower_bound(args: Any) -> tuple[int, int]:
+    """`lower_bound` of a byte LM (LMTransformerArgs)."""
+    vocab, dim = args.vocab_size, args.dim
+    embeddings = vocab * dim * (1 if args.weight_tying else 2)
+    rope = _rope_values(args, args.max_seqlen)
+    return args.n_layers * _block_params(args) + embeddings + rope, args.n_layers
+
+
+def blt_lower_bound(args: Any) -> tuple[int, int]:
+    """`lower_bound` of a BLT (ByteLatentTransformerArgs)."""
     enc, dec, glob = args.encoder_block_args(), args.decoder_block_args(), args.global_block_args()
     vocab = args.vocab_size + args.pm_size
     values = sum(b.n_layers * _block_params(b) for b in (enc, dec, glob))
     values += vocab * args.dim_local_encoder + vocab * args.dim_local_decoder  # bytes in, out
     if args.encoder_hash_byte_group_size:
-        n_tables = len(args.encoder_hash_byte_group_size) * args.encoder_hash_byte_group_nb_functions
+        n_tables = (
+            len(args.encoder_hash_byte_group_size) * args.encoder_hash_byte_group_nb_functions
+        )
         values += n_tables * args.encoder_hash_byte_group_vocab * args.dim_local_encoder
     values += sum(args.ngram_sizes().values()) * args.dim_local_encoder
     values += _rope_values(glob, args.max_seqlen)
@@ -71,12 +84,8 @@ def lower_bound(args: Any) -> tuple[int, int]:
 
 def exact_count(args: Any) -> int:
     """Parameters plus buffers of the model, from a build on the meta device (no memory)."""
-    from bytelatent.model.blt import ByteLatentTransformer
-    from bytelatent.model.transformer import LMTransformer
-
-    cls = LMTransformer if isinstance(args, LMTransformerArgs) else ByteLatentTransformer
     with torch.device("meta"):
-        model = cls(args)
+        model = arch_of_args(args).build(args)
     tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
     return sum(t.numel() for t in tensors.values())
 
@@ -108,7 +117,10 @@ def _cgroup_available() -> int | None:
     """What this process's cgroup still allows (v2 memory.max, v1 limit_in_bytes), if limited."""
     for limit_file, usage_file in (
         ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
     ):
         limit, usage = _read_int(limit_file), _read_int(usage_file)
         if limit is not None and usage is not None and limit < 2**60:  # v1 "no limit" is huge

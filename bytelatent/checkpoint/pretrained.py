@@ -26,21 +26,17 @@ from bytelatent.checkpoint.consolidate import METADATA_FILE, load_dcp_state_dict
 from bytelatent.checkpoint.model_size import require_model_fits
 from bytelatent.errors import CheckpointError, UserError
 from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.blt import ByteLatentTransformer
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.reference_compat import (
-    adapt_reference_blt_state_dict,
-    blt_args_from_reference,
-    lm_args_from_reference,
-)
-from bytelatent.model.transformer import LMTransformer
+from bytelatent.model.reference_compat import blt_args_from_reference, lm_args_from_reference
+from bytelatent.model.registry import ArchSpec, arch_name_from_params, get_arch
 
 logger = logging.getLogger("bytelatent")
 
 WEIGHT_FILES = ("consolidated.pth", "consolidated/consolidated.pth")
 # `consolidate --format safetensors` output; tried after the .pth files
 SAFETENSORS_FILES = ("consolidated.safetensors", "consolidated/consolidated.safetensors")
-Kind = Literal["auto", "blt", "entropy"]
+# "auto" (the arch params.json names), or a registered arch name ("blt", "entropy", ...)
+Kind = Literal["auto", "blt", "entropy"] | str
 
 
 def _join(base: str, name: str) -> str:
@@ -100,42 +96,65 @@ def _read_safetensors(fs: Any, local: str, where: str) -> dict[str, torch.Tensor
         ) from None
 
 
-def _resolve_kind(params: dict[str, Any], kind: Kind) -> Literal["blt", "entropy"]:
-    if kind != "auto":
-        return kind
-    if params.get("train_entropy_model") or not params.get("model"):
-        return "entropy"
-    return "blt"
+def _resolve_kind(params: dict[str, Any], kind: Kind, where: str = "params.json") -> ArchSpec:
+    """The spec of `kind`, or with "auto" of the arch params.json names (checkpoints from before
+    `arch`: `train_entropy_model: true` or no `model` section means entropy, else blt)."""
+    name = arch_name_from_params(params) if kind == "auto" else kind
+    try:
+        return get_arch(name)
+    except ValueError as exc:
+        raise CheckpointError(f"{where}: {exc}") from None
 
 
 def model_args_from_params(params: dict[str, Any], kind: Kind = "auto", where: str = "params.json"):
-    """(model args, kind, reference fields without effect) for either params.json layout."""
-    resolved = _resolve_kind(params, kind)
-    if resolved == "entropy":
-        return entropy_model_args(params, where), resolved, []
+    """(model args, arch name, reference fields without effect) for either params.json layout."""
+    spec = _resolve_kind(params, kind, where)
+    read = spec.resolve("read_params")
+    if read is not None:
+        args, ignored = read(params, where)
+        return args, spec.name, ignored
+    section = params.get(spec.section)
+    if not isinstance(section, dict):
+        raise CheckpointError(
+            f"{where}: no '{spec.section}' section; is this a {spec.name} checkpoint?"
+        )
+    try:
+        return spec.args_class.model_validate(section), spec.name, []
+    except ValidationError as exc:
+        raise CheckpointError(f"{where}: {spec.section} args invalid: {exc}") from None
+
+
+def blt_args_from_params(params: dict[str, Any], where: str = "params.json"):
+    """The BLT spec's `read_params`: (args, ignored reference fields) from our `model` section
+    or the reference's."""
     section = params.get("model")
     if not isinstance(section, dict):
         raise CheckpointError(f"{where}: no 'model' section; is this a BLT checkpoint?")
     try:
-        return ByteLatentTransformerArgs.model_validate(section), resolved, []
+        return ByteLatentTransformerArgs.model_validate(section), []
     except ValidationError:
         pass  # not our layout: read it as the reference's
     try:
-        args, ignored = blt_args_from_reference(section)
+        return blt_args_from_reference(section)
     except (ValidationError, ValueError, UserError) as exc:
         raise CheckpointError(f"{where}: model args invalid: {exc}") from None
-    return args, resolved, ignored
+
+
+def entropy_args_from_params(params: dict[str, Any], where: str = "params.json"):
+    """The entropy spec's `read_params` (its reference fields are logged, not returned)."""
+    return entropy_model_args(params, where), []
 
 
 def build_and_load(args: BaseModel, kind: str, state: dict, device: torch.device, reference: bool):
-    """Meta build → to_empty → init (buffers) → strict load of `state`."""
-    cls = LMTransformer if kind == "entropy" else ByteLatentTransformer
+    """Meta build → to_empty → init (buffers) → strict load of `state` (`kind`: the arch name)."""
+    spec = get_arch(kind)
     with torch.device("meta"):
-        model = cls(args)
+        model = spec.build(args)
     model.to_empty(device=device)
     model.init_weights()  # recomputes non-persistent buffers (RoPE tables) too
-    if kind == "blt" and reference:
-        state, notes = adapt_reference_blt_state_dict(state, args)
+    adapt = spec.resolve("reference_state_dict")
+    if adapt is not None and reference:
+        state, notes = adapt(state, args)
         for note in notes:
             logger.info("reference weights: %s", note)
     try:
@@ -152,8 +171,9 @@ def load_pretrained(path: str, device: str | torch.device = "cpu", kind: Kind = 
     A consolidated or released folder, or a DCP step folder as training writes it (read in this
     process, no process group; see `load_any_checkpoint`).
 
-    `kind="auto"` picks the entropy model when params.json says `train_entropy_model: true` (or has
-    no `model` section), else the BLT. Reference fields with no effect here are counted in one
+    `kind="auto"` picks the architecture params.json names (`arch`; from before `arch`: the
+    entropy model when it says `train_entropy_model: true` or has no `model` section, else the
+    BLT). Reference fields with no effect here are counted in one
     short warning line (listed with reasons at DEBUG level). `model(tokens)` (entropy model) / `model(tokens, patch_lengths=...)` (BLT) give logits
     `[batch, length, vocab]`.
     """

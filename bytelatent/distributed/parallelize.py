@@ -68,38 +68,31 @@ def parallelize_model(
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
-    """Megatron-style TP for the LMTransformer layout, or the BLT global transformer's blocks.
+    """Megatron-style TP of what `model.tp_plan(tp)` (`TPPlan`) declares.
 
-    LMTransformer: vocab-sharded embedding with sequence-parallel output, sequence-parallel
-    norms, column/row-parallel attention and FFN (the residual stream is the local sequence
-    shard, so tokens.shape[1] must be divisible by tp). BLT: only
-    `global_transformer.layers` are split (column/row parallel, replicated in and out); the
-    byte-level local models are small and stay replicated over the TP group.
+    The blocks are split column/row parallel. With `sequence_parallel` (the LMTransformer's
+    plan): vocab-sharded embedding with sequence-parallel output, sequence-parallel norms, and the
+    residual stream is the local sequence shard (so tokens.shape[1] must be divisible by tp).
+    Without (the BLT's plan: only `global_transformer.layers`), inputs and outputs of the blocks
+    are replicated and everything else stays replicated over the TP group.
     """
     tp = tp_mesh.size()
-    if hasattr(model, "global_transformer"):
-        tp_parallelize_blocks(model.global_transformer.layers, tp_mesh, sequence_parallel=False)
-        return
-    if not all(hasattr(model, a) for a in ("tok_embeddings", "layers", "norm", "output")):
+    plan = model.tp_plan(tp) if hasattr(model, "tp_plan") else None
+    if plan is None:
         raise ConfigError(
             f"distributed.tp_size={tp}: tensor parallelism is not supported for "
             f"{type(model).__name__}; set distributed.tp_size=1"
         )
-    if getattr(getattr(model, "args", None), "weight_tying", False):
-        raise ConfigError(
-            f"distributed.tp_size={tp} with model.weight_tying=true is not supported (the tied "
-            "weight would need two layouts); set one of them off"
-        )
-    tp_parallelize_blocks(model.layers, tp_mesh, sequence_parallel=True)
-    parallelize_module(
-        model,
-        tp_mesh,
-        {
-            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-            "norm": SequenceParallel(),
-            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
-        },
-    )
+    for blocks in plan.blocks:
+        tp_parallelize_blocks(blocks, tp_mesh, sequence_parallel=plan.sequence_parallel)
+    if not plan.sequence_parallel:
+        return
+    root = {
+        plan.embedding: RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        plan.norm: SequenceParallel(),
+        plan.output: ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    }
+    parallelize_module(model, tp_mesh, {name: style for name, style in root.items() if name})
     model.register_forward_pre_hook(functools.partial(_check_seq_divisible, tp=tp))
     _ignore_tp_output_view_warning()
 

@@ -36,7 +36,7 @@ from bytelatent.eval.generation import (
     load_generator,
 )
 from bytelatent.eval.tasks import register_task
-from bytelatent.model.blt import ByteLatentTransformer
+from bytelatent.model.registry import arch_of
 from bytelatent.tokenizers.constants import BOS_ID, OFFSET
 
 try:
@@ -269,7 +269,9 @@ HARNESS_USAGE = "usage: python -m bytelatent.eval.harness ckpt=DIR tasks=[name,.
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        if (page := entry_help(argv, usage=HARNESS_USAGE, model=HarnessArgs, doc=__doc__)) is not None:
+        if (
+            page := entry_help(argv, usage=HARNESS_USAGE, model=HarnessArgs, doc=__doc__)
+        ) is not None:
             print(page, end="")
             return 0
         args = parse_args(HarnessArgs, argv)
@@ -319,7 +321,8 @@ def harness_eval_task(ctx) -> dict[str, float]:
         raise ConfigError("eval.tasks: 'harness' needs lm_eval: pip install 'bytelatent[eval]'")
     args: HarnessTaskArgs = ctx.task_args
     patcher_args, entropy_model = None, None
-    if isinstance(ctx.model, ByteLatentTransformer):
+    spec = arch_of(ctx.model)
+    if spec is not None and spec.patched:  # the BLT: patched as the run's data is
         patcher_args = ctx.data_args.patcher_args.model_copy(
             update={"patching_device": "auto", "device": "auto", "realtime_patching": False}
         )

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from bytelatent.distributed.tp_plan import TPPlan
 from bytelatent.errors import ConfigError
 from bytelatent.model.attention import (
     HostBatch,
@@ -277,6 +278,12 @@ class ByteLatentTransformer(nn.Module):
             *self.global_transformer.layers,
             *_interleave(self.local_decoder, cross_after=False),
         ]
+
+    def tp_plan(self, tp_size: int) -> TPPlan:
+        """Tensor parallelism (`distributed.parallelize.apply_tp`): only the global transformer's
+        blocks are split (replicated in and out); the byte-level local models are small and stay
+        replicated over the TP group."""
+        return TPPlan(blocks=[self.global_transformer.layers])
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Number of parameters; ``exclude_embeddings`` drops the lookup tables (byte, hash, n-gram,

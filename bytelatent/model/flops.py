@@ -135,3 +135,43 @@ def blt_flops_per_byte(args: object, mean_patch_size: float, seq_len: int) -> fl
     attended keys: kernels that compute masked blocks do more work than this.
     """
     return sum(blt_flops_breakdown(args, mean_patch_size, seq_len).values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-batch counters the registry's specs name (`ArchSpec.flops`): (model args, data args) ->
+# (tokens, patches) -> training FLOPs of a batch with that many tokens (and patches).
+
+
+def lm_training_flops(model_args: object, data_args: object):
+    """A byte LM: every token costs `lm_flops_per_token` at the run's row length."""
+    import torch  # the counter builds the model on meta to count its parameters
+
+    from bytelatent.model.transformer import LMTransformer
+
+    with torch.device("meta"):
+        n_non_embedding = LMTransformer(model_args).num_params(exclude_embeddings=True)
+    per_token = lm_flops_per_token(
+        n_non_embedding,
+        model_args.n_layers,
+        model_args.dim,
+        data_args.seq_len,
+        model_args.sliding_window,
+    )
+    return lambda tokens, patches: tokens * per_token
+
+
+def blt_training_flops(model_args: object, data_args: object):
+    """A BLT: `blt_flops_per_byte` at the batch's mean patch size (rows of
+    `data.max_encoder_seq_length` bytes); without patch lengths in the batch, one byte per patch
+    in byte mode, else the static patch size."""
+    patcher = data_args.patcher_args
+    nominal_patch = 1.0 if patcher.patching_mode == "byte" else float(patcher.patch_size)
+    row_len = data_args.max_encoder_seq_length
+
+    def count(tokens: int, patches: float) -> float:
+        if tokens == 0:
+            return 0.0
+        mean_patch = tokens / patches if patches > 0 else nominal_patch
+        return tokens * blt_flops_per_byte(model_args, mean_patch, row_len)
+
+    return count

@@ -2,9 +2,10 @@
 
 Training (`Trainer.forward_backward`), validation (`eval/validate.py`, and every eval task through
 `EvalContext.forward`) and the activation measurement of `trainer/model_info.py` all call these,
-so train and validation loss cannot drift apart. Whether the model gets the batch's patch lengths
-is decided here, from the model itself: a BLT gets them when the batch carries them, a plain byte
-LM (the entropy model) never does.
+so train and validation loss cannot drift apart. What the model gets from the batch is its
+architecture's (`ArchSpec.batch_inputs`, `host_batch`: a BLT gets the batch's patch lengths, a plain
+byte LM never does), and so are the auxiliary loss terms its forward returns next to the logits
+(`ArchSpec.aux_losses`): `batch_losses` hands them back apart from the LM loss.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from bytelatent.distributed.env import host_to_device
-from bytelatent.model.blt import ByteLatentTransformer
-from bytelatent.model.transformer import LMTransformer
+from bytelatent.model.registry import ArchSpec, arch_of
 
 
 class Batch(Protocol):
@@ -30,21 +30,41 @@ class Batch(Protocol):
     patch_lengths: np.ndarray | None
 
 
-def forward_logits(model: torch.nn.Module, batch: Batch, device: torch.device) -> torch.Tensor:
-    """Logits [B, L, V] of `batch`; patch lengths go to a BLT whenever the batch has them.
+def forward_outputs(
+    model: torch.nn.Module, batch: Batch, device: torch.device, spec: ArchSpec | None = None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(logits [B, L, V], {aux loss name: scalar}) of `batch`, the inputs as the model's spec says
+    (`arch_of(model)` unless given; a module outside the registry gets the tokens only).
 
     Our models also get the batch itself as `host`: masks that need host integers (xformers'
     document lengths) read its numpy arrays, so the forward never waits on a device-to-host copy.
     """
+    spec = spec if spec is not None else arch_of(model)
     x = host_to_device(batch.x, device)
-    if isinstance(model, ByteLatentTransformer):
-        # without patch lengths in the batch the model patches in its forward
-        lengths = batch.patch_lengths
-        lengths = None if lengths is None else host_to_device(lengths, device)
-        return model(x, patch_lengths=lengths, host=batch)
-    if isinstance(model, LMTransformer):
-        return model(x, host=batch)
-    return model(x)
+    if spec is None:
+        return model(x), {}
+    inputs = {}
+    for name in spec.batch_inputs:  # e.g. a BLT's patch_lengths; None: it patches in its forward
+        value = getattr(batch, name)
+        inputs[name] = None if value is None else host_to_device(value, device)
+    if spec.host_batch:
+        inputs["host"] = batch
+    out = model(x, **inputs)
+    if not spec.aux_losses:
+        return out, {}
+    logits, aux = out
+    expected = {term.name for term in spec.aux_losses}
+    if set(aux) != expected:
+        raise RuntimeError(
+            f"arch {spec.name}: the forward returned aux losses {sorted(aux)}, its spec declares "
+            f"{sorted(expected)}"
+        )
+    return logits, aux
+
+
+def forward_logits(model: torch.nn.Module, batch: Batch, device: torch.device) -> torch.Tensor:
+    """Logits [B, L, V] of `batch` (auxiliary terms dropped: validation and eval score the LM)."""
+    return forward_outputs(model, batch, device)[0]
 
 
 def masked_cross_entropy_sum(
@@ -61,9 +81,21 @@ def batch_loss_sum(
     device: torch.device,
     forward_context: contextlib.AbstractContextManager | None = None,
 ) -> torch.Tensor:
-    """Σ CE over `batch`'s unmasked targets. The forward runs inside `forward_context` (autocast,
-    tensor-parallel loss context); the loss outside it, in float32, as always."""
+    """Σ CE over `batch`'s unmasked targets (auxiliary terms dropped)."""
+    return batch_losses(model, batch, device, forward_context)[0]
+
+
+def batch_losses(
+    model: torch.nn.Module,
+    batch: Batch,
+    device: torch.device,
+    forward_context: contextlib.AbstractContextManager | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(Σ CE over `batch`'s unmasked targets, {aux loss name: float32 scalar}). The forward runs
+    inside `forward_context` (autocast, tensor-parallel loss context); the losses outside it, in
+    float32, as always."""
     y, mask = host_to_device(batch.y, device), host_to_device(batch.mask, device)
     with forward_context if forward_context is not None else contextlib.nullcontext():
-        logits = forward_logits(model, batch, device)
-    return masked_cross_entropy_sum(logits, y, mask)
+        logits, aux = forward_outputs(model, batch, device)
+    aux = {name: value.float() for name, value in aux.items()}
+    return masked_cross_entropy_sum(logits, y, mask), aux

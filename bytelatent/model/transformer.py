@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from bytelatent.distributed.tp_plan import TPPlan
+from bytelatent.errors import ConfigError
 from bytelatent.model.args import LMTransformerArgs, block_head_counts
 from bytelatent.model.attention import (
     HostBatch,
@@ -103,6 +105,22 @@ class LMTransformer(nn.Module):
         if self.args.weight_tying:
             return list(self.layers)
         return [self.tok_embeddings, *self.layers, self.output]
+
+    def tp_plan(self, tp_size: int) -> TPPlan:
+        """Tensor parallelism (`distributed.parallelize.apply_tp`): every block, sequence
+        parallel, with a vocab-sharded embedding and output head."""
+        if self.args.weight_tying:
+            raise ConfigError(
+                f"distributed.tp_size={tp_size} with model.weight_tying=true is not supported (the "
+                "tied weight would need two layouts); set one of them off"
+            )
+        return TPPlan(
+            blocks=[self.layers],
+            sequence_parallel=True,
+            embedding="tok_embeddings",
+            norm="norm",
+            output="output",
+        )
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Number of distinct parameters; ``exclude_embeddings`` drops the input embedding table

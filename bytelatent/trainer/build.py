@@ -1,4 +1,5 @@
-"""Build the model a `TrainArgs` describes (on whatever device is current)."""
+"""Build the model a `TrainArgs` describes (on whatever device is current), through its
+architecture's spec (`bytelatent/model/registry.py`)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,11 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from bytelatent.args import TrainArgs
 from bytelatent.distributed.parallelize import parallelize_model
-from bytelatent.model.blt import ByteLatentTransformer
-from bytelatent.model.transformer import LMTransformer
+from bytelatent.model.registry import get_arch
 
 
 def build_model(args: TrainArgs) -> torch.nn.Module:
-    if args.train_entropy_model:
-        return LMTransformer(args.entropy_model)
-    return ByteLatentTransformer(args.model)
+    return get_arch(args.arch).build(args.active_model_args())
 
 
 def build_parallel_model(args: TrainArgs, mesh: DeviceMesh | None) -> torch.nn.Module:
@@ -26,19 +24,18 @@ def build_parallel_model(args: TrainArgs, mesh: DeviceMesh | None) -> torch.nn.M
         model = build_model(args)
     n_params = sum(p.numel() for p in model.parameters())
     logging.getLogger("bytelatent").info(
-        "model: %s with %s parameters", type(model).__name__, f"{n_params:,}"
+        "model: %s (arch %s) with %s parameters", type(model).__name__, args.arch, f"{n_params:,}"
     )
     return parallelize_model(model, mesh, args.distributed)
 
 
-def init_global_from_pretrained(model: torch.nn.Module, args: TrainArgs) -> bool:
-    """Copy `model.global_init`'s weights into the (materialised, maybe sharded) global
-    transformer; False when the run has none. Called for fresh runs only: a resumed run's
+def warm_start_from_spec(model: torch.nn.Module, args: TrainArgs) -> bool:
+    """The architecture's own warm start (`ArchSpec.warm_start`; the BLT's `model.global_init`
+    copies a Llama's layers into its global transformer) into the materialised, maybe sharded
+    model; False when it has none or the config asks for none. Fresh runs only: a resumed run's
     weights come from its own checkpoint."""
-    if args.train_entropy_model or args.model is None or args.model.global_init is None:
-        return False
-    from bytelatent.checkpoint.hf_llama import load_hf_llama  # safetensors: the `hf` extra
+    warm_start = get_arch(args.arch).resolve("warm_start")
+    return bool(warm_start is not None and warm_start(model, args.active_model_args()))
 
-    load_hf_llama(model, args.model)
-    return True
 
+init_global_from_pretrained = warm_start_from_spec  # the name callers knew

@@ -12,7 +12,7 @@ the device work a step queued (`throughput.StepClock`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -37,6 +37,10 @@ class StepOutput:
     n_targets: int  # this rank's target tokens (the loss is a mean over these)
     n_bytes: int  # bytes those targets stand for (equal to n_targets for byte tokenizers)
     grad_norm: torch.Tensor
+    # Σ over this step's micro-batches of each auxiliary loss term (float64, on device), and how
+    # many micro-batches that is: `aux/<name>` is the mean over micro-batches, steps and ranks
+    aux_sums: dict[str, torch.Tensor] = field(default_factory=dict)
+    n_micro_batches: int = 0
 
 
 class IntervalMetrics:
@@ -69,6 +73,8 @@ class IntervalMetrics:
 
     def _reset(self) -> None:
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.aux_sums: dict[str, torch.Tensor] = {}
+        self.aux_micro_batches = 0
         self.sums = dict.fromkeys(_HOST_SUMS, 0.0)
         self.steps = 0
         self.data_time = 0.0
@@ -79,6 +85,10 @@ class IntervalMetrics:
 
     def add(self, out: StepOutput, batches: list[Batch], data_time: float) -> None:
         self.loss_sum += out.loss_sum
+        for name, value in out.aux_sums.items():
+            self.aux_sums[name] = self.aux_sums.get(name, 0.0) + value
+        if out.aux_sums:
+            self.aux_micro_batches += out.n_micro_batches
         self.sums["n_targets"] += out.n_targets
         self.sums["n_bytes"] += out.n_bytes
         for batch in batches:
@@ -94,13 +104,18 @@ class IntervalMetrics:
     def _reduced(self, tokens_seen: int) -> dict[str, float]:
         """The interval's sums, and each rank's run total `tokens_seen`, over data-parallel ranks
         (float64: exact to 2**53)."""
+        aux_names = sorted(self.aux_sums)  # the same order on every rank
+        aux_keys = [f"aux/{name}" for name in aux_names]
         values = [self.loss_sum.item(), *self.sums.values(), float(tokens_seen)]
+        if aux_names:  # runs without auxiliary losses reduce exactly what they always did
+            values += [float(self.aux_sums[n]) for n in aux_names] + [self.aux_micro_batches]
+            aux_keys.append("aux_micro_batches")
         sums = torch.tensor(values, dtype=torch.float64)
         if self.dp_size > 1:
             sums = sums.to(self.device)
             dist.all_reduce(sums, group=self._dp_group())
             sums = sums.cpu()
-        return dict(zip(("loss_sum", *_HOST_SUMS, "tokens_seen"), sums.tolist()))
+        return dict(zip(("loss_sum", *_HOST_SUMS, "tokens_seen", *aux_keys), sums.tolist()))
 
     def compute(self, step: int, tokens_seen: int = 0, **extra: float) -> dict:
         """The metric record of the interval that ends at `step`; starts the next interval.
@@ -117,6 +132,8 @@ class IntervalMetrics:
             "bpb": bits_per_byte(s["loss_sum"], s["n_bytes"]),
             "n_bytes": int(s["n_bytes"]),
             "tokens_seen": int(s["tokens_seen"]),
+            # auxiliary loss terms (unweighted means; not part of loss or bpb)
+            **{k: v / max(s["aux_micro_batches"], 1.0) for k, v in s.items() if k[:4] == "aux/"},
             **extra,
             "bytes_per_s": s["real_tokens"] / elapsed,
             "flops_per_s": s["useful_flops"] / elapsed,

@@ -30,6 +30,7 @@ from bytelatent.checkpoint.manager import CheckpointManager, parse_step, train_s
 from bytelatent.checkpoint.verify import verify_step_folder
 from bytelatent.config.redact import redacted_dump
 from bytelatent.errors import ConfigError
+from bytelatent.model.registry import model_config_keys
 from bytelatent.trainer.build import build_model
 from bytelatent.trainer.loop_controls import resolve_stop_step
 from bytelatent.trainer.resume_rules import Rule, Saved, decide, sampling_sources
@@ -186,10 +187,7 @@ def _parameter_shapes(args: TrainArgs) -> dict[str, tuple[int, ...]]:
 
 def refuse_shape_changes(args: TrainArgs, saved: dict, check: ResumeCheck) -> None:
     """ConfigError when the model the config builds has other parameters than the checkpoint's."""
-    model_keys = [
-        k for k, _, _ in check.changes
-        if k == "train_entropy_model" or k.split(".", 1)[0] in ("model", "entropy_model")
-    ]  # fmt: skip
+    model_keys = [k for k, _, _ in check.changes if k.split(".", 1)[0] in model_config_keys()]
     if not model_keys:
         return
     try:

@@ -57,6 +57,8 @@ RULES: dict[str, Rule] = {
     "dry_run": _HARMLESS,
     # the model is built from the config at every start; shape changes are refused before this
     # table is read (resume_check.refuse_shape_changes)
+    "arch": Rule("applied", "the model is built from the config"),
+    "arch_args": Rule("applied", "the model is built from the config"),
     "train_entropy_model": Rule("applied", "the model is built from the config"),
     "model": Rule("applied", "the model is built from the config"),
     "entropy_model": Rule("applied", "the model is built from the config"),

@@ -22,8 +22,7 @@ import numpy as np
 import torch
 
 from bytelatent.data.batch import Batch
-from bytelatent.model.flops import blt_flops_per_byte, lm_flops_per_token
-from bytelatent.model.transformer import LMTransformer
+from bytelatent.model.registry import get_arch
 
 
 @dataclass
@@ -46,41 +45,18 @@ class BatchSizes:
 
 
 class FlopsCounter:
-    """Training FLOPs (forward + backward) of a batch, from `BatchSizes`."""
+    """Training FLOPs (forward + backward) of a batch, from `BatchSizes`, by the run's
+    architecture (`ArchSpec.flops`; an architecture without one counts 0)."""
 
     def __init__(self, args) -> None:  # TrainArgs
-        self.entropy = args.train_entropy_model
-        self.row_len = args.data.max_encoder_seq_length if not self.entropy else args.data.seq_len
-        if self.entropy:
-            m = args.entropy_model
-            with torch.device("meta"):
-                n_non_embedding = LMTransformer(m).num_params(exclude_embeddings=True)
-            self.per_token = lm_flops_per_token(
-                n_non_embedding, m.n_layers, m.dim, args.data.seq_len, m.sliding_window
-            )
-        else:
-            self.model_args = args.model
-            patcher = args.data.patcher_args
-            # Without patch lengths in the batch: one byte per patch in byte mode, else static.
-            self.nominal_patch = (
-                1.0 if patcher.patching_mode == "byte" else float(patcher.patch_size)
-            )
-
-    def _blt(self, tokens: int, patches: float) -> float:
-        if tokens == 0:
-            return 0.0
-        mean_patch = tokens / patches if patches > 0 else self.nominal_patch
-        return tokens * blt_flops_per_byte(self.model_args, mean_patch, self.row_len)
+        factory = get_arch(args.arch).resolve("flops")
+        self.count = factory(args.active_model_args(), args.data) if factory else lambda t, p: 0.0
 
     def executed(self, s: BatchSizes) -> float:
-        if self.entropy:
-            return s.tokens * self.per_token
-        return self._blt(s.tokens, s.patches)
+        return self.count(s.tokens, s.patches)
 
     def useful(self, s: BatchSizes) -> float:
-        if self.entropy:
-            return s.real_tokens * self.per_token
-        return self._blt(s.real_tokens, s.real_patches)
+        return self.count(s.real_tokens, s.real_patches)
 
 
 class StepClock:

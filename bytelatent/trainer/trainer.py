@@ -32,9 +32,10 @@ from bytelatent.distributed.signals import early_flag, requeue_slurm_job, under_
 from bytelatent.distributed.threads import trainer_cpu_threads
 from bytelatent.eval.validate import Validator
 from bytelatent.launch.async_eval import AsyncEvalLauncher
-from bytelatent.model.loss import batch_loss_sum
+from bytelatent.model.loss import batch_losses
+from bytelatent.model.registry import get_arch
 from bytelatent.trainer.actions import NONFINITE_EXIT_CODE, Actions, Stop, with_nonfinite_stop
-from bytelatent.trainer.build import build_parallel_model, init_global_from_pretrained
+from bytelatent.trainer.build import build_parallel_model, warm_start_from_spec
 from bytelatent.trainer.guard import NonFiniteGuard
 from bytelatent.trainer.interval import IntervalMetrics, StepOutput
 from bytelatent.trainer.loop_controls import resolve_stop_step
@@ -76,6 +77,7 @@ class Trainer:
         )):  # fmt: skip
             torch.set_num_threads(threads)
         self.mesh = build_mesh(args.distributed, env.world_size, self.device.type)
+        self.aux_terms = get_arch(args.arch).aux_losses  # logged as aux/<name>, apart from bpb
         self.dp_rank, self.dp_size = dp_rank_and_size(self.mesh)
         self._dp_group_cache = None
         # Small per-step agreements (target counts, the preemption flag) use CPU tensors: on CUDA a
@@ -170,8 +172,8 @@ class Trainer:
                 self.model, ckpt.init_ckpt_path, ckpt.init_ckpt_strict, ckpt.init_ckpt_rename
             )
             logger.info("initialised model weights from %s", ckpt.init_ckpt_path)
-        elif init_global_from_pretrained(self.model, self.args):
-            logger.info("global transformer initialised from %s", self.args.model.global_init.path)
+        else:
+            warm_start_from_spec(self.model, self.args)  # e.g. the BLT's model.global_init
 
     def _set_aside_replayed_metrics(self) -> None:
         """A resume from a checkpoint older than the last logged step logs those steps again:
@@ -261,9 +263,13 @@ class Trainer:
         # Σ_all ranks CE / Σ_all ranks targets, independent of how targets fall on ranks and micro-batches.
         scale = self.dp_size / max(global_targets, 1)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        aux_sums: dict[str, torch.Tensor] = {}
         for i, batch in enumerate(batches):
             set_gradient_sync(self.model, i == len(batches) - 1)
-            loss_sum += self.forward_backward(batch, scale)
+            ce_sum, aux = self.forward_backward(batch, scale)
+            loss_sum += ce_sum
+            for name, value in aux.items():
+                aux_sums[name] = aux_sums.get(name, 0.0) + value
         self.probe.record_grads()  # a no-op unless this step is probed
         grad_norm = clip_grad_norm_(self.model.parameters(), self.args.optim.clip)
         self.guard.step(loss_sum, grad_norm)  # optimizer.step() unless loss/grad norm non-finite
@@ -271,14 +277,25 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         n_bytes = sum(self.tokenizer.n_bytes(b.y, b.mask) for b in batches)
         return StepOutput(
-            loss_sum=loss_sum, n_targets=local_targets, n_bytes=n_bytes, grad_norm=grad_norm
-        )
+            loss_sum=loss_sum, n_targets=local_targets, n_bytes=n_bytes, grad_norm=grad_norm,
+            aux_sums=aux_sums, n_micro_batches=len(batches),
+        )  # fmt: skip
 
-    def forward_backward(self, batch: Batch, scale: float) -> torch.Tensor:
+    def forward_backward(
+        self, batch: Batch, scale: float
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Forward and backward of one micro-batch: (Σ CE, {aux loss name: value}), detached.
+
+        The objective is the LM loss (Σ CE · scale) plus each auxiliary term of the architecture
+        (`ArchSpec.aux_losses`, a per-micro-batch mean) weighted and divided by the micro-batches:
+        FSDP's average over data-parallel ranks then makes it the mean over all micro-batches."""
         context = forward_context(self.mesh, self.args.distributed, self.device.type)
-        loss_sum = batch_loss_sum(self.model, batch, self.device, context)
-        (loss_sum * scale).backward()
-        return loss_sum.detach().double()
+        loss_sum, aux = batch_losses(self.model, batch, self.device, context)
+        objective = loss_sum * scale
+        for term in self.aux_terms:
+            objective = objective + aux[term.name] * (term.weight / self.args.grad_acc_steps)
+        objective.backward()
+        return loss_sum.detach().double(), {n: v.detach().double() for n, v in aux.items()}
 
     def _all_reduce_count(self, n: int) -> int:
         """Σ over data-parallel ranks of a host-side count, without syncing the device stream."""

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bytelatent.data.entropy import entropy as entropy_of
+from bytelatent.data.entropy import model_max_length
 from bytelatent.errors import ConfigError
 from bytelatent.eval.generation.cache import CachedStack, to_device
 from bytelatent.eval.generation.lm import IncrementalLM
@@ -281,6 +282,22 @@ class IncrementalBLT:
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.dec.output(self.dec.norm(h)).float()
+
+    @classmethod
+    def for_engine(cls, model, patcher_args, entropy_model, batch: int, capacity: int):
+        """The BLT spec's generation engine (`ArchSpec.generation_engine`, `CachedEngine`): the
+        online patcher of `patcher_args`, and the entropy model's own cache when it patches by
+        entropy."""
+        online = OnlinePatcher(patcher_args)
+        entropy = None
+        if online.needs_entropies:
+            window = model_max_length(entropy_model)
+            entropy = IncrementalLM(entropy_model, batch, capacity, window)
+        return cls(model, online, entropy, batch, capacity)
+
+    def prefill_last(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
+        """`prefill` (its logits are the next byte's already)."""
+        return self.prefill(row, tokens)
 
     # -- prefill and step -----------------------------------------------------------------------
 

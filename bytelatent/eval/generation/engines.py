@@ -10,16 +10,22 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bytelatent.data.entropy import model_max_length
 from bytelatent.data.patcher import Patcher, PatcherArgs
-from bytelatent.eval.generation.blt import IncrementalBLT
-from bytelatent.eval.generation.lm import IncrementalLM
-from bytelatent.eval.generation.patching import OnlinePatcher
-from bytelatent.model.blt import ByteLatentTransformer
+from bytelatent.errors import ConfigError
+from bytelatent.model.registry import ArchSpec, arch_of
 
 
 def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
+
+
+def model_spec(model: nn.Module) -> ArchSpec:
+    """The registered architecture of `model` (generation asks it whether to patch and which
+    cached engine runs it)."""
+    spec = arch_of(model)
+    if spec is None:
+        raise ConfigError(f"{type(model).__name__}: not a registered architecture; cannot generate")
+    return spec
 
 
 class CachedEngine:
@@ -35,21 +41,17 @@ class CachedEngine:
         self.model, self.patcher_args, self.entropy_model = model, patcher_args, entropy_model
         self.capacity = capacity
         self.device = _device(model)
-        self.impl: IncrementalLM | IncrementalBLT | None = None
+        self.impl = None  # the spec's engine (IncrementalLM, IncrementalBLT, ...)
 
     def start(self, rows: list[list[int]]) -> torch.Tensor:
-        batch = len(rows)
-        if isinstance(self.model, ByteLatentTransformer):
-            online = OnlinePatcher(self.patcher_args)
-            entropy = None
-            if online.needs_entropies:
-                window = model_max_length(self.entropy_model)
-                entropy = IncrementalLM(self.entropy_model, batch, self.capacity, window)
-            self.impl = IncrementalBLT(self.model, online, entropy, batch, self.capacity)
-            logits = [self.impl.prefill(b, self._tensor(row)) for b, row in enumerate(rows)]
-        else:
-            self.impl = IncrementalLM(self.model, batch, self.capacity)
-            logits = [self.impl.prefill(b, self._tensor(row))[-1] for b, row in enumerate(rows)]
+        spec = model_spec(self.model)
+        engine = spec.resolve("generation_engine")
+        if engine is None:
+            raise ConfigError(f"arch {spec.name} has no cached generation engine; use recompute")
+        self.impl = engine.for_engine(
+            self.model, self.patcher_args, self.entropy_model, len(rows), self.capacity
+        )
+        logits = [self.impl.prefill_last(b, self._tensor(row)) for b, row in enumerate(rows)]
         return torch.stack(logits)
 
     def _tensor(self, row: list[int]) -> torch.Tensor:
@@ -59,9 +61,7 @@ class CachedEngine:
         return self.impl.step(tokens, active)  # host lists: the caches keep their books there
 
     def patch_lengths(self, row: int, tokens: list[int]) -> list[int] | None:
-        if isinstance(self.impl, IncrementalBLT):
-            return self.impl.patch_lengths(row, len(tokens))
-        return None
+        return self.impl.patch_lengths(row, len(tokens))
 
 
 class RecomputeEngine:
@@ -77,7 +77,7 @@ class RecomputeEngine:
         self.model = model
         self.device = _device(model)
         self.patcher = None
-        if isinstance(model, ByteLatentTransformer):
+        if model_spec(model).patched:
             args = patcher_args.model_copy(update={"realtime_patching": False})
             self.patcher = Patcher(args, entropy_model=entropy_model)
         self.rows: list[list[int]] = []

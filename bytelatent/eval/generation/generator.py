@@ -18,9 +18,8 @@ from torch import nn
 from bytelatent.checkpoint.pretrained import load_any_checkpoint
 from bytelatent.data.patcher import PatcherArgs, PatchingMode
 from bytelatent.errors import CheckpointError, ConfigError, DataError
-from bytelatent.eval.generation.engines import CachedEngine, RecomputeEngine
+from bytelatent.eval.generation.engines import CachedEngine, RecomputeEngine, model_spec
 from bytelatent.eval.generation.sampling import GenerationArgs, sample_rows
-from bytelatent.model.blt import ByteLatentTransformer
 from bytelatent.model.reference_compat import patcher_settings_from_reference
 from bytelatent.tokenizers.constants import BOS_ID, EOS_ID, OFFSET
 
@@ -78,7 +77,7 @@ class Generator:
                 if module is not None:
                     cast_parameters(module, dtype)
         self.model = model.eval()
-        self.is_blt = isinstance(model, ByteLatentTransformer)
+        self.is_blt = model_spec(model).patched  # a patched architecture (the BLT)
         self.patcher_args = patcher_args
         self.entropy_model = entropy_model
         self._warned_context_limit = False
@@ -195,7 +194,10 @@ class Generator:
             "generation stopped at the model's context limit of %d tokens (BOS + prompt + new "
             "bytes): %d prompt + %d new bytes, fewer than max_new_bytes=%d; finish_reason is "
             "context_limit (the model has no sliding generation window)",
-            self.max_tokens, prompt_bytes, new_bytes, max_new_bytes,
+            self.max_tokens,
+            prompt_bytes,
+            new_bytes,
+            max_new_bytes,
         )
 
     def _result(self, engine, b, row, new, reason, stops) -> GenerationResult:
@@ -248,7 +250,7 @@ def load_generator(
     """A Generator for a DCP step folder, a consolidated folder or a released-layout folder;
     ``dtype`` casts the parameters (e.g. torch.bfloat16 on GPU), None keeps the stored ones."""
     model, _, params = load_any_checkpoint(ckpt, device)
-    if not isinstance(model, ByteLatentTransformer):
+    if not model_spec(model).patched:
         return Generator(model, dtype=dtype)
     patcher_args = patcher_args_from_params(params)
     if patcher_overrides:

@@ -39,6 +39,18 @@ class IncrementalLM:
         self.eos_id = args.eos_id
         self.position = [0] * batch  # tokens fed per row (absolute, across restarts)
 
+    @classmethod
+    def for_engine(cls, model, patcher_args, entropy_model, batch: int, capacity: int):
+        """The byte LM spec's generation engine (`ArchSpec.generation_engine`, `CachedEngine`)."""
+        return cls(model, batch, capacity)
+
+    def prefill_last(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
+        """`prefill`, returning the next token's logits [V] only."""
+        return self.prefill(row, tokens)[-1]
+
+    def patch_lengths(self, row: int, n_tokens: int) -> None:
+        return None  # a byte LM has no patches
+
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.model.output(self.model.norm(h)).float()
 

@@ -1,0 +1,92 @@
+"""The built-in architectures' specs (torch-free: everything that needs torch is a lazy reference).
+
+`blt`: the Byte Latent Transformer (`model:` section). `entropy` (alias `lm`): the byte-level
+LMTransformer, the BLT's entropy model (`entropy_model:` section). Their run checks (the
+cross-section rules `TrainArgs` validates) live here too, next to the specs that name them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bytelatent.model.args import LMTransformerArgs
+from bytelatent.model.blt_args import ByteLatentTransformerArgs
+from bytelatent.model.registry import ArchSpec, register_arch
+
+
+def check_entropy_run(args: Any) -> None:
+    """Cross-section rules of an entropy-model (byte LM) run; `args` is a TrainArgs."""
+    if args.entropy_model is None:
+        raise ValueError("entropy_model: must be set when arch=entropy (train_entropy_model=true)")
+    if args.data.patcher_args.patching_mode != "byte":
+        raise ValueError(
+            "data.patcher_args.patching_mode: the entropy model trains on bytes; "
+            f"set it to 'byte' (got '{args.data.patcher_args.patching_mode}')"
+        )
+    if args.entropy_model.max_seqlen < args.data.seq_len:
+        raise ValueError(
+            f"entropy_model.max_seqlen ({args.entropy_model.max_seqlen}) < data.seq_len "
+            f"({args.data.seq_len}): RoPE tables would be too short"
+        )
+
+
+def check_blt_run(args: Any) -> None:
+    """Cross-section rules of a BLT run; `args` is a TrainArgs."""
+    if args.model is None:
+        raise ValueError("model: must be set unless train_entropy_model=true")
+    if args.model.global_init is not None and args.checkpoint.init_ckpt_path:
+        raise ValueError(
+            "model.global_init and checkpoint.init_ckpt_path both initialise weights; set one"
+        )
+    if args.data.patcher_args.patching_mode == "byte" and not args.data.add_patches:
+        return
+    enc_len = args.model.max_encoder_seq_length
+    if enc_len is not None and enc_len != args.data.max_encoder_seq_length:
+        raise ValueError(
+            f"model.max_encoder_seq_length ({enc_len}) != data.max_encoder_seq_length "
+            f"({args.data.max_encoder_seq_length}); set them equal"
+        )
+
+
+BLT = register_arch(
+    ArchSpec(
+        name="blt",
+        description="Byte Latent Transformer: local encoder, global latent transformer over "
+        "patches, local decoder",
+        args_class=ByteLatentTransformerArgs,
+        section="model",
+        model="bytelatent.model.blt:ByteLatentTransformer",
+        patched=True,
+        batch_inputs=("patch_lengths",),
+        host_batch=True,
+        flops="bytelatent.model.flops:blt_training_flops",
+        activation_bytes="bytelatent.model.activations:activation_bytes",
+        size_lower_bound="bytelatent.checkpoint.model_size:blt_lower_bound",
+        check_run="bytelatent.model.archs:check_blt_run",
+        read_params="bytelatent.checkpoint.pretrained:blt_args_from_params",
+        reference_state_dict="bytelatent.model.reference_compat:adapt_reference_blt_state_dict",
+        warm_start="bytelatent.checkpoint.hf_llama:warm_start_global",
+        hf_export="bytelatent.checkpoint.hf:export_hf",
+        hf_import="bytelatent.checkpoint.hf:import_hf",
+        generation_engine="bytelatent.eval.generation.blt:IncrementalBLT",
+    )
+)
+
+ENTROPY = register_arch(
+    ArchSpec(
+        name="entropy",
+        aliases=("lm",),
+        description="byte-level LMTransformer (the BLT's entropy model)",
+        args_class=LMTransformerArgs,
+        section="entropy_model",
+        model="bytelatent.model.transformer:LMTransformer",
+        host_batch=True,
+        flops="bytelatent.model.flops:lm_training_flops",
+        activation_bytes="bytelatent.model.activations:activation_bytes",
+        size_lower_bound="bytelatent.checkpoint.model_size:lm_lower_bound",
+        check_run="bytelatent.model.archs:check_entropy_run",
+        read_params="bytelatent.checkpoint.pretrained:entropy_args_from_params",
+        hf_export="bytelatent.checkpoint.hf:export_hf",  # as HF's BltPatcher
+        generation_engine="bytelatent.eval.generation.lm:IncrementalLM",
+    )
+)

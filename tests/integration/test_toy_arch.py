@@ -1,0 +1,66 @@
+"""An architecture registered from the tests folder (`tests/model/toy_arch.py`) trains through
+`python -m bytelatent.train`, resumes bitwise and runs on 2 FSDP ranks; its auxiliary loss term
+is logged as `aux/act_l2` and is not part of `loss` / `bpb` (issue 28, items 1 and 6)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from harness import losses_by_step, read_metrics
+
+CONFIG = Path(__file__).resolve().parents[1] / "model" / "toy_arch.yaml"
+PREEMPT_AT = 7
+STEP_DELAY = {"BYTELATENT_TEST_STEP_DELAY": "0.2"}
+
+
+def toy_args(nproc: int, arch: str = "tests.model.toy_arch:toy") -> list[str]:
+    # one global batch (2 rows) whatever the number of ranks
+    return [f"config={CONFIG}", f"arch={arch}", f"data.batch_size={2 // nproc}",
+            f"distributed.dp_shard={nproc}"]  # fmt: skip
+
+
+def by_step(dump_dir: Path, key: str) -> dict[int, float]:
+    return {m["global_step"]: m[key] for m in read_metrics(dump_dir) if key in m}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, 2], ids=["1proc", "fsdp2"])
+def test_toy_arch_trains_and_resumes_bitwise(runner, nproc: int) -> None:
+    reference = runner.start("reference", toy_args(nproc), nproc=nproc)
+    out = reference.wait_ok()
+    assert "model: ToyByteLM (arch tests.model.toy_arch:toy)" in out
+    expected = losses_by_step(reference.dump_dir)
+    assert sorted(expected) == list(range(1, 21))
+    aux = by_step(reference.dump_dir, "aux/act_l2")
+    assert sorted(aux) == list(range(1, 21)), "aux/act_l2 is not logged at every step"
+    assert all(v > 0 and math.isfinite(v) for v in aux.values()), aux
+    for m in read_metrics(reference.dump_dir):  # byte tokens: bpb is the LM loss in bits, only
+        assert m["bpb"] == pytest.approx(m["loss"] / math.log(2), rel=1e-12), m
+
+    first = runner.start("run", toy_args(nproc), nproc=nproc, env=STEP_DELAY)
+    first.wait_for_step(PREEMPT_AT)
+    first.signal_rank(nproc - 1)
+    first.wait_ok()
+    stopped = read_metrics(first.dump_dir)[-1]["global_step"]
+    assert PREEMPT_AT <= stopped < 20, f"stopped at step {stopped}\n{first.describe()}"
+    second = runner.start("run", toy_args(nproc), nproc=nproc)
+    assert f"at step {stopped}" in second.wait_ok()
+
+    got = losses_by_step(first.dump_dir)
+    assert got == expected, "losses after the resume differ from the uninterrupted run"
+    assert by_step(first.dump_dir, "aux/act_l2") == aux
+
+
+@pytest.mark.slow
+def test_toy_aux_loss_is_trained_but_not_in_bpb(runner) -> None:
+    """Weighted 0, the auxiliary term leaves the first step's loss and bpb exactly as they are
+    (they never include it) but changes the losses after the first update (it is trained)."""
+    with_aux = runner.start("aux", [*toy_args(1), "steps=4"])
+    without = runner.start("zero", [*toy_args(1, "tests.model.toy_arch:toy_zero_aux"), "steps=4"])
+    with_aux.wait_ok(), without.wait_ok()
+    a, z = read_metrics(with_aux.dump_dir), read_metrics(without.dump_dir)
+    assert a[0]["bpb"] == z[0]["bpb"] and a[0]["loss"] == z[0]["loss"]
+    assert a[0]["aux/act_l2"] == z[0]["aux/act_l2"]  # logged unweighted
+    assert a[-1]["loss"] != z[-1]["loss"], "the auxiliary term did not change training"

@@ -1,0 +1,136 @@
+"""The model registry (bytelatent/model/registry.py): specs by name, the config key `arch` and
+its compatibility rule, lookups by model and args, and the auxiliary-loss plumbing of the loss and
+the interval metrics (the toy architecture of tests/model/toy_arch.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from bytelatent.args import TrainArgs
+from bytelatent.checkpoint.pretrained import model_args_from_params
+from bytelatent.data.batch import Batch
+from bytelatent.model.args import LMTransformerArgs
+from bytelatent.model.blt_args import ByteLatentTransformerArgs
+from bytelatent.model.loss import batch_losses, forward_logits, masked_cross_entropy_sum
+from bytelatent.model.registry import (
+    ArchSpec,
+    arch_name_from_params,
+    arch_of,
+    arch_of_args,
+    get_arch,
+    register_arch,
+    unregister_arch,
+)
+from bytelatent.trainer.interval import IntervalMetrics, StepOutput
+from bytelatent.trainer.throughput import FlopsCounter
+
+TOY = "tests.model.toy_arch:toy"
+LM_ARGS = {"dim": 16, "n_layers": 1, "n_heads": 2, "max_seqlen": 64}
+BYTE_DATA = {"seq_len": 32, "add_patches": False, "patcher_args": {"patching_mode": "byte"}}
+
+
+def test_builtin_archs_and_aliases() -> None:
+    assert get_arch("blt").args_class is ByteLatentTransformerArgs
+    assert get_arch("entropy") is get_arch("lm")
+    assert get_arch("blt").section == "model" and get_arch("lm").section == "entropy_model"
+    assert get_arch("blt").patched and not get_arch("entropy").patched
+    with pytest.raises(ValueError, match="unknown architecture 'nope'.*blt"):
+        get_arch("nope")
+
+
+def test_external_arch_is_imported_by_its_module_name() -> None:
+    spec = get_arch(TOY)
+    assert spec.name == "toy" and spec.section == "arch_args" and spec.aux_losses
+    with pytest.raises(ValueError, match="registered no arch 'other'"):
+        get_arch("tests.model.toy_arch:other")
+    with pytest.raises(ValueError, match="already registered"):
+        register_arch(
+            ArchSpec(name="blt", args_class=LMTransformerArgs, section="model", model=None)
+        )
+
+
+def test_a_spec_reads_its_args_from_a_known_section() -> None:
+    with pytest.raises(ValueError, match="section 'mine'"):
+        register_arch(ArchSpec(name="x", args_class=LMTransformerArgs, section="mine", model=None))
+    unregister_arch("x")
+
+
+def test_train_entropy_model_means_arch_entropy() -> None:
+    old = TrainArgs(dump_dir="d", train_entropy_model=True, model=None, entropy_model=LM_ARGS,
+                    data=BYTE_DATA)  # fmt: skip
+    new = TrainArgs(dump_dir="d", arch="lm", model=None, entropy_model=LM_ARGS, data=BYTE_DATA)
+    assert old.arch == new.arch == "entropy"
+    assert old.train_entropy_model and new.train_entropy_model  # old readers of params.json
+    assert old.active_model_args() == new.active_model_args()
+    with pytest.raises(ValueError, match="train_entropy_model=true means arch=entropy"):
+        TrainArgs(dump_dir="d", arch="blt", train_entropy_model=True, entropy_model=LM_ARGS)
+
+
+def test_arch_args_are_validated_by_the_arch_args_class() -> None:
+    args = TrainArgs(dump_dir="d", arch=TOY, arch_args={"dim": 8}, data=BYTE_DATA)
+    assert type(args.active_model_args()).__name__ == "ToyArgs" and args.arch_args.dim == 8
+    assert TrainArgs.model_validate(args.model_dump()).arch_args == args.arch_args
+    with pytest.raises(ValueError, match="arch_args.dimm: Extra inputs"):
+        TrainArgs(dump_dir="d", arch=TOY, arch_args={"dimm": 8}, data=BYTE_DATA)
+    with pytest.raises(ValueError, match="arch_args: only for architectures registered outside"):
+        TrainArgs(dump_dir="d", arch="blt", arch_args={"dim": 8})
+    with pytest.raises(ValueError, match="the toy trains on bytes"):  # the spec's check_run
+        TrainArgs(dump_dir="d", arch=TOY, data={"patcher_args": {"patching_mode": "space"}})
+
+
+def test_old_params_json_layouts_resolve_as_before() -> None:
+    assert arch_name_from_params({"train_entropy_model": True, "model": {}}) == "entropy"
+    assert arch_name_from_params({"dim": 512, "n_layers": 14}) == "entropy"  # released flat
+    assert arch_name_from_params({"model": {"dim": 32}}) == "blt"
+    assert arch_name_from_params({"arch": TOY, "model": {"dim": 32}}) == TOY
+    args, name, _ = model_args_from_params({"train_entropy_model": True, "entropy_model": LM_ARGS})
+    assert name == "entropy" and isinstance(args, LMTransformerArgs)
+
+
+def test_models_and_args_find_their_spec() -> None:
+    with torch.device("meta"):
+        lm = get_arch("entropy").build(LMTransformerArgs(**LM_ARGS))
+        toy = get_arch(TOY).build(get_arch(TOY).args_class())
+    assert arch_of(lm).name == "entropy" and arch_of(toy).name == "toy"
+    assert arch_of(torch.nn.Linear(2, 2)) is None
+    assert arch_of_args(lm.args).name == "entropy"
+    plan = lm.tp_plan(2)
+    assert plan.sequence_parallel and plan.blocks == [lm.layers]
+
+
+def _toy_batch(rows: int = 2, length: int = 12) -> Batch:
+    rng = np.random.default_rng(0)
+    x = rng.integers(4, 260, size=(rows, length), dtype=np.int64)
+    y = np.roll(x, -1, axis=1)
+    return Batch(x=x, y=y, mask=np.ones_like(x, dtype=bool))
+
+
+def test_aux_losses_come_back_apart_from_the_lm_loss() -> None:
+    spec = get_arch(TOY)
+    torch.manual_seed(0)
+    model = spec.build(spec.args_class())
+    model.init_weights()
+    batch = _toy_batch()
+    ce_sum, aux = batch_losses(model, batch, torch.device("cpu"))
+    logits = forward_logits(model, batch, torch.device("cpu"))
+    y, mask = torch.from_numpy(batch.y), torch.from_numpy(batch.mask)
+    assert torch.equal(ce_sum, masked_cross_entropy_sum(logits, y, mask))
+    assert set(aux) == {"act_l2"} and aux["act_l2"].ndim == 0 and aux["act_l2"] > 0
+
+
+def test_interval_metrics_log_aux_terms_apart_from_bpb() -> None:
+    args = TrainArgs(dump_dir="d", arch=TOY, data=BYTE_DATA)
+    interval = IntervalMetrics(torch.device("cpu"), FlopsCounter(args), None, 1, 1, lambda: None)
+    loss = torch.tensor(12.0, dtype=torch.float64)
+    for aux in (1.0, 3.0):  # two steps of two micro-batches: sums 1.0 and 3.0 over 2 each
+        out = StepOutput(loss, 10, 10, torch.tensor(1.0),
+                         aux_sums={"act_l2": torch.tensor(aux, dtype=torch.float64)},
+                         n_micro_batches=2)  # fmt: skip
+        interval.add(out, [_toy_batch()], 0.0)
+    m = interval.compute(2)
+    assert m["aux/act_l2"] == pytest.approx(1.0)  # (1 + 3) / 4 micro-batches
+    assert m["loss"] == pytest.approx(24.0 / 20) and m["bpb"] == pytest.approx(1.2 / math.log(2))

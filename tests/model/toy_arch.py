@@ -1,0 +1,65 @@
+"""A toy architecture registered from outside `bytelatent/` (issue 28: the registry's test).
+
+Importing this module registers `toy`; a config selects it with
+`arch: tests.model.toy_arch:toy` (the trainer imports the module, which registers the spec) and
+puts its args under `arch_args:`. The module stays torch-free, like the built-in specs: the model
+class is a lazy reference, so a config error answers without importing torch.
+
+The toy's forward returns an auxiliary loss term (`act_l2`, the mean square of its hidden
+state), which the trainer adds with weight `AUX_WEIGHT` and logs as `aux/act_l2`, apart from the
+LM loss that `loss` and `bpb` report.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bytelatent.model.registry import ArchSpec, AuxLoss, register_arch
+
+AUX_WEIGHT = 0.5
+
+
+class ToyArgs(BaseModel):
+    """A byte LM of one embedding, one causal two-byte mixing layer and an output head."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dim: int = Field(16, ge=1, description="embedding width")
+    vocab_size: int = Field(260, ge=1, description="token ids (BLT bytes: 260)")
+    seed: int = Field(42, description="weight init seed (the trainer reads `seed` of every arch)")
+
+
+def check_toy_run(args) -> None:  # a TrainArgs
+    if args.data.patcher_args.patching_mode != "byte":
+        raise ValueError(
+            "data.patcher_args.patching_mode: the toy trains on bytes; set it to 'byte'"
+        )
+
+
+TOY = register_arch(
+    ArchSpec(
+        name="toy",
+        description="toy byte LM with an auxiliary loss (tests)",
+        args_class=ToyArgs,
+        section="arch_args",
+        model="tests.model.toy_model:ToyByteLM",
+        aux_losses=(AuxLoss("act_l2", AUX_WEIGHT),),
+        flops="tests.model.toy_model:toy_flops",
+        check_run=check_toy_run,
+    )
+)
+
+# The same model with its auxiliary term weighted 0: its first step's loss and bpb must equal
+# the toy's (the term is not part of them), its later losses must not (the term trains the toy).
+TOY_ZERO_AUX = register_arch(
+    ArchSpec(
+        name="toy_zero_aux",
+        description="the toy with its auxiliary loss weighted 0 (tests)",
+        args_class=ToyArgs,
+        section="arch_args",
+        model="tests.model.toy_model:ToyByteLM",
+        aux_losses=(AuxLoss("act_l2", 0.0),),
+        flops="tests.model.toy_model:toy_flops",
+        check_run=check_toy_run,
+    )
+)
