@@ -73,7 +73,7 @@ class TrainArgs(BaseModel):
         "blt",
         description="architecture (bytelatent/model/registry.py): blt (args in `model`), entropy "
         "or lm (args in `entropy_model`), or 'package.module:name' for one a module registers "
-        "(args in `arch_args`; docs/extending_model.md)",
+        "(args in `arch_args`; docs/extending.md, How to add a model)",
     )
     train_entropy_model: bool = Field(
         False,

@@ -10,7 +10,7 @@ Built-in architectures (`bytelatent/model/archs.py`): `blt` (ByteLatentTransform
 (alias `lm`: the byte-level LMTransformer). An architecture defined outside the package registers
 itself when its module is imported: the config names it `arch: "my_pkg.my_arch:my_name"`, and
 `get_arch` imports `my_pkg.my_arch` (which calls `register_arch`) before looking up `my_name`
-(docs/extending_model.md).
+(docs/extending.md, "How to add a model").
 """
 
 from __future__ import annotations
