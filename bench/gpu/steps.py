@@ -68,7 +68,7 @@ class CompileWatch:
     to eager without an error: flex would then run unfused and still pass. Within the watch the
     limit is `limit`, hitting it raises (`fail_on_recompile_limit_hit`), and a call counts as
     uncompiled when dynamo gave up on a frame (frames total > ok) or flex warned that it ran
-    without torch.compile. Names as in torch 2.11 and 2.13 (older: `cache_size_limit`).
+    without torch.compile (the limit hit raises `CheckFailed` at once; the others are listed). Names as in torch 2.11 and 2.13 (older: `cache_size_limit`).
     """
 
     def __init__(self, limit: int = 64):
@@ -110,7 +110,7 @@ class CompileWatch:
             except Exception as e:
                 if "recompile" in type(e).__name__.lower() or "recompile" in str(e).lower():
                     self.uncompiled.append(f"{label}: {type(e).__name__}: {str(e)[:200]}")
-                    return
+                    raise CheckFailed(f"flex would run uncompiled: {self.uncompiled[-1]}") from e
                 raise
         seconds = time.perf_counter() - started
         for w in caught:  # the rest go where they would have gone

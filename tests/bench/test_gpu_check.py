@@ -162,9 +162,11 @@ def test_compile_watch_fails_a_call_that_ran_uncompiled():
 
     fn = torch.compile(lambda x: x * 2 + 1, backend="eager", dynamic=False)
     with steps.CompileWatch(limit=2) as watch:
-        for n in (3, 4, 5):
+        for n in (3, 4):
             with watch.call(f"n={n}"):
                 fn(torch.ones(n))
+        with pytest.raises(steps.CheckFailed, match="n=5"), watch.call("n=5"):
+            fn(torch.ones(5))
     assert [c["case"] for c in watch.compiles] == ["n=3", "n=4"]
     assert len(watch.uncompiled) == 1 and watch.uncompiled[0].startswith("n=5")
     with steps.CompileWatch(limit=16) as watch:
