@@ -107,6 +107,12 @@ def _compile_flex_with_aot_eager() -> None:
     import bytelatent.model.attention as attention
 
     compiled = torch.compile(flex_attention, backend="aot_eager", dynamic=False)
+    if hasattr(attention, "__path__"):  # a package: the compiled flex may sit in any module
+        import importlib
+        import pkgutil
+
+        for info in pkgutil.iter_modules(attention.__path__, "bytelatent.model.attention."):
+            importlib.import_module(info.name)
     modules = [attention] + [
         m for name, m in sys.modules.items() if name.startswith("bytelatent.model.attention.")
     ]
