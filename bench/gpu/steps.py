@@ -6,6 +6,7 @@ generator): with ``quick`` on tiny shapes and few steps, so CI runs the same cod
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import math
@@ -29,19 +30,22 @@ class Skip(Exception):
     """The step cannot run here (e.g. CUDA-only); the message says why."""
 
 
-def run(name: str, device: str, quick: bool, out: Path, work: Path) -> dict:
+def run(name: str, device: str, quick: bool, out: Path, work: Path, no_fsdp: bool = False) -> dict:
+    """Step `name`; `no_fsdp`: the driver's NCCL probe failed, train without single-device FSDP."""
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():
         raise Skip("--device cuda but torch.cuda.is_available() is False")
     torch.manual_seed(0)
-    return globals()[f"step_{name}"](Ctx(device, quick, out, work))
+    return globals()[f"step_{name}"](Ctx(device, quick, out, work, no_fsdp))
 
 
 class Ctx:
-    def __init__(self, device: str, quick: bool, out: Path, work: Path):
+    def __init__(self, device: str, quick: bool, out: Path, work: Path, no_fsdp: bool = False):
         self.device, self.quick, self.out, self.work = device, quick, out, work
         self.cuda = device == "cuda"
+        self.no_fsdp = no_fsdp
+        self.compile_watch: CompileWatch | None = None
 
     def sync(self) -> None:
         import torch
@@ -53,6 +57,73 @@ class Ctx:
 def expect(ok: bool, message: str) -> None:
     if not ok:
         raise CheckFailed(message)
+
+
+class CompileWatch:
+    """torch.compile'd calls under a raised recompile limit, each timed, none allowed to run
+    uncompiled.
+
+    Flex attention compiles once per shape, dtype and mask structure (`dynamic=False`): the
+    attention step's cases are more than dynamo's default limit (8), and past it dynamo falls back
+    to eager without an error: flex would then run unfused and still pass. Within the watch the
+    limit is `limit`, hitting it raises (`fail_on_recompile_limit_hit`), and a call counts as
+    uncompiled when dynamo gave up on a frame (frames total > ok) or flex warned that it ran
+    without torch.compile (the limit hit raises `CheckFailed` at once; the others are listed). Names as in torch 2.11 and 2.13 (older: `cache_size_limit`).
+    """
+
+    def __init__(self, limit: int = 64):
+        self.limit = limit
+        self.compiles: list[dict] = []  # calls that compiled: case, seconds, frames compiled
+        self.uncompiled: list[str] = []
+        self._patch: Any = None
+
+    def __enter__(self) -> CompileWatch:
+        import torch._dynamo
+
+        config = torch._dynamo.config
+        limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+        settings: dict[str, Any] = {limit: self.limit}
+        for fail in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):
+            if hasattr(config, fail):
+                settings[fail] = True
+                break
+        self._patch = config.patch(**settings)
+        self._patch.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._patch.__exit__(*exc)
+
+    @contextlib.contextmanager
+    def call(self, label: str):
+        """Watch one call (`label` names it in the summary)."""
+        import warnings
+
+        from torch._dynamo.utils import counters
+
+        total, ok = counters["frames"]["total"], counters["frames"]["ok"]
+        started = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                yield
+            except Exception as e:
+                if "recompile" in type(e).__name__.lower() or "recompile" in str(e).lower():
+                    self.uncompiled.append(f"{label}: {type(e).__name__}: {str(e)[:200]}")
+                    raise CheckFailed(f"flex would run uncompiled: {self.uncompiled[-1]}") from e
+                raise
+        seconds = time.perf_counter() - started
+        for w in caught:  # the rest go where they would have gone
+            if "without torch.compile" in str(w.message):
+                self.uncompiled.append(f"{label}: {str(w.message).splitlines()[0]}")
+            else:
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+        new_total = counters["frames"]["total"] - total
+        new_ok = counters["frames"]["ok"] - ok
+        if new_total > new_ok:
+            self.uncompiled.append(f"{label}: dynamo gave up on {new_total - new_ok} frame(s)")
+        if new_ok:
+            self.compiles.append({"case": label, "seconds": round(seconds, 2), "frames": new_ok})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,7 +194,6 @@ def step_attention(ctx: Ctx) -> dict:
 
     from bytelatent.model import attention as A
 
-    dev = torch.device(ctx.device)
     backends = ["sdpa"]
     if ctx.cuda:
         backends.append("flex_attention")
@@ -132,6 +202,37 @@ def step_attention(ctx: Ctx) -> dict:
     lengths = (256, 1024) if ctx.quick else (256, 8192)
     tol = {torch.float32: 2e-3 if ctx.cuda else 1e-4, torch.bfloat16: 5e-2}
     results, failures = [], []
+    with CompileWatch() as watch:
+        ctx.compile_watch = watch
+        try:
+            _attention_cases(ctx, backends, lengths, tol, results, failures)
+        finally:
+            ctx.compile_watch = None
+    if ctx.cuda:
+        torch.cuda.empty_cache()
+    expect(not watch.uncompiled, f"flex ran uncompiled (unfused eager) in: {watch.uncompiled[:4]}")
+    expect(not failures, f"{len(failures)} attention case(s) above tolerance: {failures[:4]}")
+    worst = {
+        d: max(max(r["out"], r["dq"], r["dk"], r["dv"]) for r in results if r["dtype"] == d)
+        for d in ("float32", "bfloat16")
+    }
+    return {
+        "backends": backends,
+        "cases": len(results),
+        "worst_rel_err": worst,
+        "tolerance": {str(k)[6:]: v for k, v in tol.items()},
+        "flex_compiles": watch.compiles,
+        "recompile_limit": watch.limit,
+        "results": results,
+    }
+
+
+def _attention_cases(ctx: Ctx, backends, lengths, tol, results: list, failures: list) -> None:
+    import torch
+
+    from bytelatent.model import attention as A
+
+    dev = torch.device(ctx.device)
     for seqlen in lengths:
         for kind, window in (("causal", None), ("block_causal", None), ("local_block_causal", 128)):
             tokens = _packed_rows(2, seqlen, dev)
@@ -141,7 +242,8 @@ def step_attention(ctx: Ctx) -> dict:
             for backend in backends:
                 mask = A.self_attn_mask(kind, tokens, A_EOS, window, backend=backend)
                 for dtype in (torch.float32, torch.bfloat16):
-                    err = _compare(case, ref, dtype, mask, backend)
+                    label = f"S={seqlen} {kind} {str(dtype)[6:]}"
+                    err = _compare(case, ref, dtype, mask, backend, ctx.compile_watch, label)
                     row = {
                         "S": seqlen,
                         "kind": kind,
@@ -155,20 +257,6 @@ def step_attention(ctx: Ctx) -> dict:
                         failures.append(row)
         results += _cross_cases(ctx, backends, tol, failures)
     results += _patch_cross_cases(ctx, backends, tol, failures)
-    if ctx.cuda:
-        torch.cuda.empty_cache()
-    expect(not failures, f"{len(failures)} attention case(s) above tolerance: {failures[:4]}")
-    worst = {
-        d: max(max(r["out"], r["dq"], r["dk"], r["dv"]) for r in results if r["dtype"] == d)
-        for d in ("float32", "bfloat16")
-    }
-    return {
-        "backends": backends,
-        "cases": len(results),
-        "worst_rel_err": worst,
-        "tolerance": {str(k)[6:]: v for k, v in tol.items()},
-        "results": results,
-    }
 
 
 A_EOS = 2  # bytelatent.tokenizers.constants.EOS_ID
@@ -213,12 +301,14 @@ def _brute_force(case: dict, allowed) -> dict:
     return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
 
-def _compare(case: dict, ref: dict, dtype, mask, backend: str) -> dict:
+def _compare(case: dict, ref: dict, dtype, mask, backend: str, watch=None, label="") -> dict:
     from bytelatent.model.attention import attend
 
     q, k, v = (case[n].to(dtype).requires_grad_() for n in "qkv")
-    out = attend(q, k, v, mask, backend)
-    (out.float() * case["g"].float()).sum().backward()
+    watching = watch.call(label) if watch is not None and backend == "flex_attention" else None
+    with watching or contextlib.nullcontext():
+        out = attend(q, k, v, mask, backend)
+        (out.float() * case["g"].float()).sum().backward()
     got = {"out": out, "dq": q.grad, "dk": k.grad, "dv": v.grad}
     # error relative to the largest reference value of each tensor
     return {
@@ -297,7 +387,8 @@ def _patch_cross_cases(ctx: Ctx, backends, tol, failures) -> list[dict]:
         for backend in backends:
             mask = PU.build_cross_mask(side, ids, width, k, window, backend, structured=False).attn
             for dtype in (torch.float32, torch.bfloat16):
-                err = _compare(case, ref, dtype, mask, backend)
+                label = f"{side}_cross(w={window}) {str(dtype)[6:]}"
+                err = _compare(case, ref, dtype, mask, backend, ctx.compile_watch, label)
                 row = {"S": f"{q_len}x{k_len}", "kind": f"{side}_cross(w={window})",
                        "backend": backend, "dtype": str(dtype)[6:], **err}  # fmt: skip
                 results.append(row)
@@ -397,8 +488,16 @@ def make_trainer(ctx: Ctx, name: str, argv: list[str], fresh: bool = True):
         "checkpoint.eval.every=0",
         "eval.every=0",
     ]
-    args = parse_args(TrainArgs, argv)
+    args = parse_args(TrainArgs, fsdp_argv(ctx, argv))
     return Trainer(args, setup_distributed(args.distributed))
+
+
+def fsdp_argv(ctx: Ctx, argv: list[str]) -> list[str]:
+    """`argv` with single-device FSDP turned off when the driver's NCCL probe failed."""
+    if not ctx.no_fsdp:
+        return argv
+    key = "distributed.single_device_fsdp="
+    return [a for a in argv if not a.startswith(key)] + [f"{key}false"]
 
 
 def _params(model) -> dict:
@@ -467,6 +566,8 @@ def step_fsdp_dcp(ctx: Ctx) -> dict:
     """FSDP2 on one device (a 1-rank mesh), an async DCP save, and a resume bitwise."""
     from torch.distributed.tensor import DTensor
 
+    if ctx.no_fsdp:
+        raise Skip("a 1-rank NCCL group could not start here (the driver's probe): no FSDP2")
     argv = [
         *entropy_argv(ctx),
         "steps=3",
@@ -510,24 +611,15 @@ def _opt_state(trainer) -> dict:
 
 def step_deterministic(ctx: Ctx) -> dict:
     """Two identical runs with distributed.deterministic=true: losses and weights bitwise equal;
-    a third run without it gives the mode's cost (step time on vs off)."""
+    a third run without it gives the mode's cost (step time on vs off). That one runs first, in a
+    forked child with CUBLAS_WORKSPACE_CONFIG unset: cuBLAS reads it when its handle is created,
+    so a run in this process after the deterministic ones would time their cuBLAS set-up."""
     n_steps = 2 if ctx.quick else 5
+    s_off = _in_clean_child(ctx, lambda: _timed_run(ctx, "nondet", False, n_steps)[0][2])
     runs, batches = {}, None
-    for name, det in (("det_a", True), ("det_b", True), ("nondet", False)):
-        trainer = make_trainer(
-            ctx, name, [*blt_argv(ctx), f"distributed.deterministic={str(det).lower()}"]
-        )
-        try:
-            if batches is None:
-                batches = [trainer.next_batches() for _ in range(n_steps + 1)]
-            trainer.train_step(batches[0])  # warm-up, timed steps after it
-            ctx.sync()
-            t0 = time.perf_counter()
-            losses = [float(trainer.train_step(b).loss_sum) for b in batches[1:]]
-            runs[name] = (losses, _params(trainer.model), (time.perf_counter() - t0) / n_steps)
-        finally:
-            trainer.close()
-    (la, pa, sa), (lb, pb, sb), (_, _, s_off) = runs["det_a"], runs["det_b"], runs["nondet"]
+    for name in ("det_a", "det_b"):
+        runs[name], batches = _timed_run(ctx, name, True, n_steps, batches)
+    (la, pa, sa), (lb, pb, sb) = runs["det_a"], runs["det_b"]
     diff = _same(pa, pb)
     expect(la == lb, f"losses differ: {la} vs {lb}")
     expect(not diff, f"{len(diff)} parameters differ: {diff[:3]}")
@@ -537,7 +629,60 @@ def step_deterministic(ctx: Ctx) -> dict:
         "bitwise": True,
         "step_s_deterministic": round(min(sa, sb), 4),
         "step_s_default": round(s_off, 4),
+        "default_run_env": "fresh child, CUBLAS_WORKSPACE_CONFIG unset",
     }
+
+
+def _timed_run(ctx: Ctx, name: str, deterministic: bool, n_steps: int, batches=None):
+    """((losses, params, seconds per step), batches) of `n_steps` timed steps after a warm-up;
+    `batches` (n_steps + 1 of them) from this trainer's data unless given."""
+    flag = f"distributed.deterministic={str(deterministic).lower()}"
+    trainer = make_trainer(ctx, name, [*blt_argv(ctx), flag])
+    try:
+        if batches is None:
+            batches = [trainer.next_batches() for _ in range(n_steps + 1)]
+        trainer.train_step(batches[0])  # warm-up, timed steps after it
+        ctx.sync()
+        t0 = time.perf_counter()
+        losses = [float(trainer.train_step(b).loss_sum) for b in batches[1:]]
+        seconds = (time.perf_counter() - t0) / n_steps
+        return (losses, _params(trainer.model), seconds), batches
+    finally:
+        trainer.close()
+
+
+def _in_clean_child(ctx: Ctx, fn) -> Any:
+    """`fn()` in a forked child without CUBLAS_WORKSPACE_CONFIG (its result comes back as JSON);
+    call it before this process initialises CUDA (a forked child could not use it)."""
+    import os
+
+    import torch
+
+    if torch.cuda.is_initialized():
+        raise RuntimeError("CUDA initialised before forking a clean child")
+    result = ctx.work / "clean_child.json"
+    result.unlink(missing_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+            result.write_text(json.dumps(fn()))
+            code = 0
+        except BaseException:  # noqa: BLE001 - its traceback goes to the step's log
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    rc = os.waitstatus_to_exitcode(status)
+    expect(rc == 0 and result.exists(), f"the clean child failed (exit code {rc}; see log.txt)")
+    return json.loads(result.read_text())
 
 
 def step_throughput(ctx: Ctx) -> dict:

@@ -6,7 +6,8 @@
 Throughput counts real tokens only (`bytes_per_s`, `flops_per_s` and `mfu` are useful work);
 `padding_frac` is the share of positions that were padding, `padding_flops_frac` the share of the
 executed FLOPs spent on padding (positions and a BLT's padded patch columns); step times include
-the device work a step queued (`throughput.StepClock`).
+the device work a step queued (`throughput.StepClock`). Rates are over the interval's real time,
+each second counted once (`IntervalMetrics.elapsed`).
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ class IntervalMetrics:
         self.device, self.flops, self.peak_flops = device, flops, peak_flops
         self.world_size, self.dp_size, self._dp_group = world_size, dp_size, dp_group
         self.clock = StepClock(device)  # start()/stop() around each train_step
-        self.timings = Timings()  # timing/* metrics; e.g. `with metrics.timings.measure("eval_s")`
+        # timing/* metrics; e.g. `with metrics.timings.measure("eval_s")`
+        sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+        self.timings = Timings(sync=sync)
         self.patch_stats = PatchLengthStats()  # patch_len_* metrics of BLT runs, host-side
         self._reset()
 
@@ -78,6 +81,7 @@ class IntervalMetrics:
         self.sums = dict.fromkeys(_HOST_SUMS, 0.0)
         self.steps = 0
         self.data_time = 0.0
+        self.first_data_time = 0.0  # the interval's first step: its data loading opens the span
 
     def start(self) -> None:
         """The first interval starts now (after set-up and any evaluation before training)."""
@@ -97,6 +101,8 @@ class IntervalMetrics:
             self.sums["real_tokens"] += sizes.real_tokens
             self.sums["useful_flops"] += self.flops.useful(sizes)
             self.sums["executed_flops"] += self.flops.executed(sizes)
+        if self.steps == 0:
+            self.first_data_time = data_time
         self.steps += 1
         self.data_time += data_time
         self.patch_stats.add(batches)
@@ -117,6 +123,21 @@ class IntervalMetrics:
             sums = sums.cpu()
         return dict(zip(("loss_sum", *_HOST_SUMS, "tokens_seen", *aux_keys), sums.tolist()))
 
+    def elapsed(self, step_time: float) -> float:
+        """The interval's real seconds, for `bytes_per_s`, `flops_per_s` and `mfu`.
+
+        On CPU work runs in sequence: step time plus data time. On CUDA a step's host work (the
+        next batch's loading among it) overlaps the device work queued before it, so event step
+        time plus host data time would count the overlap twice: instead the host span from the
+        first step's data loading to the end of the last step's device work (`clock.span`, read
+        after the sync), less the measured non-step work inside it (evaluation, saves).
+        """
+        if not self.clock.cuda:
+            return max(step_time + self.data_time, 1e-9)
+        first_start, end = self.clock.span
+        start = first_start - self.first_data_time
+        return max(end - start - self.timings.within(start, end), 1e-9)
+
     def compute(self, step: int, tokens_seen: int = 0, **extra: float) -> dict:
         """The metric record of the interval that ends at `step`; starts the next interval.
 
@@ -125,7 +146,7 @@ class IntervalMetrics:
         """
         s = self._reduced(tokens_seen)  # the host copy of the loss waits for the queued steps
         step_time = self.clock.pop()
-        elapsed = max(step_time + self.data_time, 1e-9)
+        elapsed = self.elapsed(step_time)
         m = {
             "global_step": step,
             "loss": s["loss_sum"] / max(s["n_targets"], 1.0),

@@ -194,12 +194,17 @@ class Timings:
     """`timing/*` metrics: durations recorded anywhere, reported once with the next log record.
 
     The trainer owns one; `with timings.measure("eval_s"): ...` (or `record`) adds to
-    `timing/eval_s` of the next record, `pop()` hands them over and starts afresh.
+    `timing/eval_s` of the next record, `pop()` hands them over and starts afresh. `measure`
+    also keeps when the work ran (`within`), so throughput can leave out the non-step work (eval,
+    saves) that fell inside a log interval; `sync` (the device's synchronize) runs before each
+    measured block, so device work the steps queued before it is not counted as that work.
     """
 
-    def __init__(self):
+    def __init__(self, now=time.perf_counter, sync=None):
+        self._now, self._sync = now, sync
         self._pending: dict[str, float] = {}
-        self._last_log = time.perf_counter()
+        self._spans: list[tuple[float, float]] = []  # (start, end) of each measured block
+        self._last_log = now()
 
     def record(self, name: str, seconds: float) -> None:
         key = f"timing/{name}"
@@ -207,20 +212,28 @@ class Timings:
 
     @contextlib.contextmanager
     def measure(self, name: str):
-        t0 = time.perf_counter()
+        if self._sync is not None:
+            self._sync()
+        t0 = self._now()
         try:
             yield
         finally:
-            self.record(name, time.perf_counter() - t0)
+            t1 = self._now()
+            self._spans.append((t0, t1))
+            self.record(name, t1 - t0)
+
+    def within(self, start: float, end: float) -> float:
+        """Seconds of measured work between host times `start` and `end` (since the last pop)."""
+        return sum(max(0.0, min(t1, end) - max(t0, start)) for t0, t1 in self._spans)
 
     def start_interval(self) -> None:
-        self._last_log = time.perf_counter()
+        self._last_log = self._now()
 
     def pop(self, steps: int) -> dict[str, float]:
         """Pending durations, plus `timing/steps_per_s` over the wall time since the last pop."""
-        now = time.perf_counter()
+        now = self._now()
         out = {**self._pending, "timing/steps_per_s": steps / max(now - self._last_log, 1e-9)}
-        self._pending, self._last_log = {}, now
+        self._pending, self._spans, self._last_log = {}, [], now
         return out
 
 

@@ -10,7 +10,8 @@ device work a step queued.
   useful work; `padding_frac` is the share of tokens that are padding.
 * `StepClock`: on CUDA a pair of events around each step, read once at the log step (so queued
   kernels count in the step that queued them, and the hot path never syncs); on CPU, where work
-  runs synchronously, `time.perf_counter`.
+  runs synchronously, `time.perf_counter`. It also keeps the interval's host span (first step
+  start to the end of the last step's work), which `IntervalMetrics` turns into throughput.
 """
 
 from __future__ import annotations
@@ -60,20 +61,29 @@ class FlopsCounter:
 
 
 class StepClock:
-    """Seconds of the steps between two `pop()`s, device work included."""
+    """Seconds of the steps between two `pop()`s, device work included; and `span`, the host
+    times of the popped interval's first step start and of the end of its last step's work
+    (CUDA: read on the host once that step's end event has completed)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, now=time.perf_counter) -> None:
         self.cuda = device.type == "cuda"
+        self._now = now
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._seconds = 0.0
         self._start: float | torch.cuda.Event = 0.0
+        self._first_start: float | None = None  # host time of the interval's first start()
+        self._last_stop = 0.0  # host time of the last stop() (CPU: the step's work is done)
+        self.span: tuple[float, float] = (0.0, 0.0)
 
     def start(self) -> None:
+        now = self._now()
+        if self._first_start is None:
+            self._first_start = now
         if self.cuda:
             self._start = torch.cuda.Event(enable_timing=True)
             self._start.record()
         else:
-            self._start = time.perf_counter()
+            self._start = now
 
     def stop(self) -> None:
         if self.cuda:
@@ -81,12 +91,17 @@ class StepClock:
             end.record()
             self._events.append((self._start, end))
         else:
-            self._seconds += time.perf_counter() - self._start
+            self._last_stop = self._now()
+            self._seconds += self._last_stop - self._start
 
     def pop(self) -> float:
         """Total step seconds since the last pop (on CUDA: waits for the last step's work)."""
+        end = self._last_stop
         if self._events:
             self._events[-1][1].synchronize()
+            end = self._now()
             self._seconds += sum(s.elapsed_time(e) for s, e in self._events) / 1000.0
+        self.span = (end if self._first_start is None else self._first_start, end)
         seconds, self._seconds, self._events = self._seconds, 0.0, []
+        self._first_start = None
         return seconds

@@ -1,5 +1,6 @@
 """bench/gpu/check.py runs on CPU (`--device cpu --quick`) so it cannot rot before a GPU is lent."""
 
+import argparse
 import json
 import os
 import subprocess
@@ -19,15 +20,23 @@ import check  # noqa: E402
 
 @pytest.mark.slow
 def test_quick_check_on_cpu(tmp_path):
+    """The CPU run passes within its budget (the default, scaled for a busy machine like every
+    limit in tests) and says what the budget was."""
     out = tmp_path / "out"
+    budget = hang_limit(check.DEFAULT_QUICK_BUDGET_S)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     res = subprocess.run(
         [sys.executable, "bench/gpu/check.py", "--device", "cpu", "--quick", "--out", str(out),
-         "--work", str(tmp_path / "work")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=hang_limit(300),
+         "--work", str(tmp_path / "work"), "--budget", str(budget)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=budget + hang_limit(60),
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["budget_s"] == budget
+    assert f"budget {budget:.0f} s" in res.stdout
+    assert sum(v for v in summary["limits_s"].values() if v is not None) <= budget
+    assert sum(s.get("seconds", 0) for s in summary["steps"]) <= budget
+    assert "single_device_fsdp" not in summary  # CPU: no NCCL probe, nothing changed
     statuses = {s["step"]: s["status"] for s in summary["steps"]}
     assert list(statuses) == [name for name, _, _ in check.STEPS]
     assert statuses.pop("throughput_compiled") == "skip"  # inductor runs on the GPU only
@@ -45,10 +54,12 @@ def test_a_step_that_overruns_is_recorded_as_timeout(tmp_path, monkeypatch):
         time.sleep(60)
 
     monkeypatch.setattr(steps, "run", sleeps)
-    monkeypatch.setattr(check, "STEPS", [("env", 60, 0.5)])
+    # 0.5 s of a budget long enough that the driver's imports never spend it
+    monkeypatch.setattr(check, "STEPS", [("env", 0.5 / hang_limit(60), 0.5 / hang_limit(60))])
     code = check.main(
-        ["--device", "cpu", "--quick", "--out", str(tmp_path), "--work", str(tmp_path)]
-    )
+        ["--device", "cpu", "--quick", "--out", str(tmp_path), "--work", str(tmp_path),
+         "--budget", str(hang_limit(60))]
+    )  # fmt: skip
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert code == 1
     assert [(s["step"], s["status"]) for s in summary["steps"]] == [("env", "timeout")]
@@ -60,3 +71,121 @@ def test_record_appends_atomically(tmp_path):
     steps = json.loads((tmp_path / "summary.json").read_text())["steps"]
     assert [s["step"] for s in steps] == ["a", "b"]
     assert not (tmp_path / "summary.tmp").exists()
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_step_limits_are_shares_of_the_budget(quick):
+    """The limits (and, on a GPU, the NCCL probe's) add up to at most the budget, whatever it is;
+    the default budget leaves a 10-minute device call time to spare."""
+    assert check.DEFAULT_BUDGET_S <= 420
+    for budget in (check.DEFAULT_BUDGET_S, check.DEFAULT_QUICK_BUDGET_S, 50.0):
+        limits = check.step_limits(budget, quick)
+        assert list(limits) == [name for name, _, _ in check.STEPS]
+        probe = 0.0 if quick else check.PROBE_SHARE * budget
+        assert sum(v for v in limits.values() if v is not None) + probe <= budget + 1e-9
+        assert all(v is None or v > 0 for v in limits.values())
+    assert check.step_limits(100.0, True)["throughput_compiled"] is None
+
+
+def test_summary_table_names_the_budget():
+    summary = {
+        "device": "cuda", "quick": False, "budget_s": 400.0,
+        "limits_s": {"env": 16.0}, "single_device_fsdp": {"nccl_probe": "no", "fallback": "off"},
+        "steps": [{"step": "env", "status": "ok", "seconds": 3.5}],
+    }  # fmt: skip
+    table = check.summary_table(summary)
+    assert table.splitlines()[0].startswith("budget 400 s")
+    assert "single-device FSDP off: no" in table
+    assert "3.5/   16 s" in table and table.splitlines()[-1].endswith("3.5/  400 s")
+
+
+def _probe_failing(log, limit):
+    return "1-rank NCCL group did not start (exit code 1): ncclSystemError"
+
+
+def test_nccl_probe_decides_single_device_fsdp(tmp_path):
+    """On CUDA a failed probe turns single-device FSDP off for every step (with the reason); a
+    passing one changes nothing; on CPU (gloo) the probe is not run."""
+    calls = []
+
+    def passing(log, limit):
+        calls.append(limit)
+
+    cuda = argparse.Namespace(device="cuda")
+    note = check.resolve_fsdp(cuda, None, 24.0, probe=_probe_failing)
+    assert cuda.no_fsdp is True
+    assert "ncclSystemError" in note["nccl_probe"]
+    assert "single_device_fsdp=false" in note["fallback"]
+    cuda = argparse.Namespace(device="cuda")
+    assert check.resolve_fsdp(cuda, None, 24.0, probe=passing)["nccl_probe"] == "ok"
+    assert cuda.no_fsdp is False and calls == [24.0]
+    cpu = argparse.Namespace(device="cpu")
+    assert check.resolve_fsdp(cpu, None, 24.0, probe=passing) is None
+    assert cpu.no_fsdp is False and calls == [24.0]
+
+
+def test_failed_probe_reaches_every_step_and_the_summary(tmp_path, monkeypatch, capsys):
+    import steps
+
+    monkeypatch.setattr(check, "probe_nccl", _probe_failing)
+    monkeypatch.setattr(steps, "run", lambda name, **kw: {"no_fsdp": kw["no_fsdp"]})
+    monkeypatch.setattr(check, "STEPS", [("env", 0.3, 0.3), ("train_step", 0.3, 0.3)])
+    code = check.main(
+        ["--device", "cuda", "--out", str(tmp_path), "--work", str(tmp_path),
+         "--budget", str(hang_limit(60))]
+    )  # fmt: skip
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert code == 0
+    assert "fallback" in summary["single_device_fsdp"]
+    assert [s["no_fsdp"] for s in summary["steps"]] == [True, True]
+    assert "single-device FSDP off" in capsys.readouterr().out
+
+
+def test_fsdp_fallback_rewrites_the_trainer_arguments(tmp_path):
+    import steps
+
+    argv = ["config=x.yaml", "distributed.single_device_fsdp=true", "data.batch_size=2"]
+    ctx = steps.Ctx("cuda", False, tmp_path, tmp_path, no_fsdp=True)
+    assert steps.fsdp_argv(ctx, argv) == [
+        "config=x.yaml", "data.batch_size=2", "distributed.single_device_fsdp=false"
+    ]  # fmt: skip
+    assert steps.fsdp_argv(steps.Ctx("cuda", False, tmp_path, tmp_path), argv) == argv
+    with pytest.raises(steps.Skip, match="NCCL"):
+        steps.step_fsdp_dcp(ctx)
+
+
+def test_compile_watch_fails_a_call_that_ran_uncompiled():
+    """Past the recompile limit dynamo would run the function eagerly and say nothing: the watch
+    raises the limit, times each compile, and lists a call that ran uncompiled."""
+    import steps
+    import torch
+
+    fn = torch.compile(lambda x: x * 2 + 1, backend="eager", dynamic=False)
+    with steps.CompileWatch(limit=2) as watch:
+        for n in (3, 4):
+            with watch.call(f"n={n}"):
+                fn(torch.ones(n))
+        with pytest.raises(steps.CheckFailed, match="n=5"), watch.call("n=5"):
+            fn(torch.ones(5))
+    assert [c["case"] for c in watch.compiles] == ["n=3", "n=4"]
+    assert len(watch.uncompiled) == 1 and watch.uncompiled[0].startswith("n=5")
+    with steps.CompileWatch(limit=16) as watch:
+        for n in (6, 7, 8, 9):
+            with watch.call(f"n={n}"):
+                fn(torch.ones(n))
+        with watch.call("again"):  # a cache hit: no compile, not uncompiled
+            fn(torch.ones(6))
+    assert len(watch.compiles) == 4 and not watch.uncompiled
+    assert all(c["seconds"] >= 0 and c["frames"] == 1 for c in watch.compiles)
+
+
+def test_default_timing_runs_without_the_deterministic_workspace(tmp_path, monkeypatch):
+    """The deterministic step's default-mode run is timed in a child without
+    CUBLAS_WORKSPACE_CONFIG (set by the deterministic runs of the same process)."""
+    import steps
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    ctx = steps.Ctx("cpu", True, tmp_path, tmp_path)
+    seen = steps._in_clean_child(ctx, lambda: os.environ.get("CUBLAS_WORKSPACE_CONFIG", "unset"))
+    assert seen == "unset"
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"

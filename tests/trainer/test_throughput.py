@@ -17,7 +17,7 @@ from bytelatent.model.loss import batch_loss_sum
 from bytelatent.trainer import metrics as metrics_module
 from bytelatent.trainer.build import build_model
 from bytelatent.trainer.interval import IntervalMetrics, StepOutput
-from bytelatent.trainer.metrics import peak_flops_per_device
+from bytelatent.trainer.metrics import Timings, peak_flops_per_device
 from bytelatent.trainer.throughput import BatchSizes, FlopsCounter, StepClock
 from tests.conftest import TINY_ENTROPY
 from tests.trainer.test_cli import REPO
@@ -97,6 +97,73 @@ def test_step_clock_sums_steps_on_cpu(monkeypatch):
     now[0] += 0.05  # between steps: not step time
     assert clock.pop() == pytest.approx(0.04)
     assert clock.pop() == 0.0
+
+
+def test_step_clock_span_on_cpu_runs_from_the_first_start_to_the_last_stop():
+    ticks = iter([1.0, 2.0, 3.0, 5.0])
+    clock = StepClock(torch.device("cpu"), now=lambda: next(ticks))
+    for _ in range(2):
+        clock.start()
+        clock.stop()
+    assert clock.pop() == 3.0 and clock.span == (1.0, 5.0)
+
+
+class _OverlappingCudaClock:
+    """A CUDA StepClock's readings: 3 steps of 1 s of device work each; the host loads the next
+    batch (0.5 s) while the previous step's kernels run, so only the first load is not hidden."""
+
+    cuda = True
+
+    def pop(self) -> float:
+        return 3.0  # Σ event times
+
+    span = (10.5, 14.0)  # host: first step start .. end of the last step's device work
+
+
+def _overlap_interval(tmp_path, monkeypatch, now=None):
+    monkeypatch.chdir(REPO)
+    flops = FlopsCounter(args_for(tmp_path, "config=configs/entropy_debug.yaml", *TINY_ENTROPY))
+    interval = IntervalMetrics(torch.device("cpu"), flops, 1e12, 1, 1, lambda: None)
+    interval.clock = _OverlappingCudaClock()
+    if now is not None:
+        interval.timings = Timings(now=now)
+    for _ in range(3):
+        out = StepOutput(torch.tensor(11.0, dtype=torch.float64), 11, 11, torch.tensor(1.0))
+        interval.add(out, [padded_batch()], data_time=0.5)
+    return interval
+
+
+def test_overlapping_host_and_device_time_is_counted_once(tmp_path, monkeypatch):
+    """On CUDA, rates are over the span from the first batch's loading to the last step's end
+    (3.5 + 0.5 s), not event step time + host data time (3 + 1.5 s: the overlap twice); step_time_s
+    and data_time_s still mean what they say."""
+    m = _overlap_interval(tmp_path, monkeypatch).compute(3, lr=0.1)
+    assert m["bytes_per_s"] == pytest.approx(33 / 4.0)
+    assert m["flops_per_s"] * 4.0 == pytest.approx(m["mfu"] * 1e12 * 4.0)
+    assert m["step_time_s"] == 1.0 and m["data_time_s"] == 0.5
+
+
+def test_eval_and_saves_inside_the_span_are_not_step_time(tmp_path, monkeypatch):
+    """Measured non-step work (eval, saves) inside the span is left out, work outside it is not
+    subtracted: an eval at 11.0-11.4 (inside) and a save at 9.0-9.8 (before the interval)."""
+    ticks = iter([0.0, 9.0, 9.8, 11.0, 11.4, 20.0])
+    interval = _overlap_interval(tmp_path, monkeypatch, now=lambda: next(ticks))
+    with interval.timings.measure("checkpoint_save_s"):
+        pass
+    with interval.timings.measure("eval_s"):
+        pass
+    m = interval.compute(3, lr=0.1)
+    assert m["bytes_per_s"] == pytest.approx(33 / 3.6)
+    assert m["timing/eval_s"] == pytest.approx(0.4)
+    assert m["timing/checkpoint_save_s"] == pytest.approx(0.8)
+
+
+def test_timings_sync_the_device_before_measured_work():
+    calls = []
+    t = Timings(sync=lambda: calls.append("sync"))
+    with t.measure("eval_s"):
+        calls.append("eval")
+    assert calls == ["sync", "eval"]
 
 
 def test_interval_metrics_report_useful_work_and_padding(tmp_path, monkeypatch):

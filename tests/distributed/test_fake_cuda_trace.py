@@ -1,0 +1,124 @@
+"""The training step traced on fake CUDA tensors, on a CPU-only torch (no GPU needed).
+
+A ~60-line C++ shim (fake_cuda/fake_cuda_shim.cpp, built once per session with g++ against the
+installed torch) registers a no-op CUDA device guard and CUDA hooks; fake_cuda/trace_step.py
+loads it before torch in a subprocess, builds the model as the trainer does (meta, then
+`to_empty(device="cuda")` under FakeTensorMode) and runs `Trainer.train_step` itself. Every op
+checks devices, so a CPU tensor meeting CUDA ones fails, and a host read of device data (a sync on
+a GPU) raises; either failure names the file and line. The planted bugs show that it does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.limits import hang_limit
+from tests.tiny import TINY_BLT_MODEL, TINY_ENTROPY_MODEL
+
+pytestmark = pytest.mark.slow  # a subprocess per trace (and one g++ build per session)
+
+HERE = Path(__file__).resolve().parent / "fake_cuda"
+REPO = HERE.parents[2]
+
+BLT = ["config=configs/debug.yaml", *TINY_BLT_MODEL, "data.seq_len=48", "data.batch_size=2"]
+ENTROPY = ["config=configs/entropy_debug.yaml", *TINY_ENTROPY_MODEL, "data.seq_len=128",
+           "data.batch_size=2"]  # fmt: skip
+FLEX_BLT = [*BLT, "model.attn_impl=flex_attention"]
+WINDOWS = ["model.cross_attn_window_encoder=2", "model.cross_attn_window_decoder=2"]
+
+# (id, config dotlist, overrides): every model the trainer builds, with each attention backend
+# that can trace here (sdpa, flex; xformers needs its CUDA kernels). A new architecture adds its
+# tiny config here.
+CASES = [
+    ("blt-sdpa-fp32", BLT, ["distributed.model_dtype=fp32"]),
+    ("blt-sdpa-bf16", BLT, ["distributed.model_dtype=bf16"]),
+    ("blt-sdpa-windows", BLT, WINDOWS),
+    ("blt-flex-fp32", FLEX_BLT, ["distributed.model_dtype=fp32"]),
+    ("blt-flex-bf16-windows", FLEX_BLT, ["distributed.model_dtype=bf16", *WINDOWS]),
+    ("blt-selective-ac", BLT, ["distributed.activation_checkpointing=selective"]),
+    ("blt-full-ac", BLT, ["distributed.activation_checkpointing=full"]),
+    ("entropy-sdpa-bf16", ENTROPY, ["distributed.model_dtype=bf16"]),
+    ("entropy-flex", ENTROPY, ["entropy_model.attn_impl=flex_attention"]),
+    ("entropy-selective-ac", ENTROPY, ["distributed.activation_checkpointing=selective"]),
+]
+
+
+def shim_skip_reason() -> str | None:
+    if torch.version.cuda is not None or torch.version.hip is not None:
+        return "torch is built with a GPU backend: its own CUDA hooks are registered"
+    if shutil.which("g++") is None:
+        return "g++ not found (needed to build the fake-CUDA shim)"
+    from torch.utils.cpp_extension import include_paths
+
+    if not any((Path(p) / "ATen/detail/CUDAHooksInterface.h").exists() for p in include_paths()):
+        return "torch's C++ headers are not installed"
+    return None
+
+
+@pytest.fixture(scope="session")
+def fake_cuda_shim(tmp_path_factory) -> Path:
+    """The shim, built once per test session."""
+    if reason := shim_skip_reason():
+        pytest.skip(reason)
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    out = tmp_path_factory.mktemp("fake_cuda") / "fake_cuda_shim.so"
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    cmd = ["g++", "-shared", "-fPIC", "-O0", "-std=c++20", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+           *(f"-I{p}" for p in include_paths()), str(HERE / "fake_cuda_shim.cpp"), "-o", str(out),
+           *(f for p in library_paths() for f in (f"-L{p}", f"-Wl,-rpath,{p}")),
+           "-lc10", "-ltorch_cpu"]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=hang_limit(120))
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
+def run_trace(shim: Path, argv: list[str], plant: str | None = None) -> subprocess.CompletedProcess:
+    case = json.dumps({"argv": argv, "plant": plant})
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    return subprocess.run(
+        [sys.executable, str(HERE / "trace_step.py"), str(shim), case],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=hang_limit(180),
+    )  # fmt: skip
+
+
+def verdict(res: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("TRACE ")]
+    return lines[-1] if lines else f"no verdict (exit {res.returncode}): {res.stderr[-3000:]}"
+
+
+@pytest.mark.parametrize(("config", "overrides"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_the_training_step_traces_clean_on_fake_cuda(fake_cuda_shim, config, overrides):
+    res = run_trace(fake_cuda_shim, [*config, *overrides])
+    assert res.returncode == 0 and verdict(res).startswith("TRACE OK"), (
+        verdict(res) + "\n" + res.stderr[-3000:]
+    )
+
+
+def _planted_line(name: str) -> str:
+    text = (HERE / "plants.py").read_text().splitlines()
+    line = next(i for i, t in enumerate(text, 1) if t.endswith(f"# plant: {name}"))
+    return f"tests/distributed/fake_cuda/plants.py:{line}"
+
+
+@pytest.mark.parametrize(
+    ("plant", "what"),
+    [
+        ("cpu_arange", "two devices"),  # a CPU arange in forward
+        ("item", "HostReadError"),  # `.item()` in forward: a device sync
+        ("cpu_tensor", "two devices"),  # a 1-element CPU tensor meets CUDA activations
+    ],
+)
+def test_a_planted_device_bug_fails_naming_its_line(fake_cuda_shim, plant, what):
+    res = run_trace(fake_cuda_shim, [*BLT, "distributed.model_dtype=bf16"], plant=plant)
+    line = verdict(res)
+    assert res.returncode == 1, line
+    assert line.startswith(f"TRACE FAILED at {_planted_line(plant)}:") and what in line, line
