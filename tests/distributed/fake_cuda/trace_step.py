@@ -158,6 +158,7 @@ class StepHost:
     step traced is the one that trains, not a copy of it (no data, checkpoints or logging)."""
 
     def __init__(self, args, model, device) -> None:
+        from bytelatent.model.registry import get_arch
         from bytelatent.trainer.guard import NonFiniteGuard
         from bytelatent.trainer.optim import build_optimizer
         from bytelatent.trainer.probe import NoProbe
@@ -169,6 +170,7 @@ class StepHost:
         self.guard = NonFiniteGuard(self.optimizer, device)
         self.probe = NoProbe()
         self.tokenizer = args.data.tokenizer_args.build()
+        self.aux_terms = get_arch(args.arch).aux_losses
         self.step = Trainer.train_step.__get__(self)
         self.forward_backward = Trainer.forward_backward.__get__(self)
         self._all_reduce_count = Trainer._all_reduce_count.__get__(self)
@@ -203,9 +205,11 @@ def trace(case: dict) -> str:
 
 
 def user_frame(exc: BaseException) -> str:
-    """FILE:LINE of the innermost frame of this repository's code (the trace helper excluded)."""
+    """FILE:LINE of the innermost frame of this repository's code (the trace helper excluded, and
+    installed packages: CI's virtual environment lives inside the clone)."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if f.filename.startswith(str(REPO)) and Path(f.filename) != HERE]  # fmt: skip
+              if f.filename.startswith(str(REPO)) and Path(f.filename) != HERE
+              and "site-packages" not in Path(f.filename).parts]  # fmt: skip
     if not frames:
         return "?"
     frame = frames[-1]
