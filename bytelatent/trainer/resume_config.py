@@ -6,6 +6,8 @@ change it cannot apply. `resume_check.py` adds the checkpoint's step and the mod
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,8 +83,19 @@ def config_changes(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
     return [
         (k, old.get(k), new.get(k))
         for k in sorted(old.keys() | new.keys())
-        if old.get(k) != new.get(k)
+        if old.get(k) != new.get(k) and not _same_interpreter(k, old.get(k), new.get(k))
     ]
+
+
+def _same_interpreter(key: str, old: Any, new: Any) -> bool:
+    """`python3` and `python` (or a relative and an absolute path) of one venv: no change.
+    Same folder as found on PATH (the venv's bin/) and same binary once links are resolved."""
+    if key.rsplit(".", 1)[-1] != "python" or not (isinstance(old, str) and isinstance(new, str)):
+        return False
+    found = [os.path.abspath(shutil.which(v) or v) for v in (old, new)]
+    return os.path.dirname(found[0]) == os.path.dirname(found[1]) and os.path.realpath(
+        found[0]
+    ) == os.path.realpath(found[1])
 
 
 def read_params(fs, path: str) -> dict | None:
