@@ -22,6 +22,7 @@ from bytelatent.config.help import (
 )
 from bytelatent.data.worker_server import start_early
 from bytelatent.errors import FILE_ONLY, UserError
+from bytelatent.preflight import preflight
 
 USAGE = "usage: python -m bytelatent.train config=FILE.yaml [key=value ...]   (--help for more)"
 
@@ -59,7 +60,8 @@ Docs: README.md, docs/architecture.md, docs/slurm.md.
 
 def parse_command(argv: list[str]) -> TrainArgs | int:
     """The validated TrainArgs of a command, or the exit code of one that ends here without
-    loading torch: 0 after `--help`, 2 after the usage line or a config error (one line)."""
+    loading torch: 0 after `--help`, 2 after the usage line, a config error or a mistake the
+    preflight finds (missing data, a mesh that does not fit the launch; one line)."""
     try:
         if wants_help(argv):
             topic = help_topic(argv)
@@ -72,7 +74,9 @@ def parse_command(argv: list[str]) -> TrainArgs | int:
             print(USAGE, file=sys.stderr)
             print("example: python -m bytelatent.train config=configs/debug.yaml", file=sys.stderr)
             return 2
-        return parse_args(TrainArgs, argv)
+        args = parse_args(TrainArgs, argv)
+        preflight(args)  # missing files, a mesh that does not fit the launch: before torch
+        return args
     except UserError as e:
         print(e.one_line(), file=sys.stderr)
         return 2

@@ -24,13 +24,13 @@ from bytelatent.checkpoint.dcp_io import (
     first_line,
     refusal,
 )
+from bytelatent.checkpoint.layout import PARAMS_FILE  # noqa: F401 (re-exported)
 from bytelatent.checkpoint.verify import require_loadable
 from bytelatent.errors import CheckpointError
 from bytelatent.progress import Progress, ProgressMode
 
 logger = logging.getLogger(__name__)
 
-PARAMS_FILE = "params.json"
 CONSOLIDATED_FILE = "consolidated.pth"
 CONSOLIDATED_SAFETENSORS = "consolidated.safetensors"
 FORMATS = ("pth", "safetensors")

@@ -21,7 +21,6 @@ reads patch representations and ends without a norm).
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Iterator
@@ -31,17 +30,20 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 from torch import nn
 
-from bytelatent.checkpoint.fs import get_fs, join
-from bytelatent.checkpoint.safe_paths import read_shard_index, require_inside
+from bytelatent.checkpoint.fs import get_fs
+from bytelatent.checkpoint.hf_llama_files import (  # noqa: F401 (re-exported)
+    CONFIG_FILE,
+    INDEX_FILE,
+    SINGLE_FILE,
+    read_hf_config,
+    weight_files,
+)
 from bytelatent.errors import CheckpointError
 from bytelatent.model.args import block_head_counts
 from bytelatent.model.layers import ffn_hidden_dim
 
 logger = logging.getLogger("bytelatent")
 
-CONFIG_FILE = "config.json"
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
 PREFIX = "global_transformer.layers"
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.weight$")
 _NAMES = {  # HF LlamaDecoderLayer names -> our TransformerBlock names
@@ -59,18 +61,6 @@ _UNUSED = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
 
 
 # ---------------------------------------------------------------------------------- config
-def read_hf_config(path: str) -> dict[str, Any]:
-    fs = get_fs(path)
-    file = join(path, CONFIG_FILE)
-    if not fs.exists(file):
-        raise CheckpointError(f"{file}: missing; model.global_init.path must be a HF model folder")
-    try:
-        with fs.open(file, "r") as f:
-            return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{file}: not valid JSON ({err})") from None
-
-
 def _rope(cfg: dict[str, Any]) -> tuple[float | None, dict[str, Any] | None]:
     """(rope_theta, llama3-style rope_scaling or None) from transformers 4.x or 5.x configs."""
     params = cfg.get("rope_parameters")
@@ -143,26 +133,6 @@ def _rope_scaling_mismatches(hf: dict[str, Any] | None, ours: Any) -> list[str]:
         for name in fields
         if getattr(ours, name) != hf.get(name)
     ]
-
-
-def weight_files(path: str) -> list[str]:
-    """The safetensors files of the folder (from the shard index), each checked to exist."""
-    fs = get_fs(path)
-    index = join(path, INDEX_FILE)
-    if fs.exists(index):
-        names = read_shard_index(fs, path, INDEX_FILE)  # names stay inside the folder
-    elif fs.exists(join(path, SINGLE_FILE)):
-        names = [SINGLE_FILE]
-        require_inside(names, path, join(path, SINGLE_FILE), "weights file")
-    else:
-        raise CheckpointError(
-            f"{path}: neither {INDEX_FILE} nor {SINGLE_FILE}; not a HF safetensors folder"
-        )
-    files = [join(path, name) for name in names]
-    for file in files:
-        if not fs.exists(file):
-            raise CheckpointError(f"{file}: missing (listed in {INDEX_FILE})")
-    return files
 
 
 def check_hf_llama(model_args: Any) -> list[str]:

@@ -28,6 +28,7 @@ from bytelatent.checkpoint import fs as cfs
 logger = logging.getLogger(__name__)
 
 MARKER_FILE = ".complete"
+PARAMS_FILE = "params.json"  # the config a checkpoint was saved with (TrainArgs as JSON)
 LEASE_PREFIX = ".lease."  # a reader's lease: retention keeps the folder while one exists
 KINDS = ("dump", "eval", "final", "preempt", "step")
 DUMP_KINDS = frozenset({"dump", "final", "preempt"})

@@ -49,7 +49,7 @@ def read_train_state(
     fs: AbstractFileSystem, path: str, dp_rank: int, dp_size: int
 ) -> tuple[dict[str, Any], LoadInfo]:
     """This DP rank's train state in `path` (rank 0's when the folder has none for it) and what
-    was read; a folder saved with another DP size is logged (its data state must be re-derived)."""
+    was read; a folder saved with another DP size is logged (its data streams are re-sharded)."""
     marker = read_marker(fs, path) or {}
     names = cfs.listdir(fs, path)
     saved_dp_size = marker.get("dp_size")
@@ -77,8 +77,10 @@ def read_train_state(
         train_state_rank=source_rank,
     )
     if info.dp_size_changed:
-        logger.warning(
-            "%s was saved with dp_size=%s, now %d: returning %s; its data-loader state must be re-derived",
+        # Not a problem: the data hooks re-shard the saved streams exactly (data/elastic.py).
+        logger.info(
+            "%s was saved with dp_size=%s, now %d: its data streams are re-sharded onto this "
+            "run's ranks (read from every train_state file, starting with %s)",
             path, saved_dp_size, dp_size, train_state_name(source_rank),
         )  # fmt: skip
     return train_state, info

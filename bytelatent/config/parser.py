@@ -271,21 +271,31 @@ def _merge_into(dst: dict, src: dict, prefix: str) -> None:
             dst[key] = copy.deepcopy(value)
 
 
-def _find_missing(node: Any, prefix: str) -> str | None:
-    """Full key of the first `???` left in the tree (depth first, file order)."""
+def _find_missing(node: Any, prefix: str) -> list[str]:
+    """Full keys of every `???` left in the tree (depth first, file order)."""
     if isinstance(node, dict):
         children = [(f"{prefix}.{k}" if prefix else str(k), v) for k, v in node.items()]
     elif isinstance(node, list):
         children = [(f"{prefix}[{i}]", v) for i, v in enumerate(node)]
     else:
-        return None
+        return []
+    found: list[str] = []
     for key, value in children:
         if isinstance(value, str) and value == MISSING:
-            return key
-        found = _find_missing(value, key)
-        if found:
-            return found
-    return None
+            found.append(key)
+        else:
+            found += _find_missing(value, key)
+    return found
+
+
+def missing_values_error(missing: list[str]) -> ConfigError:
+    """One line for every unset `???` at once (not one per run)."""
+    hints = " ".join(f"{key.split('[')[0]}=..." for key in missing)
+    if len(missing) == 1:
+        return ConfigError(f"{missing[0]}: mandatory value ({MISSING}) not set; pass {hints}")
+    return ConfigError(
+        f"{', '.join(missing)}: {len(missing)} mandatory values ({MISSING}) not set; pass {hints}"
+    )
 
 
 def _has_interpolation(node: Any) -> bool:
@@ -336,8 +346,7 @@ def load_config_tree(argv: list[str], cls: type | None = None) -> dict:
             _drop_missing(tree[section])
     missing = _find_missing(tree, "")
     if missing:
-        hint = missing.split("[")[0]
-        raise ConfigError(f"{missing}: mandatory value ({MISSING}) not set; pass {hint}=...")
+        raise missing_values_error(missing)
     return _resolve_interpolations(tree)
 
 

@@ -34,7 +34,8 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _base(state: dict | str | None) -> PackingIteratorState | None:
+def packing_base(state: dict | str | None) -> PackingIteratorState | None:
+    """The packing state inside a saved data state (unwrapping the prefetcher's); None for None."""
     if state is None:
         return None
     loaded = load_state(state)
@@ -97,7 +98,7 @@ def build_train_data(
     data: DataArgs, dp_rank: int, dp_size: int, grad_acc_steps: int, state: dict | None
 ) -> StatefulIterator:
     """The training iterator of this rank: fresh, or from the state `resume_data_state` gave."""
-    base = _base(state)
+    base = packing_base(state)
     if base is None:
         base = fresh_streams(data, dp_rank, dp_size, grad_acc_steps)
     elif isinstance(base.source, StreamsIteratorState):
@@ -135,7 +136,7 @@ def resume_data_state(
     dp size that wrote the checkpoint; `read_saved_states()` returns the data state of every rank
     that wrote it (called only when the streams must be re-sharded; the trainer reads the files,
     so that data/ does not depend on the checkpoint layout)."""
-    base = _base(state)
+    base = packing_base(state)
     if base is None:
         return None
     if not isinstance(base.source, StreamsIteratorState):
@@ -155,7 +156,7 @@ def resume_data_state(
         return state
     by_stream: dict[int, Any] = {}
     for saved in read_saved_states():
-        source = _base(saved).source
+        source = packing_base(saved).source
         if source.position != 0:
             raise DataError(f"{path}: a data state is not at a step boundary; cannot re-shard it")
         by_stream.update(zip(source.stream_ids, source.streams))

@@ -37,11 +37,11 @@ class SampleDocument:
     entropies: torch.Tensor  # [1, n] float32
 
 
-def _documents(location: str, file_format: str = "auto"):
+def _documents(location: str, file_format: str = "auto", option: str | None = None):
     from bytelatent.data.iterators.file import FileIteratorState, FileShard
     from bytelatent.data.sources import file_formats, source_files
 
-    files = source_files(location, root_dir=None, file_format=file_format)
+    files = source_files(location, root_dir=None, file_format=file_format, option=option)
     shards = [FileShard(path=p, format=f) for p, f in zip(files, file_formats(files, file_format))]
     return FileIteratorState(shards=shards).build()
 
@@ -64,7 +64,7 @@ def load_sample(
             )
         )
     sample, total = [], 0
-    for doc in _documents(source):
+    for doc in _documents(source, option="--text" if entropy_model else "--entropies"):
         if total >= sample_bytes:
             break
         tokens = torch.from_numpy(tokenizer.encode_array(doc.text, strict=True))[None]

@@ -19,6 +19,7 @@ names the path.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import re
@@ -111,6 +112,24 @@ def _raise_if_unreadable(source: str, location: str) -> None:
         ) from None
 
 
+def _missing_source_hint(source: str, root_dir: str | None, storage_options: dict | None) -> str:
+    """What to check when `{root_dir}/{source}` does not exist: the root itself, or a close name."""
+    if root_dir is None or "/" in source.strip("/"):
+        return "check data.root_dir and data.sources"
+    try:
+        fs, fs_root = open_fs(root_dir, storage_options)
+        if not fs.isdir(fs_root):
+            return f"data.root_dir {root_dir} does not exist"
+        names = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(fs_root, detail=False))
+    except OSError:
+        return "check data.root_dir and data.sources"
+    close = difflib.get_close_matches(source, names, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean '{close[0]}'? check data.sources"
+    shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+    return f"data.root_dir {root_dir} holds: {shown or 'nothing'}"
+
+
 def source_files(
     source: str,
     *,
@@ -119,8 +138,10 @@ def source_files(
     entropy_model_name: str | None = None,
     file_format: str = "auto",
     storage_options: dict | None = None,
+    option: str | None = None,
 ) -> list[str]:
-    """The sorted files of `source` (resolution rules in the module docstring)."""
+    """The sorted files of `source` (resolution rules in the module docstring). `option`: the
+    command-line option that named it, for a tool outside training (`--entropies`)."""
     if preprocess_dir is not None:
         directory = _join(_join(preprocess_dir, source), entropy_model_name or "")
         fs, fs_dir = open_fs(directory, storage_options)
@@ -148,11 +169,12 @@ def source_files(
         return [location]
     if not fs.isdir(fs_path):
         _raise_if_unreadable(source, location)
-        hint = "check data.root_dir and data.sources"
+        if option is not None:  # a tool's own option, not a training config
+            raise DataError(f"{option} {location}: does not exist")
+        hint = _missing_source_hint(source, root_dir, storage_options)
         if source == DEFAULT_CORPUS:
-            hint = (
-                f"build the default corpus with: python -m bytelatent.data.prepare --out {location}"
-            )
+            build = f"build the default corpus with: python -m bytelatent.data.prepare --out {location}"
+            hint = f"{hint}; or {build}" if hint.endswith("does not exist") else build
         raise DataError(f"data source '{source}': {location} does not exist ({hint})")
     files = _directory_files(location, storage_options, file_format)
     if not files:

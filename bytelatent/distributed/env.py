@@ -22,6 +22,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from bytelatent.distributed.args import DistributedArgs
+from bytelatent.distributed.world import int_env as _int_env
+from bytelatent.distributed.world import launch_ranks
 from bytelatent.errors import ConfigError
 from bytelatent.exit_hooks import before_os_exit_hooks
 
@@ -46,31 +48,13 @@ def _default_device(local_rank: int) -> tuple[torch.device, str]:
     return torch.device("cpu"), "gloo"
 
 
-def _int_env(name: str) -> int:
-    value = os.environ.get(name, "")
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(f"environment variable {name}={value!r}: expected an integer") from None
-
-
 def detect_env() -> DistEnv:
     """Read the launcher's environment variables (no side effects)."""
-    if "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        rank, local_rank = _int_env("RANK"), _int_env("LOCAL_RANK")
-        world_size, launcher = _int_env("WORLD_SIZE"), "torchrun"
-    elif "SLURM_JOB_ID" in os.environ and "SLURM_STEP_ID" in os.environ:
-        # Only inside an srun step: a batch script or salloc shell is one process even when
-        # SLURM_NTASKS > 1, and waiting for the other tasks would hang.
-        rank, local_rank = _int_env("SLURM_PROCID"), _int_env("SLURM_LOCALID")
-        tasks = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in os.environ else "SLURM_NTASKS"
-        world_size, launcher = _int_env(tasks), "slurm"
-    else:
-        rank, local_rank, world_size, launcher = 0, 0, 1, "single"
-    device, backend = _default_device(local_rank)
-    if launcher == "single":
+    ranks = launch_ranks()
+    device, backend = _default_device(ranks.local_rank)
+    if ranks.launcher == "single":
         backend = None
-    return DistEnv(rank, local_rank, world_size, launcher, device, backend)
+    return DistEnv(ranks.rank, ranks.local_rank, ranks.world_size, ranks.launcher, device, backend)
 
 
 def slurm_master_addr(nodelist: str) -> str:

@@ -2,68 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from bytelatent.distributed.args import DistributedArgs
-from bytelatent.errors import ConfigError
+from bytelatent.distributed.world import MeshLayout, resolve_layout  # noqa: F401 (re-exported)
 
 MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
-
-
-@dataclass(frozen=True)
-class MeshLayout:
-    """Resolved sizes of the three mesh dimensions (no -1 left)."""
-
-    dp_replicate: int
-    dp_shard: int
-    tp: int
-
-    @property
-    def dp_size(self) -> int:
-        return self.dp_replicate * self.dp_shard
-
-    @property
-    def world_size(self) -> int:
-        return self.dp_size * self.tp
-
-
-def resolve_layout(args: DistributedArgs, world_size: int) -> MeshLayout:
-    """Fill the -1 dimension and check the product against the world size."""
-    sizes = {
-        "dp_replicate": args.dp_replicate,
-        "dp_shard": args.dp_shard,
-        "tp_size": args.tp_size,
-    }
-    if args.fsdp_type == "no_shard":
-        # Replication only: every data-parallel rank goes to dp_replicate.
-        sizes["dp_shard"] = 1
-        if args.tp_size != -1 and args.dp_replicate == 1:
-            sizes["dp_replicate"] = -1
-    fill = [name for name, size in sizes.items() if size == -1]
-    if fill:
-        known = 1
-        for size in sizes.values():
-            if size != -1:
-                known *= size
-        if world_size % known:
-            others = " × ".join(f"{n}({s})" for n, s in sizes.items() if s != -1)
-            raise ConfigError(
-                f"distributed: WORLD_SIZE {world_size} is not divisible by {others} = {known}, "
-                f"so {fill[0]}=-1 cannot fill it"
-            )
-        sizes[fill[0]] = world_size // known
-    product = sizes["dp_replicate"] * sizes["dp_shard"] * sizes["tp_size"]
-    if product != world_size:
-        dims = " × ".join(f"{n}({s})" for n, s in sizes.items())
-        raise ConfigError(
-            f"distributed: {dims} = {product} but WORLD_SIZE is {world_size}; "
-            "change them or set one to -1 to fill"
-        )
-    return MeshLayout(sizes["dp_replicate"], sizes["dp_shard"], sizes["tp_size"])
 
 
 def build_mesh(args: DistributedArgs, world_size: int, device_type: str) -> DeviceMesh | None:

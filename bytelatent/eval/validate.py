@@ -32,14 +32,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from bytelatent.data.args import DATASET_FILES_SOURCE, DataArgs
+from bytelatent.data.args import DataArgs
 from bytelatent.data.batch import Batch
-from bytelatent.data.sources import source_files
 from bytelatent.distributed.args import DistributedArgs
 from bytelatent.distributed.parallelize import forward_context
-from bytelatent.errors import ConfigError, DataError
+from bytelatent.errors import DataError
 from bytelatent.eval.args import EvalArgs
 from bytelatent.eval.tasks import EvalContext, get_task, register_task, task_args
+from bytelatent.eval.val_sources import resolve_validation_sources
 from bytelatent.model.loss import forward_logits, masked_cross_entropy_sum
 from bytelatent.progress import Progress
 from bytelatent.trainer.metrics import LN2
@@ -49,86 +49,6 @@ logger = logging.getLogger("bytelatent")
 
 EVAL_METRICS_FILE = "metrics.eval.jsonl"
 _GLOB_CHARS = re.compile(r"[*?\[]")
-
-
-# ------------------------------------------------------------------------------ data
-def _source_name(entry: str) -> str:
-    name = entry.rstrip("/").rsplit("/", 1)[-1]
-    for suffix in (".val.jsonl", ".jsonl", ".json", ".arrow"):
-        if name.endswith(suffix) and not _GLOB_CHARS.search(name):
-            return name[: -len(suffix)]
-    return name
-
-
-def _val_files_beside(source: str, data: DataArgs) -> list[str]:
-    """The `*.val.jsonl` files in a training source's directory (the reference layout)."""
-    return source_files(
-        f"{source.rstrip('/')}/*.val.jsonl",
-        root_dir=data.root_dir,
-        file_format=data.file_format,
-        storage_options=data.fsspec_options(),
-    )
-
-
-def resolve_validation_sources(eval_args: EvalArgs, data: DataArgs) -> dict[str, list[str]]:
-    """{source name: files}; a missing source is a DataError now, not at the first evaluation."""
-    entries = eval_args.validation.sources
-    if entries is None:
-        if data.dataset_files is not None:
-            raise ConfigError(
-                "eval.validation.sources: no default with data.dataset_files; list the "
-                "validation files (e.g. eval.validation.sources=[/data/held_out.jsonl])"
-            )
-        entries = sorted(data.source_weights())
-    resolved: dict[str, list[str]] = {}
-    for entry in entries:
-        name = entry if entry in data.sources else _source_name(entry)
-        if name in resolved or name == DATASET_FILES_SOURCE:
-            raise ConfigError(f"eval.validation.sources: two entries are named '{name}'")
-        try:
-            if entry in data.sources:
-                files = _val_files_beside(entry, data)
-            else:
-                files = source_files(
-                    entry,
-                    root_dir=data.root_dir,
-                    file_format=data.file_format,
-                    storage_options=data.fsspec_options(),
-                )
-        except DataError as e:
-            raise DataError(f"eval.validation: {e}") from None
-        # absolute: evaluation re-resolves these against data.root_dir (and async jobs run elsewhere)
-        resolved[name] = [f if "://" in f else os.path.abspath(f) for f in files]
-    _check_no_training_overlap(resolved, data)
-    return resolved
-
-
-def _file_keys(path: str) -> tuple[str, str]:
-    """(the file itself, its name without a preprocessing `.arrow` suffix) for comparisons."""
-    full = path if "://" in path else os.path.realpath(path)
-    return full, full.rsplit("/", 1)[-1].removesuffix(".arrow")
-
-
-def _check_no_training_overlap(resolved: dict[str, list[str]], data: DataArgs) -> None:
-    """A validation file that is also training data (or its preprocessed copy) is an error."""
-    training: dict[str, tuple[str, str]] = {}
-    for source in data.source_weights():
-        try:
-            files = data.files_of(source)
-        except DataError:  # the training data reports its own problems
-            continue
-        for path in files:
-            for key in _file_keys(path):
-                training[key] = (source, path)
-    for name, files in resolved.items():
-        for path in files:
-            hit = next((training[k] for k in _file_keys(path) if k in training), None)
-            if hit:
-                raise DataError(
-                    f"eval.validation.sources: {path} (source '{name}') is also training data "
-                    f"of source '{hit[0]}' ({hit[1]}); keep validation files out of the training "
-                    "sources (e.g. preprocess them into an --output-dir of their own)"
-                )
 
 
 def _masked(batch: Batch) -> Batch:

@@ -133,8 +133,11 @@ def group_label(name: str, groups: list[ParamGroupArgs]) -> str:
     return DEFAULT_GROUP if index is None else f"{index}:{groups[index].params}"
 
 
-def _param_groups(model: torch.nn.Module, args: OptimArgs) -> tuple[list[dict], list[int]]:
-    """AdamW param-group dicts and each one's freeze_until_step (the default group last)."""
+def _param_groups(
+    model: torch.nn.Module, args: OptimArgs
+) -> tuple[list[dict], list[int], list[str]]:
+    """AdamW param-group dicts, each one's freeze_until_step and name (its index in optim.groups,
+    or `default`; the default group last)."""
     members: list[list[torch.Tensor]] = [[] for _ in range(len(args.groups) + 1)]
     names: list[str] = []
     for name, param in model.named_parameters():
@@ -142,7 +145,7 @@ def _param_groups(model: torch.nn.Module, args: OptimArgs) -> tuple[list[dict], 
             names.append(name)
             index = group_index(name, args.groups)
             members[len(args.groups) if index is None else index].append(param)
-    param_groups, freeze = [], []
+    param_groups, freeze, labels = [], [], []
     for index, params in enumerate(members):
         spec = args.groups[index] if index < len(args.groups) else ParamGroupArgs(params="*")
         if not params:
@@ -151,8 +154,9 @@ def _param_groups(model: torch.nn.Module, args: OptimArgs) -> tuple[list[dict], 
             continue
         wd = args.weight_decay if spec.weight_decay is None else spec.weight_decay
         param_groups.append({"params": params, "lr": args.lr * spec.lr_scale, "weight_decay": wd})
+        labels.append(str(index) if index < len(args.groups) else DEFAULT_GROUP)
         freeze.append(spec.freeze_until_step)
-    return param_groups, freeze
+    return param_groups, freeze, labels
 
 
 def _empty_group_message(index: int, groups: list[ParamGroupArgs], names: list[str]) -> str:
@@ -189,8 +193,15 @@ class GroupScheduler(LambdaLR):
 
     _CONFIG_KEYS = ("weight_decay", "betas", "eps")
 
-    def __init__(self, optimizer: torch.optim.Optimizer, lr_lambda, freeze_until: list[int]):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        lr_lambda,
+        freeze_until: list[int],
+        group_names: list[str] | None = None,
+    ):
         self.freeze_until = list(freeze_until)
+        self.group_names = list(group_names or [str(i) for i in range(len(freeze_until))])
         self.config_hyperparameters = [
             {k: group[k] for k in self._CONFIG_KEYS} for group in optimizer.param_groups
         ]
@@ -201,8 +212,17 @@ class GroupScheduler(LambdaLR):
         super().step(epoch)
         self.apply_freezing(self.last_epoch)
 
+    def lr_metrics(self, base_lr: float) -> dict[str, float]:
+        """`lr`: the schedule's (optim.lr times its factor now), whatever the groups' scales;
+        with optim.groups also `lr/<group>` per group (its index in optim.groups, or `default`),
+        the lr that group's next update uses (its lr_scale applied; frozen groups included)."""
+        out = {"lr": base_lr * self.lr_lambdas[0](self.last_epoch)}
+        if self.group_names != [DEFAULT_GROUP]:
+            out.update((f"lr/{name}", lr) for name, lr in zip(self.group_names, self.get_last_lr()))
+        return out
+
     # attributes the config decides, not the checkpoint (LambdaLR saves its whole __dict__)
-    _FROM_CONFIG = ("freeze_until", "config_hyperparameters", "config_base_lrs")
+    _FROM_CONFIG = ("freeze_until", "config_hyperparameters", "config_base_lrs", "group_names")
 
     def state_dict(self) -> dict:
         state = super().state_dict()
@@ -238,7 +258,7 @@ class GroupScheduler(LambdaLR):
 def build_optimizer(model: torch.nn.Module, args: OptimArgs, n_steps: int, device_type: str):
     """AdamW over all trainable parameters (as the reference; split by `optim.groups`) plus its
     schedule, a `GroupScheduler`."""
-    param_groups, freeze_until = _param_groups(model, args)
+    param_groups, freeze_until, group_names = _param_groups(model, args)
     fused = args.fused if args.fused is not None else device_type in ("cuda", "cpu")
     optimizer = torch.optim.AdamW(
         param_groups,
@@ -249,5 +269,5 @@ def build_optimizer(model: torch.nn.Module, args: OptimArgs, n_steps: int, devic
         fused=fused,
         foreach=None if fused else True,
     )
-    scheduler = GroupScheduler(optimizer, lr_factor_fn(args, n_steps), freeze_until)
+    scheduler = GroupScheduler(optimizer, lr_factor_fn(args, n_steps), freeze_until, group_names)
     return optimizer, scheduler

@@ -316,7 +316,7 @@ class Trainer:
         """Close the log interval: the metric record, to every sink; returned for the actions."""
         self.last = self.interval.compute(
             self.state.step,
-            lr=self.scheduler.get_last_lr()[0],
+            **self.scheduler.lr_metrics(self.args.optim.lr),
             grad_norm=float(out.grad_norm),
             tokens_seen=self.state.tokens_seen,
             **self.guard.read(),

@@ -132,3 +132,11 @@ def test_debug_entropy_model_threshold_holds_in_training(tmp_path, corpus_root):
     assert res.returncode == 0, res.stderr[-3000:]
     logged = [row["patch_len_mean"] for row in metrics(blt)]
     assert np.mean(logged) == pytest.approx(4.5, rel=0.05), logged
+
+
+def test_a_missing_entropies_folder_names_the_option(tmp_path, capsys):
+    from bytelatent.data.patch_size import main as patch_size_main
+
+    assert patch_size_main(["--target-mean", "4.5", "--entropies", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"data error: --entropies {tmp_path / 'nope'}: does not exist"

@@ -139,3 +139,25 @@ def test_a_group_that_an_earlier_group_covers_is_said_to_overlap():
         "optim.groups[1].params='core.0.*' overlaps optim.groups[0].params='core.*': every "
         "parameter it matches (e.g. core.0.weight) is already in group 0"
     )
+
+
+def test_logged_lr_is_the_schedules_and_each_group_is_logged_by_name():
+    """`lr` is optim.lr times the schedule's factor even when the first group is scaled (it used
+    to be get_last_lr()[0], the 0.1-scaled group); `lr/<group>` is each group's own."""
+    torch.manual_seed(0)
+    model = Tiny()
+    args = optim_args()
+    optimizer, scheduler = build_optimizer(model, args, n_steps=10, device_type="cpu")
+    for _ in range(4):
+        step(model, optimizer, scheduler)
+    logged = scheduler.lr_metrics(args.lr)
+    factor = 1 - 4 / 10  # linear decay to 0 over 10 steps, 4 done
+    assert set(logged) == {"lr", "lr/0", "lr/1", "lr/default"}
+    assert logged["lr"] == pytest.approx(args.lr * factor, rel=0.2)
+    assert logged["lr"] == pytest.approx(logged["lr/default"])
+    assert logged["lr/0"] == pytest.approx(0.1 * logged["lr"])  # core.*: lr_scale 0.1
+    assert logged["lr/1"] == pytest.approx(logged["lr"])
+    plain, plain_scheduler = build_optimizer(Tiny(), OptimArgs(lr=1e-2), 10, "cpu")
+    assert set(plain_scheduler.lr_metrics(1e-2)) == {"lr"}  # no groups: one key, as before
+    state = scheduler.state_dict()
+    assert "group_names" not in state  # the config names the groups, not the checkpoint

@@ -255,3 +255,17 @@ def sampling_weights(node) -> list[dict]:
         return []
     own = [node["weights"]] if node.get("type") == "sampling" else []
     return own + [w for v in node.values() for w in sampling_weights(v)]
+
+
+def test_python_and_python3_of_one_venv_are_no_config_change(tmp_path):
+    import os
+    import sys
+
+    bin_dir = os.path.dirname(sys.executable)
+    python3 = os.path.join(bin_dir, "python3")
+    if not os.path.exists(python3):
+        pytest.skip("no python3 beside the interpreter")
+    saved = {"eval": {"async_launch": {"python": python3}}}
+    assert config_changes(saved, {"eval": {"async_launch": {"python": sys.executable}}}) == []
+    other = str(tmp_path / "python")  # another folder: another venv
+    assert config_changes(saved, {"eval": {"async_launch": {"python": other}}}) != []

@@ -1,0 +1,119 @@
+"""What `python -m bytelatent.train` checks after the config validates and before it imports torch.
+
+Mistakes that the model build (10-40 s of imports, process group and meta model) used to hide,
+each found here in about a second from the config, the environment and the files alone, with
+nothing written (no dump_dir, no train.log): a missing data source or `data.root_dir` (with a
+close name when there is one), a missing validation file, a mesh that does not fill the launched
+world (`dp_shard=2` without torchrun), a `model.global_init.path` that is not a HF folder, and a
+resume whose global batch differs from the checkpoint's data stream. Every check reads what the
+run itself would read next; torch-free (tests/test_preflight.py checks it never loads torch).
+"""
+
+from __future__ import annotations
+
+import json
+
+from bytelatent.args import TrainArgs
+from bytelatent.checkpoint import fs as cfs
+from bytelatent.checkpoint.layout import FolderStore, train_state_name
+from bytelatent.data.elastic import check_layout, packing_base
+from bytelatent.data.iterators.streams import StreamsIteratorState
+from bytelatent.distributed.world import launch_ranks, resolve_layout
+from bytelatent.errors import CheckpointError, DataError
+from bytelatent.eval.val_sources import resolve_validation_sources
+from bytelatent.trainer.resume_config import (
+    ResumeCheck,
+    config_diff,
+    read_params,
+    refuse_unresumable,
+)
+
+
+def preflight(args: TrainArgs) -> None:
+    """Raise the UserError a run would meet in its first seconds; read-only."""
+    layout = resolve_layout(args.distributed, launch_ranks().world_size)
+    resume = resume_folder(args)
+    if args.dry_run:
+        return  # a dry run reads no data, no checkpoint and no pretrained weights
+    if resume is not None:
+        check_resumed_config(args, resume)
+        check_resumed_batch(args, resume, layout.dp_size)
+    elif args.model is not None and args.model.global_init is not None:
+        check_global_init(args.model.global_init.path)
+    for source in args.data.source_weights():
+        args.data.files_of(source)
+    if args.eval.enabled:
+        resolve_validation_sources(args.eval, args.data)
+
+
+def resume_folder(args: TrainArgs) -> str | None:
+    """The step folder a resume would load first (`checkpoint.load_path`, else the newest
+    complete save); None for a fresh start."""
+    ckpt = args.checkpoint
+    if ckpt.load_path:
+        return ckpt.load_path
+    path = ckpt.path or cfs.join(args.dump_dir, "checkpoints")
+    fs = cfs.get_fs(path, ckpt.s3_profile)
+    if not cfs.exists(fs, path):
+        return None
+    complete = FolderStore(fs, path).complete()
+    return complete[-1].path if complete else None
+
+
+def _saved_data_state(args: TrainArgs, folder: str) -> dict | None:
+    fs = cfs.get_fs(folder, args.checkpoint.s3_profile)
+    file = cfs.join(folder, train_state_name(0))
+    if not cfs.exists(fs, file):
+        return None  # an older layout, or a damaged folder: the resume reports it
+    try:
+        return json.loads(cfs.read_text(fs, file)).get("data_state")
+    except (ValueError, AttributeError):
+        return None  # unreadable here: the resume verifies the folder and says what is wrong
+
+
+def check_resumed_config(args: TrainArgs, folder: str) -> None:
+    """A changed key the resume could not apply (`resume_rules`: the patcher, a new source,
+    data.root_dir, ...) is refused now; the model's shapes are compared after torch loads."""
+    fs = cfs.get_fs(folder, args.checkpoint.s3_profile)
+    try:
+        saved = read_params(fs, folder)
+    except ValueError:
+        return
+    if saved is None:
+        return
+    check = ResumeCheck(path=folder)
+    check.changes, check.rules = config_diff(args, saved, _saved_data_state(args, folder))
+    refuse_unresumable(check)
+
+
+def check_resumed_batch(args: TrainArgs, folder: str, dp_size: int) -> None:
+    """The global batch (dp x data.batch_size x grad_acc_steps) must be the checkpoint's: its
+    data stream has that many rows per step (`data/elastic.py`)."""
+    try:
+        base = packing_base(_saved_data_state(args, folder))
+    except (ValueError, DataError):
+        return  # unreadable here: the resume verifies the folder and says what is wrong
+    if base is None or not isinstance(base.source, StreamsIteratorState):
+        return  # per-rank states of an older version restart their streams (with a warning)
+    streams = base.source
+    check_layout(
+        streams.n_streams,
+        streams.n_streams * streams.rows_per_stream,
+        dp_size,
+        args.data.batch_size,
+        args.grad_acc_steps,
+    )
+
+
+def check_global_init(path: str) -> None:
+    """`model.global_init.path` is a folder with config.json and its safetensors files."""
+    from bytelatent.checkpoint.hf_llama_files import read_hf_config, weight_files
+
+    fs = cfs.get_fs(path)
+    if not cfs.isdir(fs, path):
+        raise CheckpointError(
+            f"model.global_init.path {path}: no such folder; point it at a HF LlamaForCausalLM "
+            "folder (config.json + *.safetensors, e.g. from `huggingface-cli download`)"
+        )
+    read_hf_config(path)
+    weight_files(path)
