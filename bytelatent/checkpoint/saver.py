@@ -120,6 +120,7 @@ class Saver:
         self._retain = retain  # rank 0, once a save is marked complete: retention(step)
         self._on_saved = on_saved  # every rank, once a save is complete (marker visible)
         self.pending: SaveHandle | None = None
+        self._started: dict[int, float] = {}  # step -> when its save began (for the saved line)
         self.last_saved_step: int | None = None
         # Background DCP collectives must not interleave with the training loop's collectives on
         # the same group, so async saves get their own gloo group (collective: all ranks build it).
@@ -144,6 +145,7 @@ class Saver:
         if step == self.last_saved_step or read_marker(self.fs, folder) is not None:
             logger.info("checkpoint %s already saved; skipping", folder)
             return SaveHandle(step, folder, kinds)
+        self._started[step] = time.perf_counter()
         self._start_folder(folder, train_state, params)
         state = dcp_state(model, optimizer)
         writer = ManifestWriter(folder, self.ranks.group_rank, self.fs, **self._options)
@@ -261,6 +263,9 @@ class Saver:
             self._write_marker(folder, step, kinds)
         except OSError as e:
             raise CheckpointError(self.save_failed(folder, e)) from e
+        started = self._started.pop(step, None)
+        took = "" if started is None else f" in {time.perf_counter() - started:.1f} s"
+        logger.info("saved checkpoint %s (%s)%s", folder, ", ".join(kinds), took)
         if self._retain is not None:
             self._retain(step)
 

@@ -232,7 +232,22 @@ class Trainer:
             self.maybe_save()
         self.save("final")
         self.checkpoints.wait()
+        if self.env.rank == 0:
+            logger.info("%s", self.finished_line())
         return self.last
+
+    def finished_line(self) -> str:
+        """The run's last line: steps, the last logged loss and bpb, where its checkpoint is."""
+        last = self.last or {}
+        numbers = "".join(
+            f", {key} {last[key]:.4f}" for key in ("loss", "bpb") if isinstance(last.get(key), float)
+        )
+        saved = self.checkpoints.step_folder(self.state.step)
+        where = saved if self._last_saved_step == self.state.step else "no final checkpoint"
+        return (
+            f"done: {self.state.step} steps ({self._steps_run} in this process){numbers}; "
+            f"checkpoint {where}"
+        )
 
     def _after_step(self, seconds: float) -> None:
         """Per-step chores outside the hot path: GC, probe write-out, profiler window, timings."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -59,3 +60,15 @@ def test_profiler_probe_checkpoint_steps_and_timings(tmp_path, corpus_root):
     assert "timing/init_or_restore_s" not in rows[1]  # reported once
     assert rows[1]["timing/checkpoint_save_s"] > 0  # the step-3 save, reported at step 4
     assert all(r["timing/steps_per_s"] > 0 for r in rows)
+
+    # Saves are logged with their time, and the run ends with one summary line (issue 33).
+    log = (dump / "train.log").read_text()
+    for step in (3, 4, 8):
+        assert f"saved checkpoint {dump / 'checkpoints' / f'{step:010d}'} (" in log, log[-2000:]
+    assert re.search(r"saved checkpoint \S+ \(step\) in \d+\.\d s", log), log[-2000:]
+    last = log.strip().splitlines()[-1]
+    final = rows[-1]
+    assert last.endswith(
+        f"done: 8 steps (8 in this process), loss {final['loss']:.4f}, bpb {final['bpb']:.4f}; "
+        f"checkpoint {dump / 'checkpoints' / f'{8:010d}'}"
+    ), last
