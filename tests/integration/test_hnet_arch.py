@@ -11,6 +11,8 @@ import pytest
 from harness import losses_by_step, read_metrics
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "hnet_debug.yaml"
+TWO_STAGE = CONFIG.parent / "hnet_2stage_xl.yaml"
+TWO_STAGE_PARAMS = 974_255_616
 PREEMPT_AT = 7
 STEP_DELAY = {"BYTELATENT_TEST_STEP_DELAY": "0.2"}
 STATS = ("aux/ratio_loss", "aux/ratio_loss/stage0", "aux/chunk_len_mean/stage0")
@@ -71,3 +73,15 @@ def test_hnet_one_process_and_two_fsdp_ranks_agree(runner) -> None:
     assert a["bpb"] == pytest.approx(b["bpb"], rel=1e-5)
     # mean over ranks of per-rank ratios vs the ratio over both rows: close, not equal
     assert a["aux/chunk_len_mean/stage0"] == pytest.approx(b["aux/chunk_len_mean/stage0"], rel=0.3)
+
+
+@pytest.mark.slow
+def test_hnet_two_stage_dry_run_on_two_fsdp_ranks(runner) -> None:
+    """configs/hnet_2stage_xl.yaml (~1B parameters) described on 2 FSDP ranks, on meta."""
+    run = runner.start("dry", [f"config={TWO_STAGE}", "dry_run=true", "distributed.dp_shard=2"],
+                       nproc=2)  # fmt: skip
+    out = run.wait_ok()
+    assert f"dry run (2 ranks): parameters: {TWO_STAGE_PARAMS:,}" in out, out
+    assert "estimated memory per rank" in out
+    info = (run.dump_dir / "model-info.txt").read_text()
+    assert "dp_shard=2:S(0)" in info and "stages.1.encoder.4.attention.wq.weight" in info

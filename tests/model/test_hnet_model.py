@@ -3,14 +3,19 @@ isolation, the registry spec and its config rules, and a few training steps in-p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from bytelatent.args import TrainArgs
+from bytelatent.config import parse_args
 from bytelatent.model.hnet_args import HNetArgs
 from bytelatent.model.hnet_model import HNet, hnet_training_flops
 from bytelatent.model.loss import forward_outputs
 from bytelatent.model.registry import arch_of, get_arch
+from bytelatent.trainer.build import build_parallel_model
+from bytelatent.trainer.model_info import estimate_memory, parameter_table
 
 EOS = 2
 ONE_STAGE = [dict(dim=32, n_heads=2, sliding_window=16, target_ratio=3.0)]
@@ -145,3 +150,20 @@ def test_config_rules() -> None:
         bad = _train_args(max_seqlen=64)
         bad["data"]["patcher_args"]["patching_mode"] = "space"
         TrainArgs.model_validate(bad)
+
+
+REPO = Path(__file__).resolve().parents[2]
+HNET_2STAGE_PARAMS = 974_255_616  # configs/hnet_2stage_xl.yaml
+
+
+def test_two_stage_config_dry_run_in_process(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    args = parse_args(TrainArgs, ["config=configs/hnet_2stage_xl.yaml", f"dump_dir={tmp_path}",
+                                  "dry_run=true"])  # fmt: skip
+    model = build_parallel_model(args, None)  # on meta: nothing allocated
+    assert sum(p.numel() for p in model.parameters()) == HNET_2STAGE_PARAMS
+    mem = estimate_memory(model, parameter_table(model), args)
+    assert mem.params == 4 * HNET_2STAGE_PARAMS and mem.activations > 0
+    names = {n for n, _ in model.named_parameters()}
+    # widths 1024 -> 1024 -> 1536: only the innermost stage pads its chunks (official layout)
+    assert "stages.0.pad_dimension" not in names and "stages.1.pad_dimension" in names
