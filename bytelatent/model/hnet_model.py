@@ -217,9 +217,11 @@ class HNet(nn.Module):
         return [*encoders, *self.global_transformer.layers, *decoders]
 
     def fsdp_units(self) -> list[nn.Module]:
-        """The embedding, every block (`ac_units`) and the output head; routers, residual
-        projections, pad vectors and the final norm stay with the root."""
-        return [self.tok_embeddings, *self.ac_units(), self.output]
+        """The embedding, every block (`ac_units`), the residual projections (units of their
+        own, gathered in fp32: `ResidualProjection.fsdp_param_dtype`) and the output head;
+        routers, pad vectors and the final norm stay with the root."""
+        residuals = [stage.residual_proj for stage in self.stages]
+        return [self.tok_embeddings, *self.ac_units(), *residuals, self.output]
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         total = sum(p.numel() for p in self.parameters())
