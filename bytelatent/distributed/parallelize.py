@@ -312,8 +312,15 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, args: DistributedArgs) -> 
     policy = MixedPrecisionPolicy(param_dtype=args.param_dtype, reduce_dtype=args.reduce_dtype)
     units = fsdp_units(model)
     for index, unit in enumerate(units):
+        # a unit may keep its own parameter dtype (H-Net's fp32 residual projection)
+        if (unit_dtype := getattr(unit, "fsdp_param_dtype", None)) is not None:
+            unit_policy = MixedPrecisionPolicy(
+                param_dtype=unit_dtype, reduce_dtype=args.reduce_dtype
+            )
+        else:
+            unit_policy = policy
         fully_shard(
-            unit, mesh=dp_mesh, mp_policy=policy,
+            unit, mesh=dp_mesh, mp_policy=unit_policy,
             reshard_after_forward=_reshard_after_forward(unit, index, len(units), args),
         )  # fmt: skip
     fully_shard(model, mesh=dp_mesh, mp_policy=policy)

@@ -1,7 +1,8 @@
 """The built-in architectures' specs (torch-free: everything that needs torch is a lazy reference).
 
 `blt`: the Byte Latent Transformer (`model:` section). `entropy` (alias `lm`): the byte-level
-LMTransformer, the BLT's entropy model (`entropy_model:` section). Their run checks (the
+LMTransformer, the BLT's entropy model (`entropy_model:` section). `hnet`: H-Net with dynamic
+chunking (`arch_args:` section; docs/hnet.md). Their run checks (the
 cross-section rules `TrainArgs` validates) live here too, next to the specs that name them.
 """
 
@@ -11,7 +12,8 @@ from typing import Any
 
 from bytelatent.model.args import LMTransformerArgs
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.registry import ArchSpec, register_arch
+from bytelatent.model.hnet_args import HNetArgs
+from bytelatent.model.registry import ArchSpec, AuxLoss, register_arch
 
 
 def check_entropy_run(args: Any) -> None:
@@ -88,5 +90,44 @@ ENTROPY = register_arch(
         read_params="bytelatent.checkpoint.pretrained:entropy_args_from_params",
         hf_export="bytelatent.checkpoint.hf:export_hf",  # as HF's BltPatcher
         generation_engine="bytelatent.eval.generation.lm:IncrementalLM",
+    )
+)
+
+
+def check_hnet_run(args: Any) -> None:
+    """Cross-section rules of an H-Net run; `args` is a TrainArgs."""
+    hnet = args.arch_args
+    if args.data.patcher_args.patching_mode != "byte" or args.data.add_patches:
+        raise ValueError(
+            "data.patcher_args.patching_mode: an H-Net chunks bytes itself; set "
+            "data.patcher_args.patching_mode=byte and data.add_patches=false"
+        )
+    if hnet.max_seqlen < args.data.seq_len:
+        raise ValueError(
+            f"arch_args.max_seqlen ({hnet.max_seqlen}) < data.seq_len ({args.data.seq_len}): "
+            "RoPE tables would be too short; raise arch_args.max_seqlen"
+        )
+    if args.distributed.tp_size > 1:
+        raise ValueError(
+            f"distributed.tp_size={args.distributed.tp_size}: arch=hnet has no tensor-parallel "
+            "plan; set distributed.tp_size=1 (shard with dp_shard instead)"
+        )
+
+
+HNET = register_arch(
+    ArchSpec(
+        name="hnet",
+        description="H-Net: dynamic chunking stages (learned byte boundaries) around a global "
+        "transformer",
+        args_class=HNetArgs,
+        section="arch_args",
+        model="bytelatent.model.hnet_model:HNet",
+        host_batch=True,
+        # Σ_s alpha_s * ratio loss_s (alpha_s = arch_args.stages[s].ratio_loss_weight)
+        aux_losses=(AuxLoss("ratio_loss", 1.0),),
+        aux_metrics=("ratio_loss/", "chunk_len_mean/", "bytes_per_chunk/"),
+        flops="bytelatent.model.hnet_model:hnet_training_flops",
+        activation_bytes="bytelatent.model.activations:hnet_activation_bytes",
+        check_run="bytelatent.model.archs:check_hnet_run",
     )
 )

@@ -54,7 +54,8 @@ def forward_outputs(
         return out, {}
     logits, aux = out
     expected = {term.name for term in spec.aux_losses}
-    if set(aux) != expected:
+    metrics_only = {name for name in aux if name.startswith(spec.aux_metrics)} - expected
+    if set(aux) - metrics_only != expected:
         raise RuntimeError(
             f"arch {spec.name}: the forward returned aux losses {sorted(aux)}, its spec declares "
             f"{sorted(expected)}"

@@ -48,7 +48,8 @@ class ArchSpec:
       follows the init contract (`to_empty`, `init_weights`) and may define `fsdp_units()`,
       `ac_units()` and `tp_plan(tp_size)` (its parallel units, `bytelatent/distributed`).
     - forward: `model(x, **{name: batch.<name> for name in batch_inputs}, host=batch if
-      host_batch)` -> logits `[B, L, V]`, or `(logits, {aux name: scalar})` when `aux_losses`.
+      host_batch)` -> logits `[B, L, V]`, or `(logits, {aux name: scalar})` when `aux_losses`
+      (the dict may also hold metrics-only entries whose names start with an `aux_metrics` prefix).
     - `flops`: `(model_args, data_args) -> (tokens, patches) -> training FLOPs` (MFU).
     - `activation_bytes`: `(model, train_args, tp) -> bytes` autograd keeps (model-info.txt).
     - `size_lower_bound`: `(args) -> (values, blocks)` without building (`require_model_fits`).
@@ -72,6 +73,10 @@ class ArchSpec:
     batch_inputs: tuple[str, ...] = ()
     host_batch: bool = False
     aux_losses: tuple[AuxLoss, ...] = ()
+    # Name prefixes of metrics-only entries the forward's aux dict may carry next to its aux
+    # losses (e.g. H-Net's `chunk_len_mean/stage0`): logged as `aux/<name>` (the mean over
+    # micro-batches, steps and ranks), never added to the objective.
+    aux_metrics: tuple[str, ...] = ()
     flops: Ref = None
     activation_bytes: Ref = None
     size_lower_bound: Ref = None

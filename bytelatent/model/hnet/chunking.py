@@ -124,8 +124,12 @@ def dechunk(
     kernel_dtype: torch.dtype | None = None,
     fp32_prob: bool = True,
     block_size: int = 64,
+    starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``DeChunkLayer`` as a function; ``fp32_prob=False`` drops the fp32 island (exact fp64 EMA)."""
+    """``DeChunkLayer`` as a function; ``fp32_prob=False`` drops the fp32 island (exact fp64 EMA).
+
+    ``starts`` (padded form, ``[B, L]`` bool, a subset of ``boundary_mask``): document starts
+    inside the rows; the EMA restarts there, as the packed form restarts at each document."""
     prob = boundary_prob[..., 1]
     if fp32_prob:
         prob = prob.float()
@@ -142,7 +146,7 @@ def dechunk(
         order = boundaries_first(boundary_mask)[:, : hidden_states.shape[1]]
         chunk_prob = prob.gather(1, order)  # slots past a row's chunks: never read back
         chunk_states = hidden_states
-        reset = None
+        reset = None if starts is None else starts.gather(1, order)
     states = _ema(chunk_states, chunk_prob, reset, kernel_dtype, block_size)
     # token t reads the state of the last chunk starting at or before it (positions before a
     # row's first boundary exist only in an all-padding row: they read chunk 0, don't-care)

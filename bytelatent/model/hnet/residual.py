@@ -31,7 +31,10 @@ def merge_residual(
 class ResidualProjection(nn.Linear):
     """``[.., D] -> [.., D]`` linear kept in fp32 whatever the model dtype ("do the residual in
     fp32"): the input is cast to fp32 and the output is fp32. The weight starts at zero (the
-    official init; the bias keeps nn.Linear's default init)."""
+    official init; the bias keeps nn.Linear's default init). Under FSDP it is its own unit
+    gathered in fp32 (`fsdp_param_dtype`), whatever `distributed.model_dtype` is."""
+
+    fsdp_param_dtype = torch.float32
 
     def __init__(self, d_model: int, device: torch.device | str | None = None) -> None:
         super().__init__(d_model, d_model, bias=True, device=device, dtype=torch.float32)

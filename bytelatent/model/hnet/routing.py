@@ -62,7 +62,10 @@ class RoutingModule(nn.Module):
         hidden_states: torch.Tensor,
         mask: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
+        starts: torch.Tensor | None = None,
     ) -> RoutingOutput:
+        """``starts`` (padded form, ``[B, L]`` bool): document starts inside the rows, forced to
+        p = 1 like the packed form's ``cu_seqlens`` (rows of packed documents, docs/hnet.md)."""
         packed = cu_seqlens is not None
         if packed == (hidden_states.dim() == 3):
             raise ValueError(
@@ -80,6 +83,8 @@ class RoutingModule(nn.Module):
             starts = torch.zeros_like(prob, dtype=torch.bool)
             starts[cu_seqlens[:-1].long()] = True
             # a document start is a chunk start whatever its cosine with the previous document
+            prob = prob.masked_fill(starts, 1.0)
+        elif starts is not None:
             prob = prob.masked_fill(starts, 1.0)
         boundary_prob = torch.stack((1 - prob, prob), dim=-1)
         # argmax over (1 - p, p) with ties to class 0, i.e. a boundary only where p > 0.5
