@@ -35,6 +35,8 @@ def preflight(args: TrainArgs) -> None:
     resume = resume_folder(args)
     if args.dry_run:
         return  # a dry run reads no data, no checkpoint and no pretrained weights
+    if resume is not None and _already_complete(args, resume):
+        return  # nothing to do: the run says so in one line, whatever its data or config now
     if resume is not None:
         check_resumed_config(args, resume)
         check_resumed_batch(args, resume, layout.dp_size)
@@ -58,6 +60,18 @@ def resume_folder(args: TrainArgs) -> str | None:
         return None
     complete = FolderStore(fs, path).complete()
     return complete[-1].path if complete else None
+
+
+def _already_complete(args: TrainArgs, folder: str) -> bool:
+    """The saved step has reached the run's stop step (`relative_steps` runs always continue)."""
+    if args.relative_steps is not None:
+        return False
+    fs = cfs.get_fs(folder, args.checkpoint.s3_profile)
+    try:
+        step = json.loads(cfs.read_text(fs, cfs.join(folder, train_state_name(0))))["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # the resume reads the folder and says what is wrong
+    return isinstance(step, int) and step >= (args.max_steps or args.steps)
 
 
 def _saved_data_state(args: TrainArgs, folder: str) -> dict | None:

@@ -53,6 +53,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "bytelatent.trainer.loop_controls",
         "bytelatent.trainer.model_info",
         "bytelatent.trainer.resume_check",
+        "bytelatent.trainer.resume_config",
+        "bytelatent.preflight",
     ),
     "entry points": (
         "bytelatent",

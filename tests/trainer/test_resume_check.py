@@ -73,9 +73,9 @@ def test_relative_steps_is_never_complete(tmp_path, chdir_repo):
     assert (check.step, check.stop_step, check.complete) == (200, 210, False)
 
 
-def test_a_model_shape_change_is_refused_naming_the_key(tmp_path, chdir_repo, capsys):
-    dump = tmp_path / "run"
-    argv = [*ARGV, f"dump_dir={dump}", "steps=300"]
+def test_a_model_shape_change_is_refused_naming_the_key(tmp_path, chdir_repo, capsys, corpus_root):
+    dump = tmp_path / "run"  # real data: the config phase checks the sources first
+    argv = [*ARGV, f"dump_dir={dump}", "steps=300", f"data.root_dir={corpus_root}"]
     fake_checkpoint(dump, 200, parse_args(TrainArgs, argv))
     before = snapshot(dump)
     assert main([*argv, "entropy_model.dim=64"]) == 2

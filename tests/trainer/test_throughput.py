@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-import bytelatent.trainer.throughput as throughput_module
 from bytelatent.args import TrainArgs
 from bytelatent.config import parse_args
 from bytelatent.data.batch import Batch
@@ -85,11 +84,10 @@ def test_peak_is_the_exact_device_and_the_runs_dtype(monkeypatch, name, dtype, t
     assert peak_flops_per_device(torch.device("cpu"), 123.0, dtype, tf32) == 123e12
 
 
-def test_step_clock_sums_steps_on_cpu(monkeypatch):
+def test_step_clock_sums_steps_on_cpu():
     """Only the time between start() and stop() counts (a fake clock: behaviour, not speed)."""
     now = [100.0]
-    monkeypatch.setattr(throughput_module.time, "perf_counter", lambda: now[0])
-    clock = StepClock(torch.device("cpu"))
+    clock = StepClock(torch.device("cpu"), now=lambda: now[0])
     for _ in range(2):
         clock.start()
         now[0] += 0.02
