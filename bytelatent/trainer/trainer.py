@@ -89,6 +89,7 @@ class Trainer:
         )
         # Validation data is resolved now: a missing source fails before anything is built.
         self.validator = Validator.for_training(args, env, self.mesh, self.dp_rank, self.dp_size)
+        self._phase(f"building the {args.arch} model")
         self.model = self._build_model()
         self.optimizer, self.scheduler = build_optimizer(
             self.model, args.optim, args.steps, self.device.type
@@ -112,6 +113,7 @@ class Trainer:
         # Launches an eval job on every complete eval save, and those a previous run still owes.
         self.async_evals = AsyncEvalLauncher.for_training(args, env.rank, self.checkpoints)
         self.async_evals.launch_owed()
+        self._phase("starting the data loader")
         self.data = build_train_data(  # virtual streams: bytelatent/data/elastic.py
             args.data, self.dp_rank, self.dp_size, args.grad_acc_steps, self.state.data_state
         )
@@ -142,9 +144,15 @@ class Trainer:
         model.train()
         return model
 
+    def _phase(self, what: str) -> None:
+        """Say what start-up does next (rank 0), so a slow phase is never a silent one."""
+        if self.env.rank == 0:
+            logger.info("%s ...", what)
+
     def _resume_or_warm_start(self) -> None:
         path = self.checkpoints.resume_path()
         if path is not None:
+            self._phase(f"restoring step {parse_step(path)} from {path}")
             self.scheduler.prepare_resume(parse_step(path))  # frozen groups have no AdamW state
             train_state = self.checkpoints.load(self.model, self.optimizer, path)
             path = self.checkpoints.last_load.path  # an older one if `path` failed its CRC32s

@@ -84,6 +84,7 @@ def test_signal_during_checkpoint_restore_requeues_and_resumes_exactly(
     second.proc.send_signal(signal.SIGUSR2)
     out = second.wait_ok()
     assert "preemption at step 10: nothing new to save" in out and "Traceback" not in out
+    assert f"restoring step 10 from {dump_dir / 'checkpoints' / '0000000010'} ..." in out
     assert requeue.read_text().strip() == "4242"
     assert _checkpoints(dump_dir) == ["0000000010"]
     runner.start("run", model_args("entropy", 1)).wait_ok()

@@ -72,3 +72,5 @@ def test_profiler_probe_checkpoint_steps_and_timings(tmp_path, corpus_root):
         f"done: 8 steps (8 in this process), loss {final['loss']:.4f}, bpb {final['bpb']:.4f}; "
         f"checkpoint {dump / 'checkpoints' / f'{8:010d}'}"
     ), last
+    # Each start-up phase says what it does as it starts (issue 33): no silent phase.
+    assert log.index("building the entropy model ...") < log.index("starting the data loader ...")
