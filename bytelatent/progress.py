@@ -1,7 +1,8 @@
 """Progress bars for long command-line jobs: tqdm on a terminal (or when asked), silent otherwise.
 
 `--progress auto` (the default) shows a bar when stderr is a terminal and otherwise (a log file,
-a pipe) writes one line every 60 s, so a long job is never silent and logs stay short; `on`
+a pipe) writes one line as the work starts and then one every 30 s, so a long job is never
+silent and logs stay short; `on`
 forces the bar (a SLURM log then gets tqdm's updates); `off` prints nothing. Without tqdm
 installed (`pip install 'bytelatent[progress]'`) a bar degrades to those lines. `lines` (for
 library callers such as the in-loop evaluation) writes only the lines.
@@ -15,7 +16,7 @@ from typing import Literal
 
 ProgressMode = Literal["auto", "on", "off", "lines"]
 PROGRESS_MODES = ("auto", "on", "off")  # the command-line choices
-LINE_EVERY_S = 60.0
+LINE_EVERY_S = 30.0
 
 
 def progress_enabled(mode: ProgressMode) -> bool:
@@ -46,10 +47,13 @@ class Progress:
         self.count = 0
         self.started = self.last_print = time.monotonic()
         self.bar = None
+        if mode == "auto" and not self.enabled:  # a command off a terminal: say what starts
+            print(f"{description}: started", file=sys.stderr, flush=True)
         if self.enabled:
             try:
                 from tqdm import tqdm
             except ImportError:
+                print(f"{description}: started", file=sys.stderr, flush=True)
                 return
             self.bar = tqdm(
                 desc=description, total=total, unit=unit, unit_scale=unit_scale, file=sys.stderr

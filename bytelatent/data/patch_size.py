@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from bytelatent.errors import ConfigError, DataError, UserError
+from bytelatent.progress import Progress
 
 NEIGHBOUR_OFFSETS = (-1.0, -0.5, 0.5, 1.0)  # bytes per patch around the target
 
@@ -64,12 +65,17 @@ def load_sample(
             )
         )
     sample, total = [], 0
+    progress = Progress(  # the entropy model is the slow part: a line off a terminal, or a bar
+        f"patch_size: entropies of {sample_bytes} bytes with {entropy_model}",
+        total=sample_bytes, unit="B", unit_scale=True, mode="auto" if model_patcher else "off",
+    )  # fmt: skip
     for doc in _documents(source, option="--text" if entropy_model else "--entropies"):
         if total >= sample_bytes:
             break
         tokens = torch.from_numpy(tokenizer.encode_array(doc.text, strict=True))[None]
         if model_patcher is not None:
             _, entropies = model_patcher.patch(tokens, include_next_token=False)
+            progress.update(tokens.shape[1])
         elif doc.entropies is None:
             raise DataError(
                 f"{doc.path}: row {doc.row}: no 'entropies'; pass preprocessed shards "
@@ -84,6 +90,7 @@ def load_sample(
                 )
         sample.append(SampleDocument(tokens, entropies.float().cpu()))
         total += tokens.shape[1]
+    progress.close()
     if not sample:
         raise DataError(f"{source}: no documents")
     return sample

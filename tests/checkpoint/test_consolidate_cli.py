@@ -50,7 +50,10 @@ def test_cli_consolidate_outputs_loadable_weights(tmp_path):
     proc = run_cli("consolidate", folder, "--out", out)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == out
-    assert "consolidate: reading" not in proc.stderr  # --progress auto: no bar off a terminal
+    # --progress auto off a terminal: no bar, one line as the reading starts (a long read then
+    # prints a line every LINE_EVERY_S)
+    reading = [line for line in proc.stderr.splitlines() if "consolidate: reading" in line]
+    assert reading == ["consolidate: reading: started"], proc.stderr
     assert sorted(os.listdir(out)) == ["consolidated.pth", "params.json"]
     with open(os.path.join(out, "params.json")) as f:
         assert json.load(f) == {"model": {"dim": 16}, "seed": 4}
