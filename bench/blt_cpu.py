@@ -39,6 +39,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import torch
@@ -225,6 +226,13 @@ def make_train_step(impl: str, dtype: str) -> tuple[Callable[[], float], torch.n
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     x, y, lengths = batch(0)
+    # the batch's host documents, worked out before the (compiled) forward as the trainer's host
+    # batch would be: the compiled graph then has no break for the single-document mask check
+    host = (
+        None
+        if impl == "hf"
+        else model.host_documents(SimpleNamespace(x=x.numpy(), patch_lengths=lengths.numpy()))
+    )
 
     def step() -> float:
         autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16")
@@ -232,7 +240,7 @@ def make_train_step(impl: str, dtype: str) -> tuple[Callable[[], float], torch.n
             if impl == "hf":
                 logits = model(input_ids=x, patch_lengths=lengths).logits
             else:
-                logits = model(x, lengths)
+                logits = model(x, lengths, host=host)
             loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
