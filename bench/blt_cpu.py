@@ -13,6 +13,12 @@ identical for both implementations) is reported as a fraction of the bf16 matmul
     python bench/blt_cpu.py                       # all rows
     python bench/blt_cpu.py --rows ours:bf16 hf:bf16 --steps 5
 
+The headline is the ratio of process CPU seconds per step at 1 thread (--threads 1, the default),
+one ratio per round of interleaved rows, printed as median (min-max) over --rounds, next to the
+wall bytes/s ratio and the load average: on a shared machine wall-time ratios of the same code
+moved between 1.33x and 2.05x, CPU s per step at 1 thread by about 3%. A compiled row that uses
+more CPU s per step than eager is reported as a WARNING line.
+
 transformers is NOT a bytelatent dependency: pip install 'transformers==4.57.*' to run the hf rows.
 
 The train:bf16 / train:fp32 rows run the real training loop, `python -m bytelatent.train`, on the same
@@ -33,6 +39,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import torch
@@ -219,6 +226,13 @@ def make_train_step(impl: str, dtype: str) -> tuple[Callable[[], float], torch.n
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     x, y, lengths = batch(0)
+    # the batch's host documents, worked out before the (compiled) forward as the trainer's host
+    # batch would be: the compiled graph then has no break for the single-document mask check
+    host = (
+        None
+        if impl == "hf"
+        else model.host_documents(SimpleNamespace(x=x.numpy(), patch_lengths=lengths.numpy()))
+    )
 
     def step() -> float:
         autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16")
@@ -226,7 +240,7 @@ def make_train_step(impl: str, dtype: str) -> tuple[Callable[[], float], torch.n
             if impl == "hf":
                 logits = model(input_ids=x, patch_lengths=lengths).logits
             else:
-                logits = model(x, lengths)
+                logits = model(x, lengths, host=host)
             loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -286,27 +300,55 @@ def matmul_flops(dtype: torch.dtype, size: int = 2048, repeats: int = 7) -> floa
 RATIOS = (
     ("ours:bf16", "hf:bf16"),
     ("ours-compile:bf16", "hf:bf16"),
+    ("ours-compile:bf16", "ours:bf16"),
     ("ours:fp32", "hf:fp32"),
     ("train:bf16", "ours:bf16"),
     ("train:fp32", "ours:fp32"),
 )
 
 
-def print_ratios(results: list[dict]) -> None:
-    """Speed ratios of row pairs: median bytes/s over rounds, and median process CPU s/step."""
-    by_row: dict[str, list[dict]] = {}
+def fmt_load(load: tuple[float, float, float]) -> str:
+    return "/".join(f"{x:.2f}" for x in load)
+
+
+def spread(values: list[float]) -> str:
+    """median (min-max) of per-round values."""
+    return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
+
+
+def print_ratios(results: list[dict]) -> list[str]:
+    """The headline: speed ratios of row pairs, one ratio per round (rows of a round run back to
+    back), as median (min-max) over rounds; CPU s per step first (at 1 thread the work of a step,
+    robust to other processes), wall bytes/s second. Returns the printed lines."""
+    by_row: dict[str, dict[int, dict]] = {}
     for r in results:
-        by_row.setdefault(f"{r['impl']}:{r['dtype']}", []).append(r)
+        by_row.setdefault(f"{r['impl']}:{r['dtype']}", {})[r["round"]] = r
+    lines = []
     for fast, slow in RATIOS:
         if fast not in by_row or slow not in by_row:
             continue
-        wall = statistics.median(r["bytes_per_s"] for r in by_row[fast]) / statistics.median(
-            r["bytes_per_s"] for r in by_row[slow]
+        rounds = sorted(set(by_row[fast]) & set(by_row[slow]))
+        pairs = [(by_row[fast][i], by_row[slow][i]) for i in rounds]
+        wall = [f["bytes_per_s"] / s["bytes_per_s"] for f, s in pairs]
+        cpu = [s["cpu_s_median"] / f["cpu_s_median"] for f, s in pairs]
+        cpu = [c for c in cpu if c == c]  # the train rows have no CPU s of their own (nan)
+        text = f"{fast} / {slow}: "
+        text += f"CPU s/step {spread(cpu)}, " if cpu else ""
+        text += f"wall bytes/s {spread(wall)}; {len(pairs)} rounds"
+        lines.append(text)
+    compiled, eager = by_row.get("ours-compile:bf16", {}), by_row.get("ours:bf16", {})
+    slower = [
+        i
+        for i in sorted(set(compiled) & set(eager))
+        if compiled[i]["cpu_s_median"] > eager[i]["cpu_s_median"]
+    ]
+    if slower:
+        lines.append(
+            f"WARNING: the compiled row used more CPU s per step than eager in round(s) {slower}"
         )
-        cpu = statistics.median(r["cpu_s_median"] for r in by_row[slow]) / statistics.median(
-            r["cpu_s_median"] for r in by_row[fast]
-        )
-        print(f"{fast} / {slow}: {wall:.2f}x bytes/s (wall), {cpu:.2f}x (process CPU s per step)")
+    for line in lines:
+        print(line)
+    return lines
 
 
 def main() -> None:
@@ -318,13 +360,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument(
-        "--rounds", type=int, default=1, help="run the row list this many times, interleaved"
+        "--rounds", type=int, default=3, help="run the row list this many times, interleaved"
     )
     parser.add_argument(
         "--threads",
         type=int,
-        help="torch threads per row (default: torch's). With 1 thread the cpu s column is the "
-        "work of a step, much less sensitive to other processes than wall time",
+        default=1,
+        help="torch threads per row (default 1: the cpu s column is then the work of a step, "
+        "much less sensitive to other processes than wall time; 0: torch's default)",
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     opts = parser.parse_args()
@@ -342,7 +385,7 @@ def main() -> None:
         blt_args(), mean_patch_size=SEQ_LEN / (SEQ_LEN // PATCH + 1), seq_len=SEQ_LEN
     )
     results = []
-    for row in [row for _ in range(opts.rounds) for row in opts.rows]:
+    for round_nb, row in [(i, row) for i in range(opts.rounds) for row in opts.rows]:
         # measured right before each row: the machine's load changes while the rows run
         peak = {"fp32": matmul_flops(torch.float32), "bf16": matmul_flops(torch.bfloat16)}
         cmd = [sys.executable, __file__, "--worker", row]
@@ -354,6 +397,7 @@ def main() -> None:
             continue
         result = json.loads(proc.stdout.strip().splitlines()[-1])
         result["matmul_flops"] = peak
+        result["round"] = round_nb
         result["load_after"] = os.getloadavg()
         for key, bytes_per_s in (
             ("", result["bytes_per_s"]),
@@ -362,7 +406,7 @@ def main() -> None:
             result[f"model_flops_per_s{key}"] = flops_per_byte * bytes_per_s
             result[f"fraction_of_bf16_matmul{key}"] = flops_per_byte * bytes_per_s / peak["bf16"]
         results.append(result)
-    print(f"load average before {load_before}, after {os.getloadavg()}")
+    load_after = os.getloadavg()
     print(f"model FLOPs per byte (train): {flops_per_byte / 1e6:.1f} M")
     header = (
         "row",
@@ -375,21 +419,31 @@ def main() -> None:
         "MFU",
         "MFU best",
         "RSS",
+        "load",
     )
-    print("{:<19}{:>8}{:>7}{:>7}{:>9}{:>7}{:>9}{:>7}{:>9}{:>6}".format(*header))
+    print("{:<19}{:>8}{:>7}{:>7}{:>9}{:>7}{:>9}{:>7}{:>9}{:>6}{:>6}".format(*header))
     for r in results:
         print(
             f"{r['impl'] + ':' + r['dtype']:<19}{r['step_s_median']:>8.2f}{r['step_s_min']:>7.2f}"
             f"{r['cpu_s_median']:>7.2f}{r['bytes_per_s']:>9.0f}{r['bytes_per_s_best']:>7.0f}"
             f"{r['matmul_flops']['bf16'] / 1e9:>9.0f}{r['fraction_of_bf16_matmul']:>7.1%}"
             f"{r['fraction_of_bf16_matmul_best']:>9.1%}{r['peak_rss_gib']:>6.2f}"
+            f"{r['load_after'][0]:>6.2f}"
         )
-    print_ratios(results)
+    print(
+        f"headline ({torch.get_num_threads()} thread(s), rows interleaved over {opts.rounds} "
+        f"rounds; load average 1/5/15 min before {fmt_load(load_before)}, after "
+        f"{fmt_load(load_after)}):"
+    )
+    headline = print_ratios(results)
     print("step s: median; min s: fastest step; cpu s: process CPU seconds per step (median);")
+    print("load: 1-min load average when the row ended")
     print("mm bf16: 2048^3 bf16 matmul GFLOP/s measured before the row; MFU = model FLOP/s / that")
     if opts.out:
         summary = {
             "load_before": load_before,
+            "load_after": load_after,
+            "headline": headline,
             "flops_per_byte": flops_per_byte,
             "threads": torch.get_num_threads(),
             "params": results[0]["params"] if results else None,

@@ -6,6 +6,12 @@ FLOP/s are compared with the fp32 / bf16 2048³ matmul throughput measured in th
 
     python bench/entropy_model_cpu.py                 # print the table
     python bench/entropy_model_cpu.py --write         # also write bench/RESULTS_entropy_model_cpu.md
+
+The headline is the ratio of process CPU seconds per step at 1 thread (--threads 1, the default)
+between rows run back to back in one round (compiled vs eager; a mask vs the causal baseline),
+as median (min-max) over --rounds interleaved rounds, next to the wall bytes/s ratio and the load
+average: wall time on a shared machine moves with the other tenants, CPU s per step at 1 thread
+by a few percent. A compiled row that uses more CPU s per step than eager gets a WARNING line.
 """
 
 from __future__ import annotations
@@ -157,7 +163,15 @@ def parse_args() -> argparse.Namespace:
         default="eager,compile",
         help="comma list of eager (plain modules) and compile (torch.compile each block)",
     )
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: CPU s per step is then the work of a step; 0: torch's)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="run all rows this many times, interleaved"
+    )
     parser.add_argument(
         "--masks",
         default="local_block_causal",
@@ -187,37 +201,50 @@ def main() -> None:
     precisions = ["fp32", "bf16"] if opts.precision == "both" else [opts.precision]
     load_before = os.getloadavg()
     lines = [
-        "| mask | mode | precision | bytes/s | model GFLOP/s | matmul 2048³ GFLOP/s "
-        "| fraction of matmul (median per step) | reference bytes/s | final loss | cpu s/step |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| round | mask | mode | precision | bytes/s | model GFLOP/s | matmul 2048³ GFLOP/s "
+        "| fraction of matmul (median per step) | reference bytes/s | final loss | cpu s/step "
+        "| load (1 min) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for mask_name, mode in [(m, mo) for m in masks for mo in modes]:
+    for mode in modes:
+        if mode not in ("eager", "compile"):
+            raise SystemExit(f"--modes: unknown mode {mode!r} (eager, compile)")
+    # each (mask, mode) model is built once and trained on in every round (compiled once)
+    models: dict[tuple[str, str], tuple[LMTransformer, float]] = {}
+    results: dict[tuple[int, str, str, str], dict[str, float]] = {}
+    rows = [(m, mo, p) for m in masks for mo in modes for p in precisions]
+    for round_nb, (mask_name, mode, precision) in [
+        (i, row) for i in range(opts.rounds) for row in rows
+    ]:
         mask, _, plan = mask_name.partition(":")
         # "<mask>:dense" runs the dense-mask kernel without the CPU chunk plan (the old path)
         attention.SDPA_CHUNK = 10**9 if plan == "dense" else DEFAULT_CHUNK
-        args = LMTransformerArgs(attn_bias_type=mask, **base_args)
-        if mode not in ("eager", "compile"):
-            raise SystemExit(f"--modes: unknown mode {mode!r} (eager, compile)")
-        model = build_model(args, compile_blocks=mode == "compile")
-        flops_per_byte = lm_flops_per_token(
-            model.num_params(exclude_embeddings=True),
-            args.n_layers,
-            args.dim,
-            opts.seqlen,
-            opts.window,
+        if (mask_name, mode) not in models:
+            args = LMTransformerArgs(attn_bias_type=mask, **base_args)
+            model = build_model(args, compile_blocks=mode == "compile")
+            flops_per_byte = lm_flops_per_token(
+                model.num_params(exclude_embeddings=True),
+                args.n_layers,
+                args.dim,
+                opts.seqlen,
+                opts.window,
+            )
+            models[mask_name, mode] = (model, flops_per_byte)
+        model, flops_per_byte = models[mask_name, mode]
+        result = train_throughput(
+            model, opts.batch, opts.seqlen, precision, opts.steps, opts.warmup
         )
-        for precision in precisions:
-            result = train_throughput(
-                model, opts.batch, opts.seqlen, precision, opts.steps, opts.warmup
-            )
-            gflops = result["bytes_per_s"] * flops_per_byte / 1e9
-            fraction = statistics.median(result["ratios"]) * flops_per_byte / 1e9
-            lines.append(
-                f"| {mask_name} | {mode} | {precision} | {result['bytes_per_s']:,.0f} | {gflops:.1f} "
-                f"| {result['peak']:.0f} | {fraction:.1%} | {REFERENCE[precision]:,.0f} "
-                f"| {result['loss']:.3f} | {result['cpu_s']:.2f} |"
-            )
-            print(lines[-1], flush=True)
+        results[round_nb, mask_name, mode, precision] = result
+        gflops = result["bytes_per_s"] * flops_per_byte / 1e9
+        fraction = statistics.median(result["ratios"]) * flops_per_byte / 1e9
+        lines.append(
+            f"| {round_nb} | {mask_name} | {mode} | {precision} | {result['bytes_per_s']:,.0f} "
+            f"| {gflops:.1f} | {result['peak']:.0f} | {fraction:.1%} "
+            f"| {REFERENCE[precision]:,.0f} | {result['loss']:.3f} | {result['cpu_s']:.2f} "
+            f"| {os.getloadavg()[0]:.2f} |"
+        )
+        print(lines[-1], flush=True)
+    headline = headline_ratios(results, opts.rounds, masks, modes, precisions)
     load_after = os.getloadavg()
     table = "\n".join(lines)
     command = "python bench/entropy_model_cpu.py " + " ".join(
@@ -239,10 +266,61 @@ def main() -> None:
         "happens in the warm-up); fraction of matmul: median over steps of the step's model "
         "FLOP/s divided by a 2048³ matmul timed right after that step"
     )
+    details = (
+        f"- **headline** ({torch.get_num_threads()} thread(s), {opts.rounds} interleaved rounds; "
+        "ratio of CPU s per step, then of wall bytes/s, median (min-max) over rounds):\n"
+        + "\n".join(f"  - {line}" for line in headline)
+        + "\n"
+        + details
+    )
     print(table)
     print(details)
     if opts.write:
         write_results(table, details)
+
+
+def headline_ratios(
+    results: dict[tuple[int, str, str, str], dict[str, float]],
+    rounds: int,
+    masks: list[str],
+    modes: list[str],
+    precisions: list[str],
+) -> list[str]:
+    """Per-round ratios of rows run back to back: compile vs eager, and each mask vs causal."""
+    pairs = []
+    for mask in masks:
+        for precision in precisions:
+            if "compile" in modes and "eager" in modes:
+                pairs.append(((mask, "compile", precision), (mask, "eager", precision)))
+            if mask != "causal" and "causal" in masks:
+                for mode in modes:
+                    pairs.append(((mask, mode, precision), ("causal", mode, precision)))
+    lines = []
+    for fast, slow in pairs:
+        both = [i for i in range(rounds) if (i, *fast) in results and (i, *slow) in results]
+        if not both:
+            continue
+        cpu = [results[(i, *slow)]["cpu_s"] / results[(i, *fast)]["cpu_s"] for i in both]
+        wall = [
+            results[(i, *fast)]["bytes_per_s"] / results[(i, *slow)]["bytes_per_s"] for i in both
+        ]
+        lines.append(
+            f"{'/'.join(fast)} vs {'/'.join(slow)}: CPU s/step {spread(cpu)}, "
+            f"wall bytes/s {spread(wall)}; {len(both)} rounds"
+        )
+        if fast[1] == "compile" and slow[1] == "eager" and statistics.median(cpu) < 1:
+            lines.append(
+                f"WARNING: compiled {fast[0]}/{fast[2]} uses more CPU s per step than eager "
+                f"(median ratio {statistics.median(cpu):.2f}x)"
+            )
+    for line in lines:
+        print(line)
+    return lines
+
+
+def spread(values: list[float]) -> str:
+    """median (min-max) of per-round values."""
+    return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
 
 
 def write_results(table: str, details: str) -> None:

@@ -11,8 +11,10 @@ dense masks, ``init_weights`` works for every option, and ``model.dim`` sizes th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -40,7 +42,22 @@ from bytelatent.model.patch_utils import (
 from bytelatent.tokenizers.constants import OFFSET
 
 # ByteLatentTransformerArgs lives in blt_args.py; importing it from here keeps working
-__all__ = ["ByteLatentTransformer", "ByteLatentTransformerArgs", "Patcher"]
+__all__ = ["BltHostDocuments", "ByteLatentTransformer", "ByteLatentTransformerArgs", "Patcher"]
+
+
+@dataclass(frozen=True, eq=False)
+class BltHostDocuments:
+    """A host batch with its documents worked out (``ByteLatentTransformer.host_documents``):
+    a ``HostBatch`` that also holds the byte and patch documents. Built before a compiled forward
+    (torch.compile of the whole model), the forward reads Python values from it (e.g. "every row
+    is one document") instead of tracing numpy, so the mask choice is a guard, not a graph
+    break. The eager forward builds one from a plain host batch itself."""
+
+    x: np.ndarray
+    patch_lengths: np.ndarray | None
+    eos_id: int
+    tokens: HostDocuments
+    patches: HostDocuments | None
 
 
 class Patcher(Protocol):
@@ -113,6 +130,7 @@ class ByteLatentTransformer(nn.Module):
         patch_lengths = self._checked_patch_lengths(tokens, patch_lengths)
         num_patches = patch_lengths.shape[1]
         backend = resolve_backend(args.attn_impl, tokens.device)
+        docs = self.host_documents(host)
         patch_ids = patch_ids_from_lengths(patch_lengths, seq_len)
         local_mask = self_attn_mask(
             args.local_attn_kind(),
@@ -120,7 +138,7 @@ class ByteLatentTransformer(nn.Module):
             eos_id=args.eos_id,
             window=args.local_attention_window_len,
             backend=backend,
-            docs=None if host is None else HostDocuments.from_tokens(host.x, args.eos_id),
+            docs=None if docs is None else docs.tokens,
         )
         # local encoder: bytes -> byte states (and, with cross-attention, patch states)
         embeds = self._byte_embeddings(tokens, ngram_ids)
@@ -129,7 +147,9 @@ class ByteLatentTransformer(nn.Module):
         # global transformer: one state per patch
         h = self._patch_representations(h_bytes, h_cross, patch_ids, patch_lengths)
         h = self.global_transformer(
-            h, self._patch_has_eos(tokens, patch_ids, num_patches), self._patch_documents(host)
+            h,
+            self._patch_has_eos(tokens, patch_ids, num_patches),
+            None if docs is None else docs.patches,
         )
         # local decoder: byte states + the state of the last complete patch -> logits
         decoder_patch_ids = decoder_patch_ids_from_lengths(patch_lengths, seq_len)
@@ -187,6 +207,23 @@ class ByteLatentTransformer(nn.Module):
             tokens.shape[0], num_patches, dtype=torch.long, device=tokens.device
         )
         return eos_count.scatter_add(1, patch_ids, (tokens == self.args.eos_id).long()) > 0
+
+    def host_documents(self, host: HostBatch | None) -> BltHostDocuments | None:
+        """The documents of a host batch (``host`` itself when it already is a BltHostDocuments
+        for this model's eos_id). Call it before a compiled forward and pass the result as
+        ``host``: the compiled graph then has no break for the single-document check."""
+        if host is None:
+            return None
+        if isinstance(host, BltHostDocuments) and host.eos_id == self.args.eos_id:
+            return host
+        patches = self._patch_documents(host)
+        docs = HostDocuments.from_tokens(host.x, self.args.eos_id)
+        if not torch.compiler.is_compiling():
+            # the Python facts the masks branch on, read now (traced, they would break the graph)
+            for d in (docs, patches):
+                if d is not None:
+                    d.single_document  # noqa: B018
+        return BltHostDocuments(host.x, host.patch_lengths, self.args.eos_id, docs, patches)
 
     def _patch_documents(self, host: HostBatch | None) -> HostDocuments | None:
         """The global model's documents from the host arrays (None: they come from the device)."""

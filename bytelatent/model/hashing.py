@@ -96,7 +96,11 @@ def compute_hash_embeddings(
         )
     if HASH_GRAD_BUFFER and torch.compiler.is_compiling() and tokens.device.type == "cpu":
         # the buffer path writes .grad from backward, which compiled autograd cannot trace: run the
-        # lookups eagerly (one graph break) rather than lose it
+        # lookups eagerly (the compiled BLT forward's one graph break) rather than lose it. The
+        # traceable alternative (plain nn.Embedding, dense gradients) costs more than the break:
+        # at bench/blt_cpu.py's shapes (6 x 50002 x 256 tables, 4 x 1024 bytes, 1 thread) the
+        # lookups' forward + backward take 45 ms of CPU eagerly with the buffer, 154 ms compiled
+        # without it (bench/RESULTS_blt_cpu.md, issue 31). HASH_GRAD_BUFFER = False: no break.
         return _hash_lookups_eager(embeds, tokens, hash_embeddings, specs, vocab)
     return _hash_lookups(embeds, tokens, hash_embeddings, specs, vocab)
 

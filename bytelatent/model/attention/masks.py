@@ -209,6 +209,16 @@ class HostDocuments:
             raise ValueError(f"document ends must be [batch, positions], got shape {ends.shape}")
         ends[:, -1] = True
         self.ends = ends
+        self._single: bool | None = None
+
+    @property
+    def single_document(self) -> bool:
+        """Every row is one document (no end before the last position): a Python bool, computed
+        once; a compiled forward handed documents built before the trace branches on it with a
+        guard instead of a graph break."""
+        if self._single is None:
+            self._single = not bool(self.ends[:, :-1].any())
+        return self._single
 
     @classmethod
     def from_tokens(cls, tokens: np.ndarray, eos_id: int) -> HostDocuments:

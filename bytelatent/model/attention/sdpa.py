@@ -126,7 +126,12 @@ def _document_mask(spec: BlockCausal | LocalBlockCausal) -> AttnMask:
             return SdpaBanded(chunked.banded_self_attn_mask(tokens, eos_id, window, chunk))
     dense = dense_self_attn_mask(kind, tokens, eos_id, window)
     if tokens.device.type == "cpu":
-        if (window is None or window >= seqlen) and chunked.is_single_document(tokens, eos_id):
+        single = (
+            spec.docs.single_document
+            if spec.docs is not None  # from the host: no device sync, no graph break
+            else chunked.is_single_document(tokens, eos_id)
+        )
+        if (window is None or window >= seqlen) and single:
             return SdpaSingleDocument(dense)
         if seqlen > chunked.SDPA_CHUNK and not torch.compiler.is_compiling():
             plan = chunked.chunk_plan(dense, tokens, eos_id, window, chunked.SDPA_CHUNK)
