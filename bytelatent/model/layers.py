@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -160,9 +162,13 @@ def apply_rotary_emb(
     pair as the complex number x[2i] + i·x[2i+1] times cos + i·sin: the same products and sums
     as the reference's 2×2 matrix form (bitwise equal in fp32) in one kernel. Under
     torch.compile the real-valued form is used, which inductor fuses (it has no complex codegen).
+    freqs_cis may also be [B,S,D/2,2,2]: each row's own positions (a KV-cached step).
     """
-    cos = freqs_cis[..., 0, 0].float()[None, :, None, :]  # [1,S,1,D/2]
-    sin = freqs_cis[..., 1, 0].float()[None, :, None, :]
+    cos = freqs_cis[..., 0, 0].float()
+    sin = freqs_cis[..., 1, 0].float()
+    if cos.dim() == 2:
+        cos, sin = cos[None], sin[None]
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # [1 or B,S,1,D/2]
     if torch.compiler.is_compiling():
         return _rotate_pairs_real(xq, cos, sin), _rotate_pairs_real(xk, cos, sin)
     rotation = torch.complex(cos, sin)
@@ -193,6 +199,53 @@ def autocast_input(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+@dataclass
+class CacheStep:
+    """Where the positions of one incremental forward go (the same for every layer of a stack).
+
+    ``positions`` [B,S] long: each new token's position (its RoPE row and its cache slot).
+    ``start``: the new keys/values go to slots start..start+S-1 of every row (a prefill), or,
+    with None, to each row's ``positions[:, 0]`` (one-token step). Queries attend the cached
+    keys key_start..key_len-1 under ``mask`` (bool [B,1,S,keys]; None: all of them).
+    """
+
+    positions: torch.Tensor
+    start: int | None
+    key_start: int
+    key_len: int
+    mask: torch.Tensor | None
+
+
+@dataclass
+class KVCache:
+    """A self-attention's keys and values [B, n_kv_heads, capacity, head_dim] and the step that
+    the next forward runs (set by the caller, e.g. ``eval.generation.cache.CachedStack``)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    step: CacheStep | None = None
+
+    def attend(self, xq: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor) -> torch.Tensor:
+        """Store the new (rotated) xk/xv [B,S,Hkv,D], attend xq [B,S,H,D] -> [B,H,S,D]."""
+        step = self.step
+        keys, values = self.keys, self.values
+        if step.start is None:
+            rows = torch.arange(xk.shape[0], device=xk.device)
+            keys[rows, :, step.positions[:, 0]] = xk[:, 0]
+            values[rows, :, step.positions[:, 0]] = xv[:, 0]
+        else:
+            end = step.start + xk.shape[1]
+            keys[:, :, step.start : end] = xk.transpose(1, 2)
+            values[:, :, step.start : end] = xv.transpose(1, 2)
+        return F.scaled_dot_product_attention(
+            xq.transpose(1, 2),
+            keys[:, :, step.key_start : step.key_len],
+            values[:, :, step.key_start : step.key_len],
+            attn_mask=step.mask,
+            enable_gqa=xq.shape[2] != xk.shape[2],
+        )
+
+
 def _trunc_normal_(weight: torch.Tensor, std: float) -> None:
     nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
 
@@ -220,16 +273,26 @@ class Attention(nn.Module):
         self,
         x: torch.Tensor,
         freq_cis: torch.Tensor,
-        mask: AttnMask,
+        mask: AttnMask | None,
+        cache: KVCache | None = None,
     ) -> torch.Tensor:
-        """x [B,S,dim] -> [B,S,dim]; freq_cis covers at least S positions."""
+        """x [B,S,dim] -> [B,S,dim]; freq_cis covers at least S positions.
+
+        With ``cache`` (generation) the S new positions are ``cache.step.positions`` (RoPE rows
+        of the whole table ``freq_cis``), their keys/values are stored in the cache and the
+        queries attend the cached keys under the step's mask; ``mask`` is unused.
+        """
         bsz, seqlen, _ = x.shape
         x = autocast_input(x)
         xq = self.wq(x).view(bsz, seqlen, self.n_heads, self.head_dim)
         xk = self.wk(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
         xv = self.wv(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
-        xq, xk = apply_rotary_emb(xq, xk, freq_cis[:seqlen])
-        out = attend(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), mask)
+        if cache is None:
+            xq, xk = apply_rotary_emb(xq, xk, freq_cis[:seqlen])
+            out = attend(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), mask)
+        else:
+            xq, xk = apply_rotary_emb(xq, xk, freq_cis[cache.step.positions])
+            out = cache.attend(xq, xk, xv)
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, self.n_heads * self.head_dim))
 
     def reset_parameters(self, init_std: float | None = None, factor: float = 1.0) -> None:
@@ -299,9 +362,11 @@ class TransformerBlock(nn.Module):
         self,
         x: torch.Tensor,
         freq_cis: torch.Tensor,
-        mask: AttnMask,
+        mask: AttnMask | None,
+        cache: KVCache | None = None,
     ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), freq_cis, mask)
+        """``cache``: the attention's KV cache (generation, see ``Attention.forward``)."""
+        h = x + self.attention(self.attention_norm(x), freq_cis, mask, cache)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def init_weights(self, init_std: float | None = None, factor: float = 1.0) -> None:

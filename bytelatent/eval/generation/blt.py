@@ -64,7 +64,6 @@ def _local_stack(local: nn.Module, args, batch: int, capacity: int) -> CachedSta
         args.local_attn_kind(),
         args.local_attention_window_len,
         like=next(local.parameters()),
-        fuse=True,
     )
 
 
