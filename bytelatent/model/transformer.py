@@ -73,9 +73,9 @@ class LMTransformer(nn.Module):
         ``cache``: one KV cache per layer (generation, ``eval.generation.cache.CachedStack``):
         ``tokens`` are new positions after the cached ones; positions and masks come from the
         caches' current step."""
+        h = self.tok_embeddings(tokens)
         if cache is not None:
-            freq_cis = self.rope_embeddings.freqs_cis
-            h = self.tok_embeddings(tokens)
+            freq_cis = self.rope_embeddings.freqs_cis  # rows picked by the caches' positions
             for layer, layer_cache in zip(self.layers, cache, strict=True):
                 h = layer(h, freq_cis, None, layer_cache)
             return self.output(self.norm(h)).float()
@@ -90,7 +90,6 @@ class LMTransformer(nn.Module):
             docs=None if host is None else HostDocuments.from_tokens(host.x, self.args.eos_id),
         )
         freq_cis = self.rope_embeddings(seqlen=seqlen)
-        h = self.tok_embeddings(tokens)
         for layer in self.layers:
             h = layer(h, freq_cis, mask)
         return self.output(self.norm(h)).float()

@@ -85,3 +85,24 @@ def test_lm_cache_runs_the_training_modules(window: int | None) -> None:
         hook.remove()
     assert calls.count("model") == 2 + 20
     assert calls.count("attention") == len(model.layers) * (2 + 20)
+
+
+def test_blt_generation_runs_the_global_transformer_and_blocks() -> None:
+    """The BLT's global model runs its own forward (with its caches) once per prompt and once
+    per closing patch; every local block runs its own forward."""
+    gen = _generator("blt_released_flags")
+    model = gen.model
+    calls = []
+    hooks = [model.global_transformer.register_forward_hook(lambda *_: calls.append("global"))]
+    for local in (model.local_encoder, model.local_decoder):
+        hooks += [
+            layer.register_forward_hook(lambda *_: calls.append("block")) for layer in local.layers
+        ]
+    args = GenerationArgs(max_new_bytes=24, use_cache=True, stop_at_eos=False)
+    results = gen.generate(PROMPTS[:1], args)
+    for hook in hooks:
+        hook.remove()
+    assert results[0].tokens == GREEDY["blt_released_flags"][0]
+    assert calls.count("global") >= 2
+    n_local = len(model.local_encoder.layers) + len(model.local_decoder.layers)
+    assert calls.count("block") >= n_local * 24
