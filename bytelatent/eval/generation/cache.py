@@ -106,7 +106,9 @@ class CachedStack:
         self.next_doc[row] += len(eos_at)
         if eos_at:
             self.doc_start[row] = start + eos_at[-1] + 1
-        mask = self._mask(positions[None], docs[None], 0, start + steps, self.doc[row : row + 1])
+        # plain causal attention ignores documents (as the training mask): no document test
+        q_docs = docs[None] if self.kind in ("block_causal", "local_block_causal") else None
+        mask = self._mask(positions[None], q_docs, 0, start + steps, self.doc[row : row + 1])
         step = CacheStep(positions[None], start, 0, start + steps, mask)
         self.length[row] = start + steps
         return [
