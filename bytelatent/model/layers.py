@@ -19,8 +19,8 @@ class RMSNorm(nn.RMSNorm):
     Under autocast the norm is computed in float32 and its output is written in the autocast
     dtype (every consumer is a linear that would cast it anyway). On CPU in eager mode the work
     runs in ``_RMSNormFunction`` (same forward, bitwise; a backward in fewer passes than
-    autograd's decomposition of ``F.rms_norm``); under torch.compile, on other devices and for
-    DTensors the plain ops run.
+    autograd's decomposition of ``F.rms_norm``); without grad mode, under torch.compile, on
+    other devices and for DTensors the plain ops run.
     """
 
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
@@ -32,7 +32,9 @@ class RMSNorm(nn.RMSNorm):
         out_dtype = x.dtype
         if torch.is_autocast_enabled(device_type) and x.is_floating_point():
             out_dtype = torch.get_autocast_dtype(device_type)
-        if _use_rmsnorm_function(x, self.weight):
+        # without autograd (generation, evaluation) the fused op is the same forward, bitwise,
+        # without the autograd.Function's per-call overhead
+        if torch.is_grad_enabled() and _use_rmsnorm_function(x, self.weight):
             return _RMSNormFunction.apply(x, self.weight, self._eps(x), out_dtype)
         if x.dtype == self.weight.dtype:
             return super().forward(x).to(out_dtype)
