@@ -164,13 +164,9 @@ def apply_rotary_emb(
     pair as the complex number x[2i] + i·x[2i+1] times cos + i·sin: the same products and sums
     as the reference's 2×2 matrix form (bitwise equal in fp32) in one kernel. Under
     torch.compile the real-valued form is used, which inductor fuses (it has no complex codegen).
-    freqs_cis may also be [B,S,D/2,2,2]: each row's own positions (a KV-cached step).
     """
-    cos = freqs_cis[..., 0, 0].float()
-    sin = freqs_cis[..., 1, 0].float()
-    if cos.dim() == 2:
-        cos, sin = cos[None], sin[None]
-    cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # [1 or B,S,1,D/2]
+    cos = freqs_cis[..., 0, 0].float()[None, :, None, :]  # [1,S,1,D/2]
+    sin = freqs_cis[..., 1, 0].float()[None, :, None, :]
     if torch.compiler.is_compiling():
         return _rotate_pairs_real(xq, cos, sin), _rotate_pairs_real(xk, cos, sin)
     rotation = torch.complex(cos, sin)
@@ -205,13 +201,15 @@ def autocast_input(x: torch.Tensor) -> torch.Tensor:
 class CacheStep:
     """Where the positions of one incremental forward go (the same for every layer of a stack).
 
-    ``positions`` [B,S] long: each new token's position (its RoPE row and its cache slot).
+    ``positions`` [B,S] long: each new token's position (its cache slot); ``rotation``
+    [B,S,1,D/2] complex: their RoPE rows as cos + i·sin (computed once for all layers).
     ``start``: the new keys/values go to slots start..start+S-1 of every row (a prefill), or,
     with None, to each row's ``positions[:, 0]`` (one-token step). Queries attend the cached
     keys key_start..key_len-1 under ``mask`` (bool [B,1,S,keys]; None: all of them).
     """
 
     positions: torch.Tensor
+    rotation: torch.Tensor
     start: int | None
     key_start: int
     key_len: int
@@ -280,9 +278,10 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """x [B,S,dim] -> [B,S,dim]; freq_cis covers at least S positions.
 
-        With ``cache`` (generation) the S new positions are ``cache.step.positions`` (RoPE rows
-        of the whole table ``freq_cis``), their keys/values are stored in the cache and the
-        queries attend the cached keys under the step's mask; ``mask`` is unused.
+        With ``cache`` (generation) the S new positions are ``cache.step.positions`` (rotated by
+        the step's RoPE rows, as ``apply_rotary_emb`` in eager mode), their keys/values are
+        stored in the cache and the queries attend the cached keys under the step's mask;
+        ``freq_cis`` and ``mask`` are unused.
         """
         bsz, seqlen, _ = x.shape
         x = autocast_input(x)
@@ -293,7 +292,8 @@ class Attention(nn.Module):
             xq, xk = apply_rotary_emb(xq, xk, freq_cis[:seqlen])
             out = attend(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), mask)
         else:
-            xq, xk = apply_rotary_emb(xq, xk, freq_cis[cache.step.positions])
+            rotation = cache.step.rotation
+            xq, xk = _rotate_pairs_complex(xq, rotation), _rotate_pairs_complex(xk, rotation)
             out = cache.attend(xq, xk, xv)
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, self.n_heads * self.head_dim))
 

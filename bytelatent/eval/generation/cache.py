@@ -75,6 +75,8 @@ class CachedStack:
             eye = torch.eye(2, dtype=torch.float32, device=self.device)
             rope = eye.expand(capacity + 1, self.head_dim // 2, 2, 2)
         self.freq_cis = rope
+        # its rows as cos + i·sin, indexed once per step for every layer
+        self.rotation_table = torch.complex(rope[..., 0, 0].float(), rope[..., 1, 0].float())
         self.caches = [KVCache(k, v) for k, v in zip(self.keys, self.values)]
 
     def reset_rows(self, rows: list[int]) -> None:
@@ -109,7 +111,8 @@ class CachedStack:
         # plain causal attention ignores documents (as the training mask): no document test
         q_docs = docs[None] if self.kind in ("block_causal", "local_block_causal") else None
         mask = self._mask(positions[None], q_docs, 0, start + steps, self.doc[row : row + 1])
-        step = CacheStep(positions[None], start, 0, start + steps, mask)
+        rotation = self.rotation_table[positions][None, :, None, :]
+        step = CacheStep(positions[None], rotation, start, 0, start + steps, mask)
         self.length[row] = start + steps
         return [
             KVCache(keys[row : row + 1], values[row : row + 1], step)
@@ -135,7 +138,8 @@ class CachedStack:
         if not self._all_keys_allowed(key_start, key_len):
             q_docs = None if docs is None else docs[:, None]
             mask = self._mask(positions[:, None], q_docs, key_start, key_len, self.doc)
-        step = CacheStep(positions[:, None], None, key_start, key_len, mask)
+        rotation = self.rotation_table[positions][:, None, None, :]
+        step = CacheStep(positions[:, None], rotation, None, key_start, key_len, mask)
         for cache in self.caches:
             cache.step = step
         for b, on in enumerate(advance):
