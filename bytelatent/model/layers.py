@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,8 +19,8 @@ class RMSNorm(nn.RMSNorm):
     Under autocast the norm is computed in float32 and its output is written in the autocast
     dtype (every consumer is a linear that would cast it anyway). On CPU in eager mode the work
     runs in ``_RMSNormFunction`` (same forward, bitwise; a backward in fewer passes than
-    autograd's decomposition of ``F.rms_norm``); under torch.compile, on other devices and for
-    DTensors the plain ops run.
+    autograd's decomposition of ``F.rms_norm``); without grad mode, under torch.compile, on
+    other devices and for DTensors the plain ops run.
     """
 
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
@@ -30,7 +32,9 @@ class RMSNorm(nn.RMSNorm):
         out_dtype = x.dtype
         if torch.is_autocast_enabled(device_type) and x.is_floating_point():
             out_dtype = torch.get_autocast_dtype(device_type)
-        if _use_rmsnorm_function(x, self.weight):
+        # without autograd (generation, evaluation) the fused op is the same forward, bitwise,
+        # without the autograd.Function's per-call overhead
+        if torch.is_grad_enabled() and _use_rmsnorm_function(x, self.weight):
             return _RMSNormFunction.apply(x, self.weight, self._eps(x), out_dtype)
         if x.dtype == self.weight.dtype:
             return super().forward(x).to(out_dtype)
@@ -193,6 +197,55 @@ def autocast_input(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+@dataclass
+class CacheStep:
+    """Where the positions of one incremental forward go (the same for every layer of a stack).
+
+    ``positions`` [B,S] long: each new token's position (its cache slot); ``rotation``
+    [B,S,1,D/2] complex: their RoPE rows as cos + i·sin (computed once for all layers).
+    ``start``: the new keys/values go to slots start..start+S-1 of every row (a prefill), or,
+    with None, to each row's ``positions[:, 0]`` (one-token step). Queries attend the cached
+    keys key_start..key_len-1 under ``mask`` (bool [B,1,S,keys]; None: all of them).
+    """
+
+    positions: torch.Tensor
+    rotation: torch.Tensor
+    start: int | None
+    key_start: int
+    key_len: int
+    mask: torch.Tensor | None
+
+
+@dataclass
+class KVCache:
+    """A self-attention's keys and values [B, n_kv_heads, capacity, head_dim] and the step that
+    the next forward runs (set by the caller, e.g. ``eval.generation.cache.CachedStack``)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    step: CacheStep | None = None
+
+    def attend(self, xq: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor) -> torch.Tensor:
+        """Store the new (rotated) xk/xv [B,S,Hkv,D], attend xq [B,S,H,D] -> [B,H,S,D]."""
+        step = self.step
+        keys, values = self.keys, self.values
+        if step.start is None:
+            rows = torch.arange(xk.shape[0], device=xk.device)
+            keys[rows, :, step.positions[:, 0]] = xk[:, 0]
+            values[rows, :, step.positions[:, 0]] = xv[:, 0]
+        else:
+            end = step.start + xk.shape[1]
+            keys[:, :, step.start : end] = xk.transpose(1, 2)
+            values[:, :, step.start : end] = xv.transpose(1, 2)
+        return F.scaled_dot_product_attention(
+            xq.transpose(1, 2),
+            keys[:, :, step.key_start : step.key_len],
+            values[:, :, step.key_start : step.key_len],
+            attn_mask=step.mask,
+            enable_gqa=xq.shape[2] != xk.shape[2],
+        )
+
+
 def _trunc_normal_(weight: torch.Tensor, std: float) -> None:
     nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
 
@@ -220,16 +273,28 @@ class Attention(nn.Module):
         self,
         x: torch.Tensor,
         freq_cis: torch.Tensor,
-        mask: AttnMask,
+        mask: AttnMask | None,
+        cache: KVCache | None = None,
     ) -> torch.Tensor:
-        """x [B,S,dim] -> [B,S,dim]; freq_cis covers at least S positions."""
+        """x [B,S,dim] -> [B,S,dim]; freq_cis covers at least S positions.
+
+        With ``cache`` (generation) the S new positions are ``cache.step.positions`` (rotated by
+        the step's RoPE rows, as ``apply_rotary_emb`` in eager mode), their keys/values are
+        stored in the cache and the queries attend the cached keys under the step's mask;
+        ``freq_cis`` and ``mask`` are unused.
+        """
         bsz, seqlen, _ = x.shape
         x = autocast_input(x)
         xq = self.wq(x).view(bsz, seqlen, self.n_heads, self.head_dim)
         xk = self.wk(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
         xv = self.wv(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
-        xq, xk = apply_rotary_emb(xq, xk, freq_cis[:seqlen])
-        out = attend(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), mask)
+        if cache is None:
+            xq, xk = apply_rotary_emb(xq, xk, freq_cis[:seqlen])
+            out = attend(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), mask)
+        else:
+            rotation = cache.step.rotation
+            xq, xk = _rotate_pairs_complex(xq, rotation), _rotate_pairs_complex(xk, rotation)
+            out = cache.attend(xq, xk, xv)
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, self.n_heads * self.head_dim))
 
     def reset_parameters(self, init_std: float | None = None, factor: float = 1.0) -> None:
@@ -299,9 +364,11 @@ class TransformerBlock(nn.Module):
         self,
         x: torch.Tensor,
         freq_cis: torch.Tensor,
-        mask: AttnMask,
+        mask: AttnMask | None,
+        cache: KVCache | None = None,
     ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), freq_cis, mask)
+        """``cache``: the attention's KV cache (generation, see ``Attention.forward``)."""
+        h = x + self.attention(self.attention_norm(x), freq_cis, mask, cache)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def init_weights(self, init_std: float | None = None, factor: float = 1.0) -> None:

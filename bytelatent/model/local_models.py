@@ -17,6 +17,8 @@ Where the reference crashes or does nothing (docs/differences.md):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -30,7 +32,13 @@ from bytelatent.model.attention import (
 )
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.cross_attention import CrossAttention
-from bytelatent.model.layers import RMSNorm, RotaryEmbedding, TransformerBlock, init_std_factor
+from bytelatent.model.layers import (
+    KVCache,
+    RMSNorm,
+    RotaryEmbedding,
+    TransformerBlock,
+    init_std_factor,
+)
 from bytelatent.model.patch_utils import PatchCrossMask, pool_patches
 from bytelatent.tokenizers.constants import BOE_ID
 
@@ -282,22 +290,34 @@ class GlobalTransformer(nn.Module):
         h: torch.Tensor,
         patch_has_eos: torch.Tensor | None,
         docs: HostDocuments | None = None,
+        cache: Sequence[KVCache] | None = None,
     ) -> torch.Tensor:
         """h [B,P,in]; patch_has_eos [B,P] bool (documents end at patches holding an EOS);
-        ``docs``: the same documents known on the host (xformers then needs no device sync)."""
-        kind = self.args.attn_bias_type
-        if kind == "block_causal":
-            tokens = torch.where(patch_has_eos, self.eos_id, BOE_ID)
-        else:
-            tokens = torch.zeros(h.shape[:2], dtype=torch.long, device=h.device)
-        backend = resolve_backend(self.args.attn_impl, h.device)
-        mask = self_attn_mask(kind, tokens, eos_id=self.eos_id, backend=backend, docs=docs)
+        ``docs``: the same documents known on the host (xformers then needs no device sync).
+
+        ``cache``: one KV cache per layer (generation, ``eval.generation.cache.CachedStack``):
+        ``h`` holds new patches after the cached ones, whose positions and masks come from the
+        caches' current step (``patch_has_eos`` and ``docs`` are unused)."""
+        mask = None
+        if cache is None:
+            kind = self.args.attn_bias_type
+            if kind == "block_causal":
+                tokens = torch.where(patch_has_eos, self.eos_id, BOE_ID)
+            else:
+                tokens = torch.zeros(h.shape[:2], dtype=torch.long, device=h.device)
+            backend = resolve_backend(self.args.attn_impl, h.device)
+            mask = self_attn_mask(kind, tokens, eos_id=self.eos_id, backend=backend, docs=docs)
         if self.token_embedding_projection is not None:
             h = self.token_embedding_projection(h)
         h = _dropout(h, self.dropout, self.training)
-        freqs = self.rope_embeddings(seqlen=h.shape[1])
-        for layer in self.layers:
-            h = layer(h, freqs, mask)
+        if cache is None:
+            freqs = self.rope_embeddings(seqlen=h.shape[1])
+            caches = [None] * len(self.layers)
+        else:
+            freqs = self.rope_embeddings.freqs_cis  # rows picked by the caches' positions
+            caches = cache
+        for layer, layer_cache in zip(self.layers, caches, strict=True):
+            h = layer(h, freqs, mask, layer_cache)
         return h
 
     @torch.no_grad()

@@ -7,7 +7,7 @@ the output (docs/differences.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -23,6 +23,7 @@ from bytelatent.model.attention import (
     self_attn_mask,
 )
 from bytelatent.model.layers import (
+    KVCache,
     RMSNorm,
     RotaryEmbedding,
     TransformerBlock,
@@ -60,9 +61,24 @@ class LMTransformer(nn.Module):
         self._tie_weights()
         return result
 
-    def forward(self, tokens: torch.Tensor, host: HostBatch | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        host: HostBatch | None = None,
+        cache: Sequence[KVCache] | None = None,
+    ) -> torch.Tensor:
         """``host``: the batch's host arrays (``host.x`` = ``tokens`` before the copy to the
-        device), from which xformers masks take their document lengths without a device sync."""
+        device), from which xformers masks take their document lengths without a device sync.
+
+        ``cache``: one KV cache per layer (generation, ``eval.generation.cache.CachedStack``):
+        ``tokens`` are new positions after the cached ones; positions and masks come from the
+        caches' current step."""
+        h = self.tok_embeddings(tokens)
+        if cache is not None:
+            freq_cis = self.rope_embeddings.freqs_cis  # rows picked by the caches' positions
+            for layer, layer_cache in zip(self.layers, cache, strict=True):
+                h = layer(h, freq_cis, None, layer_cache)
+            return self.output(self.norm(h)).float()
         seqlen = tokens.shape[1]
         backend = resolve_backend(self.args.attn_impl, tokens.device)
         mask = self_attn_mask(
@@ -74,7 +90,6 @@ class LMTransformer(nn.Module):
             docs=None if host is None else HostDocuments.from_tokens(host.x, self.args.eos_id),
         )
         freq_cis = self.rope_embeddings(seqlen=seqlen)
-        h = self.tok_embeddings(tokens)
         for layer in self.layers:
             h = layer(h, freq_cis, mask)
         return self.output(self.norm(h)).float()

@@ -64,3 +64,16 @@ def test_module_uses_function_on_cpu_eager_and_autocast_dtype() -> None:
     assert out.grad_fn is not None and "RMSNormFunction" in type(out.grad_fn).__name__
     # float64 keeps the exact composite (the function computes in float32)
     assert not layers._use_rmsnorm_function(x.double(), norm.weight)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_grad_forward_is_bitwise_the_autograd_forward(dtype: torch.dtype) -> None:
+    """Without grad mode RMSNorm runs the fused op (generation, evaluation): same bits."""
+    torch.manual_seed(0)
+    norm = RMSNorm(64)
+    torch.nn.init.normal_(norm.weight)
+    for shape in [(1, 1, 64), (3, 7, 64)]:
+        x = (3 * torch.randn(shape)).to(dtype)
+        with torch.no_grad():
+            fast = norm(x)
+        assert torch.equal(fast, norm(x).detach())

@@ -20,7 +20,6 @@ when a patch closes, one global step: work proportional to one byte, not to the 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from bytelatent.data.entropy import entropy as entropy_of
@@ -64,7 +63,6 @@ def _local_stack(local: nn.Module, args, batch: int, capacity: int) -> CachedSta
         args.local_attn_kind(),
         args.local_attention_window_len,
         like=next(local.parameters()),
-        fuse=True,
     )
 
 
@@ -159,7 +157,7 @@ class IncrementalBLT:
         hashes = (window[:, None, :] * self.hash_powers[None]).sum(-1)
         ids = torch.remainder(hashes, self.args.encoder_hash_byte_group_vocab)
         for index, table in enumerate(tables):
-            embeds = embeds + F.embedding(ids[:, index : index + 1], table.weight)
+            embeds = embeds + table(ids[:, index : index + 1])
         return embeds
 
     def _positions(
@@ -167,7 +165,7 @@ class IncrementalBLT:
     ) -> torch.Tensor:
         if local.pos_embeddings is None:
             return h
-        return h + local.pos_embeddings.weight[positions].view(h.shape)
+        return h + local.pos_embeddings(positions).view(h.shape)
 
     # -- patches --------------------------------------------------------------------------------
 
@@ -205,11 +203,9 @@ class IncrementalBLT:
     def _global_input(
         self, row: int, patches: list[tuple[int, int, int]]
     ) -> tuple[torch.Tensor, list[bool]]:
-        """The global model's inputs [P, dim] of ``patches`` (start, end, index) and whether each
+        """The global model's inputs [P, in_dim] (before its projection) of ``patches`` (start, end, index) and whether each
         holds an EOS (from the host tokens)."""
         reps = torch.stack([self._patch_input(row, s, e, p) for s, e, p in patches])
-        if self.glob.token_embedding_projection is not None:
-            reps = self.glob.token_embedding_projection(reps)
         tokens = self.host_tokens[row]
         eos = [self.args.eos_id in tokens[s:e] for s, e, _ in patches]
         return reps, eos
@@ -323,7 +319,7 @@ class IncrementalBLT:
         patches = [(starts[j], starts[j + 1], j) for j in range(len(starts) - 1)]
         reps, patch_eos = self._global_input(row, patches)
         patch_eos = torch.tensor(patch_eos, device=self.device)[None]
-        g = self.glob_stack.prefill(row, reps[None], patch_eos)[-1][0]
+        g = self.glob(reps[None], None, cache=self.glob_stack.prefill_caches(row, patch_eos))[0]
         count = len(patches)
         self.patch_out[row, :count] = self._decoder_patch_state(g)
         self._store_slot_kv(row, 0, self.patch_out[row, :count])
@@ -401,15 +397,14 @@ class IncrementalBLT:
 
     def _close_patches(self, closing: list[int], bsz: int) -> None:
         """One global step for the rows whose open patch just closed."""
-        dim_in = self.glob.dim
-        x = self.patch_out.new_zeros(bsz, 1, dim_in)
+        x = self.patch_out.new_zeros(bsz, 1, self.args.global_input_dim())
         patch_eos = [False] * bsz
         for b in closing:
             starts = self.starts[b]
             reps, eos = self._global_input(b, [(starts[-2], starts[-1], self.closed[b])])
             x[b, 0], patch_eos[b] = reps[0], eos[0]
         advance = [b in closing for b in range(bsz)]
-        g = self.glob_stack.step(x, patch_eos, advance)[-1][:, 0]
+        g = self.glob(x, None, cache=self.glob_stack.step_caches(patch_eos, advance))[:, 0]
         state = self._decoder_patch_state(g)
         for b in closing:
             self.patch_out[b, self.closed[b]] = state[b]

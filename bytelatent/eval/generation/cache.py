@@ -1,8 +1,9 @@
-"""KV caches that run an existing stack of ``TransformerBlock`` weights a few positions at a time.
+"""KV caches with which an existing stack of ``TransformerBlock``s runs a few positions at a time.
 
-Nothing here owns weights: ``CachedStack`` calls the blocks' own submodules (norms, ``wq``/``wk``/
-``wv``/``wo``, ``feed_forward``) and ``apply_rotary_emb``, so the function is the one the model
-computes on a whole sequence (same masks: causal, document-causal by EOS, sliding window).
+Nothing here owns weights or computes a layer: the blocks run their own training ``forward`` with a
+``layers.KVCache`` argument (keys/values plus the step's positions and mask), so the function is
+the one the model computes on a whole sequence (same masks: causal, document-causal by EOS,
+sliding window). ``CachedStack`` keeps the caches and decides each step's positions and mask.
 
 Rows of a batch sit at different positions: each row has its own length; a step writes the new
 keys/values at that row's length and only rows marked ``advance`` keep them (a finished row is
@@ -18,10 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from bytelatent.model.layers import TransformerBlock
+from bytelatent.model.layers import CacheStep, KVCache, TransformerBlock
 
 LayerHook = Callable[[int, torch.Tensor], torch.Tensor] | None
 
@@ -48,12 +48,8 @@ class CachedStack:
         kind: str | None,
         window: int | None,
         like: torch.Tensor,
-        fuse: bool = False,
     ) -> None:
         self.layers = list(layers)
-        # ``fuse``: one matmul for wq/wk/wv and one for w1/w3 per step (a copy of those weights:
-        # worth it for the small stacks that run once per byte, not for the global model)
-        self.fused = [_fused_weights(layer) for layer in self.layers] if fuse else None
         first = self.layers[0].attention
         self.head_dim, self.n_heads, self.n_kv_heads = (
             first.head_dim,
@@ -74,13 +70,14 @@ class CachedStack:
         self.doc_start = [0] * batch  # first position of each row's current document
         self.doc = torch.zeros(batch, capacity + 1, dtype=torch.long, device=self.device)
         self.rows = torch.arange(batch, device=self.device)
-        # RoPE rows as complex cos + i sin (angle 0 without RoPE: multiplying by 1 changes nothing)
+        # the blocks' RoPE table (angle 0 without RoPE, as the local models' training forward)
         if rope is None:
-            self.rotation_table = torch.ones(
-                capacity + 1, self.head_dim // 2, dtype=torch.complex64, device=self.device
-            )
-        else:
-            self.rotation_table = torch.complex(rope[..., 0, 0].float(), rope[..., 1, 0].float())
+            eye = torch.eye(2, dtype=torch.float32, device=self.device)
+            rope = eye.expand(capacity + 1, self.head_dim // 2, 2, 2)
+        self.freq_cis = rope
+        # its rows as cos + i·sin, indexed once per step for every layer
+        self.rotation_table = torch.complex(rope[..., 0, 0].float(), rope[..., 1, 0].float())
+        self.caches = [KVCache(k, v) for k, v in zip(self.keys, self.values)]
 
     def reset_rows(self, rows: list[int]) -> None:
         """Empty the cache of ``rows`` (a new context)."""
@@ -89,12 +86,69 @@ class CachedStack:
             self.next_doc[row] = 0
             self.doc_start[row] = 0
 
-    def _rotation(self, first: int, last: int, positions: torch.Tensor) -> torch.Tensor:
-        if last >= self.rotation_table.shape[0]:
+    def _check_rope(self, last: int) -> None:
+        if last >= self.freq_cis.shape[0]:
             raise ValueError(
-                f"position {last} exceeds the RoPE table (max_seqlen={self.rotation_table.shape[0]})"
+                f"position {last} exceeds the RoPE table (max_seqlen={self.freq_cis.shape[0]})"
             )
-        return self.rotation_table[positions]
+
+    def prefill_caches(self, row: int, is_eos: torch.Tensor) -> list[KVCache]:
+        """Plan appending T positions (is_eos [1,T] bool) to row ``row``: every layer's cache
+        (a view of that row) for the forward that runs them."""
+        start = self.length[row]
+        steps = is_eos.shape[1]
+        if start + steps > self.capacity:
+            raise ValueError(f"cache of {self.capacity} positions is full")
+        self._check_rope(start + steps - 1)
+        positions = torch.arange(start, start + steps, device=self.device)
+        eos = is_eos[0].long()
+        docs = self.next_doc[row] + torch.cumsum(eos, 0) - eos
+        self.doc[row, start : start + steps] = docs
+        eos_at = torch.nonzero(is_eos[0]).flatten().tolist()  # once per prompt
+        self.next_doc[row] += len(eos_at)
+        if eos_at:
+            self.doc_start[row] = start + eos_at[-1] + 1
+        # plain causal attention ignores documents (as the training mask): no document test
+        q_docs = docs[None] if self.kind in ("block_causal", "local_block_causal") else None
+        mask = self._mask(positions[None], q_docs, 0, start + steps, self.doc[row : row + 1])
+        rotation = self.rotation_table[positions][None, :, None, :]
+        step = CacheStep(positions[None], rotation, start, 0, start + steps, mask)
+        self.length[row] = start + steps
+        return [
+            KVCache(keys[row : row + 1], values[row : row + 1], step)
+            for keys, values in zip(self.keys, self.values)
+        ]
+
+    def step_caches(self, is_eos: list[bool], advance: list[bool]) -> list[KVCache]:
+        """Plan one new position per row (is_eos/advance host lists of B bools): every layer's
+        cache for the forward that runs it (rows with ``advance`` False do not keep it)."""
+        if any(n >= self.capacity and on for n, on in zip(self.length, advance)):
+            raise ValueError(f"cache of {self.capacity} positions is full")
+        positions = to_device(self.length, self.device)
+        docs = None
+        if self.kind in ("block_causal", "local_block_causal"):
+            docs = to_device(self.next_doc, self.device)
+            self.doc[self.rows, positions] = docs
+        first, last = min(self.length), max(self.length)
+        self._check_rope(last)
+        key_len = last + 1
+        # keys before every row's window cannot be attended: leave them out (O(window) per step)
+        key_start = 0 if self.window is None else max(0, first - self.window + 1)
+        mask = None  # every key in the slice is allowed for every row: sdpa's unmasked kernel
+        if not self._all_keys_allowed(key_start, key_len):
+            q_docs = None if docs is None else docs[:, None]
+            mask = self._mask(positions[:, None], q_docs, key_start, key_len, self.doc)
+        rotation = self.rotation_table[positions][:, None, None, :]
+        step = CacheStep(positions[:, None], rotation, None, key_start, key_len, mask)
+        for cache in self.caches:
+            cache.step = step
+        for b, on in enumerate(advance):
+            if on:
+                self.length[b] += 1
+                if docs is not None and is_eos[b]:
+                    self.next_doc[b] += 1
+                    self.doc_start[b] = self.length[b]
+        return self.caches
 
     @torch.no_grad()
     def prefill(
@@ -104,38 +158,7 @@ class CachedStack:
 
         ``before_layer(i, h) -> h`` runs before layer i (the BLT decoder's cross-attention).
         """
-        start = self.length[row]
-        steps = x.shape[1]
-        if start + steps > self.capacity:
-            raise ValueError(f"cache of {self.capacity} positions is full")
-        positions = torch.arange(start, start + steps, device=x.device)
-        eos = is_eos[0].long()
-        docs = self.next_doc[row] + torch.cumsum(eos, 0) - eos
-        self.doc[row, start : start + steps] = docs
-        eos_at = torch.nonzero(is_eos[0]).flatten().tolist()  # once per prompt
-        self.next_doc[row] += len(eos_at)
-        if eos_at:
-            self.doc_start[row] = start + eos_at[-1] + 1
-        rotation = self._rotation(start, start + steps - 1, positions)[None, :, None, :]
-        mask = self._mask(positions[None], docs[None], 0, start + steps, self.doc[row : row + 1])
-        h, outputs = x, []
-        for i, (layer, keys, values) in enumerate(zip(self.layers, self.keys, self.values)):
-            if before_layer is not None:
-                h = before_layer(i, h)
-            h = self._block(
-                layer,
-                h,
-                rotation,
-                start,
-                keys[row : row + 1],
-                values[row : row + 1],
-                positions[None],
-                mask,
-                (0, start + steps),
-            )
-            outputs.append(h)
-        self.length[row] = start + steps
-        return outputs
+        return self._run(x, self.prefill_caches(row, is_eos), before_layer)
 
     @torch.no_grad()
     def step(
@@ -147,44 +170,17 @@ class CachedStack:
     ) -> list[torch.Tensor]:
         """One new position per row: x [B,1,dim], is_eos/advance host lists of B bools -> layer
         outputs."""
-        if any(n >= self.capacity and on for n, on in zip(self.length, advance)):
-            raise ValueError(f"cache of {self.capacity} positions is full")
-        positions = to_device(self.length, self.device)
-        docs = None
-        if self.kind in ("block_causal", "local_block_causal"):
-            docs = to_device(self.next_doc, self.device)
-            self.doc[self.rows, positions] = docs
-        first, last = min(self.length), max(self.length)
-        rotation = self._rotation(first, last, positions)[:, None, None, :]
-        key_len = last + 1
-        # keys before every row's window cannot be attended: leave them out (O(window) per step)
-        key_start = 0 if self.window is None else max(0, first - self.window + 1)
-        mask = None  # every key in the slice is allowed for every row: sdpa's unmasked kernel
-        if not self._all_keys_allowed(key_start, key_len):
-            q_docs = None if docs is None else docs[:, None]
-            mask = self._mask(positions[:, None], q_docs, key_start, key_len, self.doc)
+        return self._run(x, self.step_caches(is_eos, advance), before_layer)
+
+    def _run(
+        self, x: torch.Tensor, caches: list[KVCache], before_layer: LayerHook
+    ) -> list[torch.Tensor]:
         h, outputs = x, []
-        for i, (layer, keys, values) in enumerate(zip(self.layers, self.keys, self.values)):
+        for i, (layer, cache) in enumerate(zip(self.layers, caches)):
             if before_layer is not None:
                 h = before_layer(i, h)
-            h = self._block(
-                layer,
-                h,
-                rotation,
-                None,
-                keys,
-                values,
-                positions[:, None],
-                mask,
-                (key_start, key_len),
-            )
+            h = layer(h, self.freq_cis, None, cache)
             outputs.append(h)
-        for b, on in enumerate(advance):
-            if on:
-                self.length[b] += 1
-                if docs is not None and is_eos[b]:
-                    self.next_doc[b] += 1
-                    self.doc_start[b] = self.length[b]
         return outputs
 
     def _all_keys_allowed(self, key_start: int, key_len: int) -> bool:
@@ -218,77 +214,3 @@ class CachedStack:
         if q_doc is not None:
             allowed = allowed & (doc[:, None, key_start:key_len] == q_doc[:, :, None])
         return allowed[:, None]
-
-    def _block(
-        self,
-        layer: TransformerBlock,
-        x: torch.Tensor,
-        rotation: torch.Tensor,
-        start: int | None,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        positions: torch.Tensor,
-        mask: torch.Tensor | None,
-        key_range: tuple[int, int],
-    ) -> torch.Tensor:
-        """The block's forward on the new positions (same ops as TransformerBlock/Attention, called
-        on their weights directly: per-call module overhead dominates one-byte steps). New keys
-        and values go to ``start`` onwards (prefill) or, with ``start`` None, to each row's
-        ``positions`` (step)."""
-        attn, ffn = layer.attention, layer.feed_forward
-        bsz, steps, _ = x.shape
-        normed = _rms_norm(layer.attention_norm, x)
-        heads, kv_heads, head_dim = attn.n_heads, attn.n_kv_heads, attn.head_dim
-        fused = None if self.fused is None else self.fused[self.layers.index(layer)]
-        if fused is not None:
-            qkv = F.linear(normed, fused[0]).split(
-                [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1
-            )
-            xq, xk, xv = (t.reshape(bsz, steps, -1, head_dim) for t in qkv)
-        else:
-            xq = F.linear(normed, attn.wq.weight).view(bsz, steps, heads, head_dim)
-            xk = F.linear(normed, attn.wk.weight).view(bsz, steps, kv_heads, head_dim)
-            xv = F.linear(normed, attn.wv.weight).view(bsz, steps, kv_heads, head_dim)
-        xq, xk = _rotate(torch.cat([xq, xk], dim=2), rotation).split([heads, kv_heads], dim=2)
-        if start is None:
-            rows = torch.arange(bsz, device=x.device)
-            keys[rows, :, positions[:, 0]] = xk[:, 0]
-            values[rows, :, positions[:, 0]] = xv[:, 0]
-        else:
-            keys[:, :, start : start + steps] = xk.transpose(1, 2)
-            values[:, :, start : start + steps] = xv.transpose(1, 2)
-        key_start, key_len = key_range
-        out = F.scaled_dot_product_attention(
-            xq.transpose(1, 2),
-            keys[:, :, key_start:key_len],
-            values[:, :, key_start:key_len],
-            attn_mask=mask,
-            enable_gqa=heads != kv_heads,
-        )
-        out = out.transpose(1, 2).reshape(bsz, steps, heads * head_dim)
-        h = x + F.linear(out, attn.wo.weight)
-        normed = _rms_norm(layer.ffn_norm, h)
-        if fused is not None:
-            gate, up = F.linear(normed, fused[1]).chunk(2, dim=-1)
-            hidden = F.silu(gate) * up
-        else:
-            hidden = F.silu(F.linear(normed, ffn.w1.weight)) * F.linear(normed, ffn.w3.weight)
-        return h + F.linear(hidden, ffn.w2.weight)
-
-
-def _fused_weights(layer: TransformerBlock) -> tuple[torch.Tensor, torch.Tensor]:
-    attn, ffn = layer.attention, layer.feed_forward
-    qkv = torch.cat([attn.wq.weight, attn.wk.weight, attn.wv.weight]).detach()
-    return qkv, torch.cat([ffn.w1.weight, ffn.w3.weight]).detach()
-
-
-def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    if x.dtype != norm.weight.dtype:
-        return norm(x)
-    return F.rms_norm(x, norm.normalized_shape, norm.weight, norm.eps)
-
-
-def _rotate(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
-    """``layers.apply_rotary_emb``'s eager computation (interleaved pairs times cos + i sin)."""
-    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)).contiguous())
-    return torch.view_as_real(pairs * rotation).flatten(-2).type_as(x)

@@ -1,4 +1,5 @@
-"""An ``LMTransformer`` (the entropy model, or a byte LM) run incrementally with a KV cache."""
+"""An ``LMTransformer`` (the entropy model, or a byte LM) run incrementally with a KV cache: the
+model's own forward with one ``KVCache`` per layer (``cache.CachedStack`` plans each step)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,6 @@ class IncrementalLM:
             args.attn_bias_type,
             args.sliding_window,
             like=model.tok_embeddings.weight,
-            fuse=True,
         )
         self.eos_id = args.eos_id
         self.position = [0] * batch  # tokens fed per row (absolute, across restarts)
@@ -51,9 +51,6 @@ class IncrementalLM:
     def patch_lengths(self, row: int, n_tokens: int) -> None:
         return None  # a byte LM has no patches
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.model.output(self.model.norm(h)).float()
-
     @torch.no_grad()
     def prefill(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
         """Feed the 1-D ``tokens`` to row ``row``; returns logits [T, V] for each of them."""
@@ -69,8 +66,8 @@ class IncrementalLM:
                     self.stack.reset_rows([row])
                 end = min(end, offset + window - position % window)
             chunk = tokens[offset:end][None]
-            h = self.stack.prefill(row, self.model.tok_embeddings(chunk), chunk == self.eos_id)[-1]
-            outputs.append(self._logits(h)[0])
+            caches = self.stack.prefill_caches(row, chunk == self.eos_id)
+            outputs.append(self.model(chunk, cache=caches)[0])
             offset = end
         self.position[row] = start + tokens.numel()
         return torch.cat(outputs)
@@ -89,7 +86,7 @@ class IncrementalLM:
                 ]
             )
         ids = to_device(tokens, self.stack.device)
-        embeds = self.model.tok_embeddings(ids[:, None])
-        h = self.stack.step(embeds, [t == self.eos_id for t in tokens], advance)[-1]
+        caches = self.stack.step_caches([t == self.eos_id for t in tokens], advance)
+        logits = self.model(ids[:, None], cache=caches)
         self.position = [n + int(on) for n, on in zip(self.position, advance)]
-        return self._logits(h)[:, 0]
+        return logits[:, 0]
