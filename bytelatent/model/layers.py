@@ -367,8 +367,9 @@ class TransformerBlock(nn.Module):
         mask: AttnMask | None,
         cache: KVCache | None = None,
     ) -> torch.Tensor:
-        """``cache``: the attention's KV cache (generation, see ``Attention.forward``)."""
-        h = x + self.attention(self.attention_norm(x), freq_cis, mask, cache)
+        """``cache``: the attention's KV cache (generation, see ``Attention.forward``); a keyword,
+        so that tensor parallelism's input plan (three positional inputs) stays as it is."""
+        h = x + self.attention(self.attention_norm(x), freq_cis, mask, cache=cache)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def init_weights(self, init_std: float | None = None, factor: float = 1.0) -> None:
