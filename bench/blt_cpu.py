@@ -351,7 +351,7 @@ def print_ratios(results: list[dict]) -> list[str]:
     return lines
 
 
-def main() -> None:
+def parse_options() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -370,20 +370,11 @@ def main() -> None:
         "much less sensitive to other processes than wall time; 0: torch's default)",
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    opts = parser.parse_args()
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
-    if opts.worker:
-        impl, dtype = opts.worker.split(":")
-        print(json.dumps(run_worker(impl, dtype, opts.steps, opts.warmup)))
-        return
+    return parser.parse_args()
 
-    from bytelatent.model.flops import blt_flops_per_byte
 
-    load_before = os.getloadavg()
-    flops_per_byte = blt_flops_per_byte(
-        blt_args(), mean_patch_size=SEQ_LEN / (SEQ_LEN // PATCH + 1), seq_len=SEQ_LEN
-    )
+def measure_rows(opts: argparse.Namespace, flops_per_byte: float) -> list[dict]:
+    """Every row once per round, each in a worker process, rows interleaved over the rounds."""
     results = []
     for round_nb, row in [(i, row) for i in range(opts.rounds) for row in opts.rows]:
         # measured right before each row: the machine's load changes while the rows run
@@ -406,8 +397,10 @@ def main() -> None:
             result[f"model_flops_per_s{key}"] = flops_per_byte * bytes_per_s
             result[f"fraction_of_bf16_matmul{key}"] = flops_per_byte * bytes_per_s / peak["bf16"]
         results.append(result)
-    load_after = os.getloadavg()
-    print(f"model FLOPs per byte (train): {flops_per_byte / 1e6:.1f} M")
+    return results
+
+
+def print_table(results: list[dict]) -> None:
     header = (
         "row",
         "step s",
@@ -430,6 +423,27 @@ def main() -> None:
             f"{r['fraction_of_bf16_matmul_best']:>9.1%}{r['peak_rss_gib']:>6.2f}"
             f"{r['load_after'][0]:>6.2f}"
         )
+
+
+def main() -> None:
+    opts = parse_options()
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    if opts.worker:
+        impl, dtype = opts.worker.split(":")
+        print(json.dumps(run_worker(impl, dtype, opts.steps, opts.warmup)))
+        return
+
+    from bytelatent.model.flops import blt_flops_per_byte
+
+    load_before = os.getloadavg()
+    flops_per_byte = blt_flops_per_byte(
+        blt_args(), mean_patch_size=SEQ_LEN / (SEQ_LEN // PATCH + 1), seq_len=SEQ_LEN
+    )
+    results = measure_rows(opts, flops_per_byte)
+    load_after = os.getloadavg()
+    print(f"model FLOPs per byte (train): {flops_per_byte / 1e6:.1f} M")
+    print_table(results)
     print(
         f"headline ({torch.get_num_threads()} thread(s), rows interleaved over {opts.rounds} "
         f"rounds; load average 1/5/15 min before {fmt_load(load_before)}, after "

@@ -183,11 +183,11 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def main() -> None:
-    opts = parse_args()
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
-    masks = opts.masks.split(",")
+def run_rounds(
+    opts: argparse.Namespace, masks: list[str], modes: list[str], precisions: list[str]
+) -> tuple[dict, list[str], LMTransformer, float]:
+    """Every (mask, mode, precision) row once per round, interleaved; the results, the table's
+    lines, and the last row's model and FLOPs per byte (for the description)."""
     base_args = dict(
         dim=opts.dim,
         n_layers=opts.layers,
@@ -197,18 +197,12 @@ def main() -> None:
         sliding_window=opts.window,
         ffn_dim_multiplier=1.0,
     )
-    modes = opts.modes.split(",")
-    precisions = ["fp32", "bf16"] if opts.precision == "both" else [opts.precision]
-    load_before = os.getloadavg()
     lines = [
         "| round | mask | mode | precision | bytes/s | model GFLOP/s | matmul 2048³ GFLOP/s "
         "| fraction of matmul (median per step) | reference bytes/s | final loss | cpu s/step "
         "| load (1 min) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for mode in modes:
-        if mode not in ("eager", "compile"):
-            raise SystemExit(f"--modes: unknown mode {mode!r} (eager, compile)")
     # each (mask, mode) model is built once and trained on in every round (compiled once)
     models: dict[tuple[str, str], tuple[LMTransformer, float]] = {}
     results: dict[tuple[int, str, str, str], dict[str, float]] = {}
@@ -244,9 +238,18 @@ def main() -> None:
             f"| {os.getloadavg()[0]:.2f} |"
         )
         print(lines[-1], flush=True)
-    headline = headline_ratios(results, opts.rounds, masks, modes, precisions)
-    load_after = os.getloadavg()
-    table = "\n".join(lines)
+    return results, lines, model, flops_per_byte
+
+
+def describe_run(
+    opts: argparse.Namespace,
+    headline: list[str],
+    load_before: tuple[float, ...],
+    load_after: tuple[float, ...],
+    model: LMTransformer,
+    flops_per_byte: float,
+) -> str:
+    """The RESULTS entry's bullet list: the headline, then the command, machine and model."""
     command = "python bench/entropy_model_cpu.py " + " ".join(
         f"--{k}={v}"
         for k, v in vars(opts).items()
@@ -266,13 +269,30 @@ def main() -> None:
         "happens in the warm-up); fraction of matmul: median over steps of the step's model "
         "FLOP/s divided by a 2048³ matmul timed right after that step"
     )
-    details = (
+    return (
         f"- **headline** ({torch.get_num_threads()} thread(s), {opts.rounds} interleaved rounds; "
         "ratio of CPU s per step, then of wall bytes/s, median (min-max) over rounds):\n"
         + "\n".join(f"  - {line}" for line in headline)
         + "\n"
         + details
     )
+
+
+def main() -> None:
+    opts = parse_args()
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    masks = opts.masks.split(",")
+    modes = opts.modes.split(",")
+    precisions = ["fp32", "bf16"] if opts.precision == "both" else [opts.precision]
+    for mode in modes:
+        if mode not in ("eager", "compile"):
+            raise SystemExit(f"--modes: unknown mode {mode!r} (eager, compile)")
+    load_before = os.getloadavg()
+    results, lines, model, flops_per_byte = run_rounds(opts, masks, modes, precisions)
+    headline = headline_ratios(results, opts.rounds, masks, modes, precisions)
+    details = describe_run(opts, headline, load_before, os.getloadavg(), model, flops_per_byte)
+    table = "\n".join(lines)
     print(table)
     print(details)
     if opts.write:
