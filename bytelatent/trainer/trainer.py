@@ -199,22 +199,8 @@ class Trainer:
     # ---------------------------------------------------------------- loop
     def train(self) -> dict | None:
         """Train until `stop_step` or preemption; returns the last logged metrics."""
-        if self.state.step >= self.stop_step:  # resume_check looked at a save that failed to verify
-            logger.info(complete_line(self.args, self.state.step))
-            return None  # config.yaml stays the one of the run that trained
-        if self.preemption.agreed(torch.device("cpu"), self._host_group):  # during start-up
-            self.handle_preemption()
+        if not self._ready_to_train():
             return self.last
-        if self.env.rank == 0:  # secret-looking values (tokens, keys, passwords) redacted
-            write_text_atomic(
-                os.path.join(self.args.dump_dir, "config.yaml"), redacted_yaml(self.args)
-            )
-        if self.args.gc_collect_freq > 0:
-            gc.disable()
-        self.interval.start()
-        if self.validator.should_run_before_training(self.state.step):
-            if self.stopped(self.evaluate("before_training")):
-                return self.last
         while self.state.step < self.stop_step:
             t0 = time.perf_counter()
             self.probe.begin(self.state.step + 1)
@@ -234,8 +220,7 @@ class Trainer:
             if self.validator.should_run(step) and self.stopped(self.evaluate("loop")):
                 return self.last
             self.async_evals.poll()
-            if self.preemption.agreed(torch.device("cpu"), self._host_group):
-                self.handle_preemption()
+            if self.preempted():
                 return self.last
             self.maybe_save()
         self.save("final")
@@ -244,11 +229,39 @@ class Trainer:
             logger.info("%s", self.finished_line())
         return self.last
 
+    def _ready_to_train(self) -> bool:
+        """Before the first step: nothing to do, a signal during start-up, or an evaluation that
+        stops the run end it here (False); otherwise config.yaml is written and the clock runs."""
+        if self.state.step >= self.stop_step:  # resume_check looked at a save that failed to verify
+            logger.info(complete_line(self.args, self.state.step))
+            return False  # config.yaml stays the one of the run that trained
+        if self.preempted():  # a signal while the run started up
+            return False
+        if self.env.rank == 0:  # secret-looking values (tokens, keys, passwords) redacted
+            write_text_atomic(
+                os.path.join(self.args.dump_dir, "config.yaml"), redacted_yaml(self.args)
+            )
+        if self.args.gc_collect_freq > 0:
+            gc.disable()
+        self.interval.start()
+        if self.validator.should_run_before_training(self.state.step):
+            return not self.stopped(self.evaluate("before_training"))
+        return True
+
+    def preempted(self) -> bool:
+        """Whether any rank received a preemption signal (one all-reduce); if so, handled."""
+        if not self.preemption.agreed(torch.device("cpu"), self._host_group):
+            return False
+        self.handle_preemption()
+        return True
+
     def finished_line(self) -> str:
         """The run's last line: steps, the last logged loss and bpb, where its checkpoint is."""
         last = self.last or {}
         numbers = "".join(
-            f", {key} {last[key]:.4f}" for key in ("loss", "bpb") if isinstance(last.get(key), float)
+            f", {key} {last[key]:.4f}"
+            for key in ("loss", "bpb")
+            if isinstance(last.get(key), float)
         )
         saved = self.checkpoints.step_folder(self.state.step)
         where = saved if self._last_saved_step == self.state.step else "no final checkpoint"

@@ -146,6 +146,11 @@ def read_metrics(dump_dir: str | os.PathLike) -> list[dict]:
     return records
 
 
+def metric_by_step(dump_dir: str | os.PathLike, key: str) -> dict[int, float]:
+    """global_step -> `key` of the records that have it (e.g. an `aux/...` term)."""
+    return {r["global_step"]: r[key] for r in read_metrics(dump_dir) if key in r}
+
+
 def losses_by_step(dump_dir: str | os.PathLike) -> dict[int, float]:
     """global_step -> loss; fails on a step logged twice (a resume must not repeat steps)."""
     out: dict[int, float] = {}
@@ -227,9 +232,7 @@ class TrainRun:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(
-                f"run timed out after {timeout:.0f}s\n{self.describe()}"
-            ) from None
+            raise AssertionError(f"run timed out after {timeout:.0f}s\n{self.describe()}") from None
 
     def wait_ok(self, timeout: float = hang_limit(300)) -> str:
         rc = self.wait(timeout)

@@ -8,13 +8,12 @@ import math
 from pathlib import Path
 
 import pytest
-from harness import losses_by_step, read_metrics
+from harness import losses_by_step, metric_by_step, read_metrics
+from test_resume import PREEMPT_AT, STEP_DELAY
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "hnet_debug.yaml"
 TWO_STAGE = CONFIG.parent / "hnet_2stage_xl.yaml"
 TWO_STAGE_PARAMS = 974_255_616
-PREEMPT_AT = 7
-STEP_DELAY = {"BYTELATENT_TEST_STEP_DELAY": "0.2"}
 STATS = ("aux/ratio_loss", "aux/ratio_loss/stage0", "aux/chunk_len_mean/stage0")
 
 
@@ -22,10 +21,6 @@ def hnet_args(nproc: int) -> list[str]:
     # one global batch (2 rows of 64 bytes) whatever the number of ranks
     return [f"config={CONFIG}", "data.seq_len=64", f"data.batch_size={2 // nproc}",
             f"distributed.dp_shard={nproc}"]  # fmt: skip
-
-
-def by_step(dump_dir: Path, key: str) -> dict[int, float]:
-    return {m["global_step"]: m[key] for m in read_metrics(dump_dir) if key in m}
 
 
 @pytest.mark.slow
@@ -37,7 +32,7 @@ def test_hnet_trains_and_resumes_bitwise(runner, nproc: int) -> None:
     expected = losses_by_step(reference.dump_dir)
     assert sorted(expected) == list(range(1, 21))
     for key in STATS:
-        values = by_step(reference.dump_dir, key)
+        values = metric_by_step(reference.dump_dir, key)
         assert sorted(values) == list(range(1, 21)), f"{key} is not logged at every step"
         assert all(v > 0 and math.isfinite(v) for v in values.values()), (key, values)
     for m in read_metrics(reference.dump_dir):  # byte tokens: bpb is the LM loss in bits, only
@@ -56,7 +51,7 @@ def test_hnet_trains_and_resumes_bitwise(runner, nproc: int) -> None:
 
     assert losses_by_step(first.dump_dir) == expected, "losses after the resume differ"
     for key in STATS:
-        assert by_step(first.dump_dir, key) == by_step(reference.dump_dir, key), key
+        assert metric_by_step(first.dump_dir, key) == metric_by_step(reference.dump_dir, key), key
 
 
 @pytest.mark.slow

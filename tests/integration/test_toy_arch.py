@@ -8,21 +8,16 @@ import math
 from pathlib import Path
 
 import pytest
-from harness import losses_by_step, read_metrics
+from harness import losses_by_step, metric_by_step, read_metrics
+from test_resume import PREEMPT_AT, STEP_DELAY
 
 CONFIG = Path(__file__).resolve().parents[1] / "model" / "toy_arch.yaml"
-PREEMPT_AT = 7
-STEP_DELAY = {"BYTELATENT_TEST_STEP_DELAY": "0.2"}
 
 
 def toy_args(nproc: int, arch: str = "tests.model.toy_arch:toy") -> list[str]:
     # one global batch (2 rows) whatever the number of ranks
     return [f"config={CONFIG}", f"arch={arch}", f"data.batch_size={2 // nproc}",
             f"distributed.dp_shard={nproc}"]  # fmt: skip
-
-
-def by_step(dump_dir: Path, key: str) -> dict[int, float]:
-    return {m["global_step"]: m[key] for m in read_metrics(dump_dir) if key in m}
 
 
 @pytest.mark.slow
@@ -33,7 +28,7 @@ def test_toy_arch_trains_and_resumes_bitwise(runner, nproc: int) -> None:
     assert "model: ToyByteLM (arch tests.model.toy_arch:toy)" in out
     expected = losses_by_step(reference.dump_dir)
     assert sorted(expected) == list(range(1, 21))
-    aux = by_step(reference.dump_dir, "aux/act_l2")
+    aux = metric_by_step(reference.dump_dir, "aux/act_l2")
     assert sorted(aux) == list(range(1, 21)), "aux/act_l2 is not logged at every step"
     assert all(v > 0 and math.isfinite(v) for v in aux.values()), aux
     for m in read_metrics(reference.dump_dir):  # byte tokens: bpb is the LM loss in bits, only
@@ -50,7 +45,7 @@ def test_toy_arch_trains_and_resumes_bitwise(runner, nproc: int) -> None:
 
     got = losses_by_step(first.dump_dir)
     assert got == expected, "losses after the resume differ from the uninterrupted run"
-    assert by_step(first.dump_dir, "aux/act_l2") == aux
+    assert metric_by_step(first.dump_dir, "aux/act_l2") == aux
 
 
 @pytest.mark.slow
