@@ -129,6 +129,7 @@ class IncrementalBLT:
         self.closed = [0] * batch  # number of complete patches per row
         self.hash_window = max(args.encoder_hash_byte_group_size or [1])
         self.hash_powers = _last_position_hash_powers(args, self.hash_window).to(device)
+        self.global_steps = 0  # calls of the global transformer (prefill, closing steps, extend)
 
     # -- embeddings -----------------------------------------------------------------------------
 
@@ -320,6 +321,7 @@ class IncrementalBLT:
         reps, patch_eos = self._global_input(row, patches)
         patch_eos = torch.tensor(patch_eos, device=self.device)[None]
         g = self.glob(reps[None], None, cache=self.glob_stack.prefill_caches(row, patch_eos))[0]
+        self.global_steps += 1
         count = len(patches)
         self.patch_out[row, :count] = self._decoder_patch_state(g)
         self._store_slot_kv(row, 0, self.patch_out[row, :count])
@@ -338,14 +340,22 @@ class IncrementalBLT:
         return self._logits(out[0, -1])
 
     @torch.no_grad()
-    def step(self, tokens: list[int], advance: list[bool]) -> torch.Tensor:
+    def step(
+        self, tokens: list[int], advance: list[bool], close_patches: bool = True
+    ) -> torch.Tensor:
         """Append one byte per row (host lists: tokens, advance) -> next-byte logits [B, V].
+
+        ``close_patches=False`` drafts (speculative decoding): a patch that the new byte closes
+        is recorded but not sent to the global transformer, so the decoder keeps reading the
+        last closed patch's state; ``truncate`` to before the draft must follow.
 
         One device-to-host copy per step at most (the new entropies, when patching needs them):
         patch decisions, EOS flags and cache bookkeeping use the host tokens.
         """
         bsz = len(tokens)
         rows = [b for b in range(bsz) if advance[b]]
+        if close_patches and any(self.closed[b] != len(self.starts[b]) - 1 for b in rows):
+            raise ValueError("a drafted row must be truncated before it steps with its patches")
         for b in rows:
             self.host_tokens[b].append(tokens[b])
         ids, advancing = to_device(tokens, self.device), to_device(advance, self.device)
@@ -365,7 +375,7 @@ class IncrementalBLT:
         outs = self.enc_stack.step(h, eos, advance)
         for i, states in self.enc_states.items():
             states[batch_rows, pos] = outs[i][:, 0]
-        if closing:
+        if closing and close_patches:
             self._close_patches(closing, bsz)
         dpid = to_device([max(0, c - 1) for c in self.closed], self.device)
         h = outs[-1]
@@ -405,6 +415,7 @@ class IncrementalBLT:
             x[b, 0], patch_eos[b] = reps[0], eos[0]
         advance = [b in closing for b in range(bsz)]
         g = self.glob(x, None, cache=self.glob_stack.step_caches(patch_eos, advance))[:, 0]
+        self.global_steps += 1
         state = self._decoder_patch_state(g)
         for b in closing:
             self.patch_out[b, self.closed[b]] = state[b]
@@ -415,3 +426,83 @@ class IncrementalBLT:
         """Patch lengths of the row's first ``n_tokens`` tokens, from the starts chosen online."""
         starts = [s for s in self.starts[row] if s < n_tokens] + [n_tokens]
         return [b - a for a, b in zip(starts, starts[1:])]
+
+    # -- rollback and extension (speculative decoding) ------------------------------------------
+
+    @torch.no_grad()
+    def extend(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
+        """Append the 1-D ``tokens`` (T of them) to the prefilled row ``row``; the patches they
+        close go to the global transformer in one call. Returns the next-byte logits after each
+        of them [T, V]: the function of T ``step``s, in one call per module."""
+        n, end = self.length[row], self.length[row] + tokens.numel()
+        if n == 0:
+            raise ValueError(f"row {row} is empty: prefill it before extending it")
+        if self.closed[row] != len(self.starts[row]) - 1:
+            raise ValueError(f"row {row} holds a draft: truncate it before extending it")
+        self.tokens[row, n:end] = tokens
+        self.host_tokens[row] += tokens.tolist()
+        if self.patcher.needs_entropies:
+            self.entropies[row, n:end] = entropy_of(self.entropy_model.extend(row, tokens)).cpu()
+        starts = self.starts[row]
+        for position in range(n + 1, end + 1):  # whether each next position starts a patch
+            if self.patcher.starts_here(
+                self.host_tokens[row], self.entropies[row, :position], position, starts[-1]
+            ):
+                starts.append(position)
+        # local encoder: the new bytes with their hash n-grams' context
+        first = max(0, n - self.hash_window + 1)
+        embeds = self._byte_embeds(self.tokens[row : row + 1, first:end])[:, n - first :]
+        positions = torch.arange(n, end, device=self.device)
+        eos = tokens[None] == self.args.eos_id
+        outs = self.enc_stack.prefill(row, self._positions(self.enc, embeds, positions), eos)
+        for i, states in self.enc_states.items():
+            states[row, n:end] = outs[i][0]
+        # the patches closed among the new bytes: one global call
+        done = self.closed[row]
+        patches = [(starts[j], starts[j + 1], j) for j in range(done, len(starts) - 1)]
+        if patches:
+            reps, patch_eos = self._global_input(row, patches)
+            patch_eos = torch.tensor(patch_eos, device=self.device)[None]
+            cache = self.glob_stack.prefill_caches(row, patch_eos)
+            state = self._decoder_patch_state(self.glob(reps[None], None, cache=cache)[0])
+            self.global_steps += 1
+            self.patch_out[row, done : done + len(patches)] = state
+            self._store_slot_kv(row, done, state)
+            self.closed[row] = done = done + len(patches)
+        # local decoder: byte i reads the last patch ending at or before i + 1
+        bounds = torch.tensor(starts, device=self.device)
+        dpid = torch.searchsorted(bounds, positions + 1, right=True)[None] - 2
+        h = outs[-1]
+        if not self.dec.cross_attn_decoder:
+            h = h + self.patch_out[row, dpid[0]][None]
+        h = self._positions(self.dec, h, positions)
+        kv = self.patch_out[row, :done].reshape(1, done * self.dec.slots, self.dec.dim)
+        window = self.args.cross_attn_window_decoder
+        mask = build_cross_mask("decoder", dpid, done, self.dec.slots, window)
+        out = self.dec_stack.prefill(row, h, eos, self._cross_hook(kv, mask))[-1]
+        self.length[row] = end
+        return self._logits(out[0])
+
+    def truncate(self, row: int, n_tokens: int) -> None:
+        """Keep the first ``n_tokens`` tokens of ``row`` (at least BOS), as if the rest had never
+        been fed: every cache, the patch starts and the entropy model's cache roll back."""
+        n = n_tokens
+        if not 1 <= n <= self.length[row]:
+            raise ValueError(f"cannot truncate row {row} of {self.length[row]} tokens to {n}")
+        starts = [s for s in self.starts[row] if s <= n]
+        if len(starts) - 1 > self.closed[row]:
+            raise ValueError(
+                f"row {row}: patches of its first {n} tokens were drafted, never closed; "
+                "truncate to before the draft"
+            )
+        tokens = self.host_tokens[row][:n]
+        self.host_tokens[row], self.starts[row] = tokens, starts
+        self.closed[row], self.length[row] = len(starts) - 1, n
+        eos = [t == self.args.eos_id for t in tokens]
+        self.enc_stack.truncate(row, n, eos)
+        self.dec_stack.truncate(row, n, eos)
+        self.glob_stack.truncate(
+            row, len(starts) - 1, [any(eos[s:e]) for s, e in zip(starts, starts[1:])]
+        )
+        if self.entropy_model is not None:
+            self.entropy_model.truncate(row, tokens)

@@ -214,3 +214,18 @@ class CachedStack:
         if q_doc is not None:
             allowed = allowed & (doc[:, None, key_start:key_len] == q_doc[:, :, None])
         return allowed[:, None]
+
+    # -- rollback (speculative decoding) --------------------------------------------------------
+
+    def truncate(self, row: int, n: int, is_eos: list[bool]) -> None:
+        """Keep the first ``n`` positions of ``row`` (entries after them are overwritten by the
+        next append); ``is_eos`` are the host EOS flags of those n positions, from which the
+        row's document bookkeeping is rebuilt."""
+        if not 0 <= n <= self.length[row]:
+            raise ValueError(f"cannot truncate row {row} of {self.length[row]} positions to {n}")
+        if len(is_eos) != n:
+            raise ValueError(f"truncate to {n} positions needs {n} EOS flags, got {len(is_eos)}")
+        eos_at = [p for p, flag in enumerate(is_eos) if flag]
+        self.length[row] = n
+        self.next_doc[row] = len(eos_at)
+        self.doc_start[row] = eos_at[-1] + 1 if eos_at else 0

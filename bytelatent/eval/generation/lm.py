@@ -90,3 +90,36 @@ class IncrementalLM:
         logits = self.model(ids[:, None], cache=caches)
         self.position = [n + int(on) for n, on in zip(self.position, advance)]
         return logits[:, 0]
+
+    # -- rollback and extension (speculative decoding) ------------------------------------------
+
+    def extend(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
+        """Append the 1-D ``tokens`` to row ``row`` (which may hold some): logits [T, V]."""
+        return self.prefill(row, tokens)
+
+    def truncate(self, row: int, tokens: list[int]) -> None:
+        """Keep the row's first ``len(tokens)`` tokens, which are ``tokens`` (host ids: the EOS
+        flags of the kept positions, and the tokens to re-feed when the kept part ends in a
+        window the cache has already restarted past)."""
+        n = len(tokens)
+        if n > self.position[row]:
+            raise ValueError(f"cannot truncate row {row} of {self.position[row]} tokens to {n}")
+        window = self.restart_every
+        if window is None:
+            self.stack.truncate(row, n, [t == self.eos_id for t in tokens])
+            self.position[row] = n
+            return
+        held_from = (self.position[row] - 1) // window * window  # first position in the cache
+        keep_from = (n - 1) // window * window if n > 0 else 0
+        if n % window == 0:  # the next token restarts the cache anyway
+            self.stack.reset_rows([row])
+            self.position[row] = n
+        elif keep_from == held_from:
+            kept = tokens[keep_from:]
+            self.stack.truncate(row, len(kept), [t == self.eos_id for t in kept])
+            self.position[row] = n
+        else:  # the cache moved on to a later window: re-feed the kept part of this one
+            self.stack.reset_rows([row])
+            self.position[row] = keep_from
+            ids = torch.tensor(tokens[keep_from:], dtype=torch.long, device=self.stack.device)
+            self.prefill(row, ids)
