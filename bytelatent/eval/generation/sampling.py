@@ -28,11 +28,19 @@ class GenerationArgs(BaseModel):
         True, description="incremental (cached) decoding; false: re-run the whole model every byte"
     )
     batch_size: int = Field(8, ge=1, description="prompts generated together")
+    speculative_k: int = Field(
+        0,
+        ge=0,
+        description="BLT self-speculative decoding: draft up to k bytes past patch boundaries "
+        "with the local models, verify them in one step; 0: off",
+    )
 
     @model_validator(mode="after")
     def _check_stop(self) -> GenerationArgs:
         if any(s == "" for s in self.stop):
             raise ValueError("stop strings must not be empty")
+        if self.speculative_k > 0 and not self.use_cache:
+            raise ValueError("speculative_k > 0 needs use_cache=true (it rolls the caches back)")
         return self
 
 
