@@ -159,6 +159,7 @@ def generation_args_from_lm_eval(gen_kwargs: dict[str, Any]) -> GenerationArgs:
         top_p=float(top_p) if top_p is not None and float(top_p) < 1.0 else None,
         seed=int(kwargs.pop("seed", 0)),
         stop=[s for s in until if s],
+        speculative_k=int(kwargs.pop("speculative_k", 0)),  # BLT self-speculative decoding
     )
 
 
