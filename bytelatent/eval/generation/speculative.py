@@ -25,15 +25,12 @@ the generator's own ``_finish``, and drafts never run past what a row may still 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from bytelatent.errors import ConfigError
 from bytelatent.eval.generation.sampling import GenerationArgs, filter_logits, sample_rows
-
-if TYPE_CHECKING:
-    from bytelatent.eval.generation.generator import GenerationResult, Generator
 
 
 @dataclass
@@ -78,7 +75,7 @@ class SpeculativeEngine:
     ``stats`` (a ``SpeculativeStats``) accumulates over the calls of ``generate_tokens``.
     """
 
-    def __init__(self, generator: Generator, k: int) -> None:
+    def __init__(self, generator: Any, k: int) -> None:  # a generator.Generator (no import circle)
         if k < 1:
             raise ConfigError(f"speculative_k={k}: draft at least 1 byte (0 turns drafting off)")
         if not generator.is_blt:
@@ -97,9 +94,9 @@ class SpeculativeEngine:
         rows: list[list[int]],
         args: GenerationArgs,
         generators: list[torch.Generator] | None = None,
-    ) -> list[GenerationResult]:
-        """Continue token rows (each starting with BOS) as one batch; ``generators`` (one per
-        row) default to ``args.seed`` for every row, as plain generation."""
+    ) -> list:
+        """Continue token rows (each starting with BOS) as one batch -> GenerationResults;
+        ``generators`` (one per row) default to ``args.seed`` for every row, as plain generation."""
         gen = self.generator
         if generators is None:
             generators = [torch.Generator().manual_seed(args.seed) for _ in rows]
