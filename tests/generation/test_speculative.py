@@ -155,6 +155,10 @@ def test_fewer_global_steps_per_byte_than_plain(patcher: str) -> None:
         _assert_same(results, fast)
         per_k[k] = gen.speculative_stats.global_steps
     assert per_k[8] < plain
+    # drafts and checks are per row: one prompt per batch counts the same (stats add up)
+    gen.generate(PROMPTS, GenerationArgs(max_new_bytes=40, speculative_k=8, batch_size=1))
+    assert gen.speculative_stats.global_steps == per_k[8]
+    assert gen.speculative_stats.new_bytes == sum(len(r.tokens) for r in results)
     if patcher == "byte":
         assert plain == 4 * 39  # one per fed byte
         assert per_k[8] < per_k[2] < plain
@@ -223,3 +227,16 @@ def test_speculative_options_are_checked() -> None:
         GenerationArgs(speculative_k=2, use_cache=False)
     with pytest.raises(ValidationError):
         GenerationArgs(speculative_k=-1)
+
+
+@pytest.mark.conformance("blt/params.json")
+def test_released_layout_greedy_speculative_equals_plain() -> None:
+    from bytelatent.eval.generation import load_generator
+    from tests.paths import CONFORMANCE
+
+    gen = load_generator(str(CONFORMANCE / "blt"))  # entropy patching with its entropy model
+    args = GenerationArgs(max_new_bytes=32, stop_at_eos=False)
+    plain = gen.generate(PROMPTS, args)
+    fast = gen.generate(PROMPTS, args.model_copy(update={"speculative_k": 4}))
+    _assert_same(plain, fast)
+    assert gen.speculative_stats.drafted > gen.speculative_stats.accepted > 0

@@ -20,7 +20,7 @@ from bytelatent.data.patcher import PatcherArgs, PatchingMode
 from bytelatent.errors import CheckpointError, ConfigError, DataError
 from bytelatent.eval.generation.engines import CachedEngine, RecomputeEngine, model_spec
 from bytelatent.eval.generation.sampling import GenerationArgs, sample_rows
-from bytelatent.eval.generation.speculative import SpeculativeEngine
+from bytelatent.eval.generation.speculative import SpeculativeEngine, SpeculativeStats
 from bytelatent.model.reference_compat import patcher_settings_from_reference
 from bytelatent.tokenizers.constants import BOS_ID, EOS_ID, OFFSET
 
@@ -82,7 +82,8 @@ class Generator:
         self.patcher_args = patcher_args
         self.entropy_model = entropy_model
         self._warned_context_limit = False
-        self.speculative_stats = None  # SpeculativeStats of the last speculative generate_tokens
+        # SpeculativeStats summed over the batches of the last `generate` (speculative_k > 0)
+        self.speculative_stats: SpeculativeStats | None = None
         if self.is_blt:
             if patcher_args is None:
                 raise ConfigError("a BLT needs patcher settings (data.patcher_args)")
@@ -132,6 +133,7 @@ class Generator:
     ) -> list[GenerationResult]:
         args = args or GenerationArgs()
         rows = self.encode(prompts, truncate, allow_empty)
+        self.speculative_stats = None
         results: list[GenerationResult] = []
         for first in range(0, len(rows), args.batch_size):
             results += self.generate_tokens(rows[first : first + args.batch_size], args)
@@ -149,10 +151,9 @@ class Generator:
     ) -> list[GenerationResult]:
         """Continue token rows (each starting with BOS) as one batch."""
         if args.speculative_k > 0:
-            engine = SpeculativeEngine(self, args.speculative_k)
-            results = engine.generate_tokens(rows, args)
-            self.speculative_stats = engine.stats  # the last call's acceptance and global steps
-            return results
+            engine = SpeculativeEngine(self, args.speculative_k, self.speculative_stats)
+            self.speculative_stats = engine.stats  # adds up until the next `generate`
+            return engine.generate_tokens(rows, args)
         engine = self._engine(rows, args)
         generators = [torch.Generator().manual_seed(args.seed) for _ in rows]
         new: list[list[int]] = [[] for _ in rows]

@@ -72,10 +72,13 @@ def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
 class SpeculativeEngine:
     """Generation with self-speculative decoding of up to ``k`` draft bytes per round.
 
-    ``stats`` (a ``SpeculativeStats``) accumulates over the calls of ``generate_tokens``.
+    ``stats`` (a ``SpeculativeStats``, or the one given) accumulates over the calls of
+    ``generate_tokens``.
     """
 
-    def __init__(self, generator: Any, k: int) -> None:  # a generator.Generator (no import circle)
+    def __init__(  # generator: a generator.Generator (not imported: no import circle)
+        self, generator: Any, k: int, stats: SpeculativeStats | None = None
+    ) -> None:
         if k < 1:
             raise ConfigError(f"speculative_k={k}: draft at least 1 byte (0 turns drafting off)")
         if not generator.is_blt:
@@ -86,7 +89,7 @@ class SpeculativeEngine:
             )
         self.generator = generator
         self.k = k
-        self.stats = SpeculativeStats()
+        self.stats = stats if stats is not None else SpeculativeStats()
 
     @torch.no_grad()
     def generate_tokens(

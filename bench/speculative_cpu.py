@@ -1,0 +1,91 @@
+"""Acceptance rate and global steps per byte of BLT self-speculative decoding (greedy) on the
+debug BLT's shape (configs/debug.yaml, random init, sharpened outputs as in the generation tests)
+with its space patching and with byte patching, or of a checkpoint with its own patcher; plain
+cached decoding for comparison (greedy: the same bytes, checked).
+
+    PYTHONPATH=. OMP_NUM_THREADS=1 python bench/speculative_cpu.py [--bytes 64] [--ckpt DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from bytelatent.args import TrainArgs
+from bytelatent.config.parser import parse_args
+from bytelatent.data.patcher import PatcherArgs
+from bytelatent.eval.generation import GenerationArgs, Generator, load_generator
+from bytelatent.eval.generation.engines import CachedEngine
+from bytelatent.model.blt import ByteLatentTransformer
+
+PROMPTS = ["def main(argv):\n    ", "The quick brown fox ", "import os\nimport sys\n", "Hello"]
+
+
+def debug_blt() -> tuple[ByteLatentTransformer, PatcherArgs]:
+    args = parse_args(TrainArgs, ["config=configs/debug.yaml"])
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = ByteLatentTransformer(args.model)
+    model.to_empty(device="cpu")
+    model.init_weights()
+    with torch.no_grad():
+        model.local_decoder.output.weight.mul_(20.0)
+    return model.eval(), args.data.patcher_args
+
+
+def plain_global_steps(gen: Generator, results) -> int:
+    """Global transformer calls of plain cached decoding, one row at a time, after the prompts'
+    prefill: the fed bytes of each continuation (its last byte is chosen, never fed)."""
+    total = 0
+    for result in results:
+        row = result.prompt_tokens
+        capacity = len(row) + len(result.tokens)
+        engine = CachedEngine(gen.model, gen.patcher_args, gen.entropy_model, capacity)
+        engine.start([row])
+        before = engine.impl.global_steps
+        for token in result.tokens[:-1]:
+            engine.advance([token], [True])
+        total += engine.impl.global_steps - before
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bytes", type=int, default=64)
+    parser.add_argument("--ckpt", help="a BLT checkpoint (its own patcher) instead of debug.yaml")
+    options = parser.parse_args()
+    torch.set_num_threads(1)
+    if options.ckpt:
+        loaded = load_generator(options.ckpt)
+        cases = [(loaded.patcher_args.patching_mode.value, loaded)]
+    else:
+        model, space = debug_blt()
+        cases = [("space", Generator(model, space))]
+        cases.append(("byte", Generator(model, PatcherArgs(patching_mode="byte"))))
+    print("| patching | k | acceptance | global steps / byte | rounds (row steps) | s |")
+    print("|---|---|---|---|---|---|")
+    for name, gen in cases:
+        args = GenerationArgs(max_new_bytes=options.bytes, stop_at_eos=False, batch_size=1)
+        start = time.perf_counter()
+        plain = gen.generate(PROMPTS, args)
+        seconds = time.perf_counter() - start
+        steps = plain_global_steps(gen, plain) / (len(PROMPTS) * options.bytes)
+        print(
+            f"| {name} | plain | - | {steps:.3f} | {len(PROMPTS) * options.bytes} | {seconds:.1f} |"
+        )
+        for k in (2, 4, 8):
+            start = time.perf_counter()
+            fast = gen.generate(PROMPTS, args.model_copy(update={"speculative_k": k}))
+            seconds = time.perf_counter() - start
+            assert [r.tokens for r in fast] == [r.tokens for r in plain], "greedy differs"
+            s = gen.speculative_stats
+            print(
+                f"| {name} | {k} | {s.acceptance_rate:.3f} | {s.global_steps_per_byte:.3f} "
+                f"| {s.rounds} | {seconds:.1f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
