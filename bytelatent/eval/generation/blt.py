@@ -189,7 +189,8 @@ class IncrementalBLT:
     def _patch_has_eos(self, row: int, first: int, count: int) -> list[bool]:
         tokens, starts = self.host_tokens[row], self.starts[row]
         return [
-            self.args.eos_id in tokens[starts[p] : starts[p + 1]] for p in range(first, first + count)
+            self.args.eos_id in tokens[starts[p] : starts[p + 1]]
+            for p in range(first, first + count)
         ]
 
     def _reading_patch(self, row: int, position: int) -> int:
