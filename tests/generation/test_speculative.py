@@ -62,10 +62,11 @@ def test_truncate_and_extend_equal_a_prefill_from_scratch(variant: str, patcher:
 
     inc = _engine(gen)
     inc.prefill(0, tokens[:5])
-    for t in tokens[5:12].tolist():  # a draft: patches recorded, never closed
+    for t in tokens[5:12].tolist():  # a draft: no patch closes, no global step
         inc.step([t], [True], close_patches=False)
-    with pytest.raises(ValueError, match="drafted"):
-        inc.truncate(0, 11)  # into the draft: its patches have no global state
+    inc.truncate(0, 11)  # into the draft: its bytes read stale patches, not extendable
+    with pytest.raises(ValueError, match="draft"):
+        inc.extend(0, tokens[11:12])
     # past the entropy model's window (32), back before it (re-fed), onto it, and onward
     for keep, grow in [(5, 40), (29, 35), (32, 44), (44, n)]:
         inc.truncate(0, keep)

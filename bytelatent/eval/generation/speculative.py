@@ -4,9 +4,10 @@ past patch boundaries with its local models alone, then checks them with one ful
 Each round, for every open row (``n`` tokens fed, its next byte ``x`` already chosen):
 
 1. draft: ``x`` and up to ``k - 1`` drafted bytes are fed with ``step(close_patches=False)``:
-   the entropy model and the local encoder run as usual, but a patch that closes is not sent to
-   the global transformer, so the local decoder keeps reading the last closed patch's state.
-   Each step's logits ``q`` choose the next draft byte; while no patch closes ``q`` is exact;
+   the local encoder and decoder run, but no patch start is decided and the global transformer
+   does not run, so every drafted byte reads the last closed patch's state. Each step's logits
+   ``q`` choose the next draft byte; where the real patcher would not close a patch, ``q`` is
+   the model's own distribution (such drafts are kept, up to rounding);
 2. verify: the row is truncated back to ``n`` tokens and ``extend``ed by ``x`` and the ``k``
    drafts through the real model (its patcher; the patches that close among them go to the
    global transformer in one call), which gives the true logits ``p`` at every drafted position;
