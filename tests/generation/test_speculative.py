@@ -241,3 +241,22 @@ def test_released_layout_greedy_speculative_equals_plain() -> None:
     fast = gen.generate(PROMPTS, args.model_copy(update={"speculative_k": 4}))
     _assert_same(plain, fast)
     assert gen.speculative_stats.drafted > gen.speculative_stats.accepted > 0
+
+
+@pytest.mark.conformance("blt/params.json")
+def test_cli_speculative_k(capsys) -> None:
+    from bytelatent.generate import main
+    from tests.paths import CONFORMANCE
+
+    argv = [f"ckpt={CONFORMANCE / 'blt'}", "prompt=Hello, world", "max_new_bytes=12"]
+    assert main(argv) == 0
+    plain = capsys.readouterr().out
+    assert main([*argv, "speculative_k=4"]) == 0
+    assert capsys.readouterr().out == plain
+    # a byte LM (the entropy model) has no patches to draft past: one line, exit 2
+    lm = [f"ckpt={CONFORMANCE / 'entropy_model'}", "prompt=Hi", "speculative_k=2"]
+    assert main(lm) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("config error: speculative_k=2: "), err
+    assert main([*argv, "speculative_k=2", "use_cache=false"]) == 2
+    assert "use_cache" in capsys.readouterr().err
