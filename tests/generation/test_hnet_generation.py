@@ -101,11 +101,12 @@ def test_cached_logits_equal_the_full_forward(stages, routing) -> None:
         got = engine.prefill(b, torch.tensor(row))
         torch.testing.assert_close(got, full_logits(model, row), **TOL)
     gen = torch.Generator().manual_seed(7)
+    eos_at = {2: 2, 3: 0, 7: 1, 9: 1}  # step: row (row 1 is frozen at step 7)
     grown = [list(row) for row in prompts]
     for step in range(LENGTH - len(prompts[-1])):
         tokens = torch.randint(4, 260, (len(grown),), generator=gen).tolist()
-        if step in (2, 3, 9):
-            tokens[step % len(grown)] = EOS_ID  # a document ends while generating
+        if step in eos_at:
+            tokens[eos_at[step]] = EOS_ID  # a document ends (a frozen row ignores its token)
         active = [len(row) < LENGTH and not (b == 1 and 4 <= step < 8)
                   for b, row in enumerate(grown)]  # fmt: skip
         logits = engine.step(tokens, active)
