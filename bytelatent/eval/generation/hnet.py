@@ -58,10 +58,16 @@ class _StageState:
     """Per-row state of stage ``index`` (see the module doc)."""
 
     def __init__(
-        self, stage: HNetStage, batch: int, capacity: int, like: torch.Tensor, window: int
+        self,
+        stage: HNetStage,
+        batch: int,
+        capacity: int,
+        like: torch.Tensor,
+        window: int,
+        max_seqlen: int,
     ) -> None:
         self.stage = stage
-        rope = stage.rope_embeddings.freqs_cis
+        rope = stage.rope_embeddings(seqlen=max_seqlen)  # the blocks' whole RoPE table
 
         def stack(blocks) -> CachedStack | None:
             if len(blocks) == 0:
@@ -95,16 +101,16 @@ class IncrementalHNet:
         self.model = model
         self.eos_id = args.eos_id
         self.kernel_dtype = _KERNEL_DTYPES[args.kernel_dtype]
-        like = model.tok_embeddings.weight
+        like = next(model.tok_embeddings.parameters())  # the model's dtype and device
         self.device = like.device
         self.stages = [
-            _StageState(stage, batch, capacity, like, stage_args.sliding_window)
+            _StageState(stage, batch, capacity, like, stage_args.sliding_window, args.max_seqlen)
             for stage, stage_args in zip(model.stages, args.stages)
         ]
         glob = model.global_transformer
         self.main = CachedStack(
             glob.layers,
-            glob.rope_embeddings.freqs_cis,
+            glob.rope_embeddings(seqlen=args.max_seqlen),
             batch,
             capacity,
             glob.args.attn_bias_type,
