@@ -189,13 +189,13 @@ class IncrementalHNet:
         state = self.stages[index]
         host_boundary = boundary.cpu()  # which rows grow a chunk decides the inner caches' books
         counts = host_boundary.sum(-1)
-        if int(counts.max()) == 0:
+        if not bool(counts.any()):
             rows = slice(None) if plan.row is None else slice(plan.row, plan.row + 1)
             return state.spread[rows, None].expand_as(h)
         chunks = state.stage.chunk_layer(h, boundary)
         width = chunks.hidden_states.shape[1]
         order = boundaries_first(host_boundary)[:, :width]
-        inner_starts = plan.starts.gather(1, order) & chunks.mask.cpu()
+        inner_starts = plan.starts.gather(1, order) & (torch.arange(width) < counts[:, None])
         if plan.row is None:
             inner_plan = _Plan(inner_starts, None, host_boundary[:, 0].tolist())
         else:
