@@ -157,9 +157,13 @@ class HNet(nn.Module):
         starts[:, 1:] = tokens[:, :-1] == self.args.eos_id  # the byte after an EOS
         backend = resolve_backend(self.args.attn_impl, tokens.device)
         stats: list[dict[str, torch.Tensor]] = []
-        h = self.tok_embeddings(tokens)
+        h = self.embed(tokens)
         h = self._stage(0, h, torch.ones_like(starts), starts, backend, stats)
         return self.head(h), self._aux(stats, tokens.numel())
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token ids ``[...]`` -> stage-0 inputs ``[..., D_0]``."""
+        return self.tok_embeddings(tokens)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Byte states ``[..., D_0]`` -> logits ``[..., V]`` float32 (final norm, output)."""

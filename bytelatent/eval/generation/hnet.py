@@ -67,13 +67,12 @@ class _StageState:
         max_seqlen: int,
     ) -> None:
         self.stage = stage
-        rope = stage.rope_embeddings(seqlen=max_seqlen)  # the blocks' whole RoPE table
 
         def stack(blocks) -> CachedStack | None:
             if len(blocks) == 0:
                 return None
             return CachedStack(
-                blocks, rope, batch, capacity, "local_block_causal", window, like=like
+                blocks, batch, capacity, "local_block_causal", window, like, max_seqlen
             )
 
         self.encoder, self.decoder = stack(stage.encoder), stack(stage.decoder)
@@ -101,7 +100,7 @@ class IncrementalHNet:
         self.model = model
         self.eos_id = args.eos_id
         self.kernel_dtype = _KERNEL_DTYPES[args.kernel_dtype]
-        like = next(model.tok_embeddings.parameters())  # the model's dtype and device
+        like = next(model.parameters())  # the model's dtype and device
         self.device = like.device
         self.stages = [
             _StageState(stage, batch, capacity, like, stage_args.sliding_window, args.max_seqlen)
@@ -110,12 +109,12 @@ class IncrementalHNet:
         glob = model.global_transformer
         self.main = CachedStack(
             glob.layers,
-            glob.rope_embeddings(seqlen=args.max_seqlen),
             batch,
             capacity,
             glob.args.attn_bias_type,
             None,
-            like=like,
+            like,
+            args.max_seqlen,
         )
         self.last = [None] * batch  # the last token fed per row (a document starts after EOS)
 
@@ -139,7 +138,7 @@ class IncrementalHNet:
         starts += [t == self.eos_id for t in host[:-1]]
         self.last[row] = host[-1]
         plan = _Plan(torch.tensor([starts]), row, None)
-        h = self.model.tok_embeddings(tokens[None])
+        h = self.model.embed(tokens[None])
         return self.model.head(self._stage(0, h, plan))[0]
 
     @torch.no_grad()
@@ -149,7 +148,7 @@ class IncrementalHNet:
         starts = [self._starts_document(last) for last in self.last]
         self.last = [t if on else last for t, on, last in zip(tokens, advance, self.last)]
         plan = _Plan(torch.tensor(starts)[:, None], None, list(advance))
-        h = self.model.tok_embeddings(to_device(tokens, self.device)[:, None])
+        h = self.model.embed(to_device(tokens, self.device)[:, None])
         return self.model.head(self._stage(0, h, plan))[:, 0]
 
     def _starts_document(self, last: int | None) -> bool:
