@@ -25,18 +25,15 @@ def load_average() -> str:
         return "n/a"
 
 
-def markdown(args: CompareArgs, argv: list[str], threshold: float, curves, lines) -> str:
+def markdown(args: CompareArgs, argv: list[str], threshold: float, curves, lines, entropy) -> str:
     command = shlex.join(["python", "-m", "apps.compare", *argv])
     return (
         f"# Byte LM vs BLT vs H-Net at matched FLOPs per byte\n\n`{command}`\n\n"
         f"Corpus `{args.data_root}/{args.source}`, {args.steps} steps of {args.batch_size} x "
         f"{args.row_bytes} bytes per run, N = {args.bytes_per_patch:g} (BLT entropy threshold "
         f"{threshold:.4f} from bytelatent.data.patch_size), load average at the end "
-        f"{load_average()} (1/5/15 min).\n\n"
-        + table(curves)
-        + "\n```text\n"
-        + "\n".join(lines)
-        + "\n```\n"
+        f"{load_average()} (1/5/15 min). The BLT's entropy model ({entropy}) is not counted "
+        "in the BLT's row.\n\n" + table(curves) + "\n```text\n" + "\n".join(lines) + "\n```\n"
     )
 
 
@@ -44,7 +41,12 @@ def compare(args: CompareArgs, argv: list[str]) -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     size_runs(args)  # every config error before anything trains
-    entropy_dir, _, entropy_ran = entropy_model(args)
+    entropy_dir, entropy_s, entropy_ran = entropy_model(args)
+    entropy = (
+        f"reused {entropy_dir}"
+        if args.entropy.checkpoint
+        else f"{args.entropy.steps} steps of {args.entropy.config}, {entropy_s:.0f} s wall"
+    )
     threshold, threshold_ran = pick_threshold(args, entropy_dir)
     print(f"compare: threshold={threshold:.6f} for {args.bytes_per_patch:g} bytes per patch")
     sized = size_runs(args, entropy_dir, threshold)
@@ -58,7 +60,7 @@ def compare(args: CompareArgs, argv: list[str]) -> int:
         curves.append(read_curve(name, dump_dir, run.params, run.flops_per_byte, wall_s))
     if not any(trained):
         print(f"compare: nothing to do: every run in {out} is done (rewriting the report)")
-    (out / "compare.md").write_text(markdown(args, argv, threshold, curves, lines))
+    (out / "compare.md").write_text(markdown(args, argv, threshold, curves, lines, entropy))
     extra = {"threshold": threshold, "entropy_model": entropy_dir, "args": args.model_dump()}
     write_json(out / "compare.json", curves, extra)
     print(table(curves), end="")

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from apps.compare.args import CompareArgs
+from apps.compare.args import ARCHS, CompareArgs
 from bytelatent.args import TrainArgs
 from bytelatent.config import parse_args
 from bytelatent.errors import ConfigError
@@ -125,7 +125,7 @@ def size_runs(
                 f"{args.reference}'s ({target / 1e6:.3f} M), outside flops_tolerance="
                 f"{args.flops_tolerance}; change runs.{name}.size_values or its overrides"
             )
-    return {n: sized[n] for n in args.runs}
+    return {n: sized[n] for n in ARCHS}
 
 
 def sizing_lines(args: CompareArgs, sized: dict[str, Sized]) -> list[str]:
