@@ -10,7 +10,7 @@ from pathlib import Path
 from apps.compare import __doc__ as DESCRIPTION
 from apps.compare.args import CompareArgs
 from apps.compare.report import read_curve, table, write_json, write_png
-from apps.compare.runs import entropy_model, pick_threshold, train
+from apps.compare.runs import corpus_files, entropy_model, pick_threshold, train
 from apps.compare.sizing import size_runs, sizing_lines
 from bytelatent.config import parse_args
 from bytelatent.errors import UserError
@@ -40,7 +40,8 @@ def markdown(args: CompareArgs, argv: list[str], threshold: float, curves, lines
 def compare(args: CompareArgs, argv: list[str]) -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    size_runs(args)  # every config error before anything trains
+    corpus_files(args)  # a missing corpus and every config error before anything trains
+    size_runs(args)
     entropy_dir, entropy_s, entropy_ran = entropy_model(args)
     entropy = (
         f"reused {entropy_dir}"

@@ -105,3 +105,13 @@ def test_flops_and_seconds_accumulate_over_log_intervals():
     steps, flops, seconds = cumulative(records)
     assert steps == [10, 20] and flops == [2000.0, 5000.0] and seconds == [2.0, 3.0]
     assert at_step(15, steps, flops) == 3500.0 and at_step(5, steps, flops) == 1000.0
+
+
+def test_missing_corpus_is_one_line_before_anything_trains(tmp_path):
+    res = run_compare([f"out_dir={tmp_path / 'out'}", f"data_root={tmp_path / 'nowhere'}"])
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        f"data error: {tmp_path / 'nowhere' / 'stdlib'}: no such corpus folder (python -m "
+        f"bytelatent.data.prepare --out {tmp_path / 'nowhere' / 'stdlib'})"
+    ]
+    assert not (tmp_path / "out" / "runs").exists()
