@@ -129,5 +129,6 @@ HNET = register_arch(
         flops="bytelatent.model.hnet_model:hnet_training_flops",
         activation_bytes="bytelatent.model.activations:hnet_activation_bytes",
         check_run="bytelatent.model.archs:check_hnet_run",
+        generation_engine="bytelatent.eval.generation.hnet:IncrementalHNet",
     )
 )

@@ -83,6 +83,13 @@ class CachedStack:
         for row in rows:
             self.truncate(row, 0)
 
+    def begin_document(self, row: int) -> None:
+        """The next position of ``row`` starts a new document: for a caller that learns where a
+        document ends only when the next one starts (H-Net's chunk levels). The same books as an
+        ``is_eos`` at the row's last position; a no-op at a row's start or after an EOS."""
+        if self.length[row] > self._doc_start(row):
+            self.eos_at[row].append(self.length[row] - 1)
+
     def truncate(self, row: int, n_positions: int) -> None:
         """Keep only the first ``n_positions`` positions of ``row`` (the rest is overwritten)."""
         if not 0 <= n_positions <= self.length[row]:
