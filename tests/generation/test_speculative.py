@@ -221,9 +221,13 @@ def test_sampled_output_follows_the_model_not_the_drafts() -> None:
 
 
 def test_speculative_options_are_checked() -> None:
-    gen = Generator(tiny_lm())
-    with pytest.raises(ConfigError, match="speculative_k=2: .*patched architecture"):
-        gen.generate(["ab"], GenerationArgs(max_new_bytes=3, speculative_k=2))
+    from tests.generation.test_hnet_generation import ONE_STAGE, tiny_hnet
+
+    # a byte LM and an H-Net (chunked by its own router, no patcher) have no patches to draft past
+    for model in (tiny_lm(), tiny_hnet(ONE_STAGE, "identity")):
+        gen = Generator(model)
+        with pytest.raises(ConfigError, match="speculative_k=2: .*patched architecture"):
+            gen.generate(["ab"], GenerationArgs(max_new_bytes=3, speculative_k=2))
     with pytest.raises(ValidationError, match="use_cache"):
         GenerationArgs(speculative_k=2, use_cache=False)
     with pytest.raises(ValidationError):
