@@ -197,6 +197,21 @@ def _tv(a: dict, b: dict) -> float:
     return 0.5 * sum(abs(a.get(x, 0.0) - b.get(x, 0.0)) for x in set(a) | set(b))
 
 
+def test_sampling_with_top_k_1_is_greedy_and_seeds_fix_the_draws() -> None:
+    # top_k=1: p and q are one-hot, so every differing draft is rejected and the residual
+    # max(0, p - q) is p's argmax: the rejection path must give the greedy bytes exactly
+    gen = _generator("byte")
+    greedy = gen.generate(PROMPTS, GenerationArgs(max_new_bytes=30, stop_at_eos=False))
+    kw = dict(max_new_bytes=30, stop_at_eos=False, speculative_k=4, temperature=1.0)
+    one = gen.generate(PROMPTS, GenerationArgs(**kw, top_k=1))
+    _assert_same(greedy, one)
+    assert gen.speculative_stats.accepted < gen.speculative_stats.drafted  # rejections ran
+    sampled = gen.generate(PROMPTS, GenerationArgs(**kw, top_p=0.9, seed=3))
+    _assert_same(sampled, gen.generate(PROMPTS, GenerationArgs(**kw, top_p=0.9, seed=3)))
+    other = gen.generate(PROMPTS, GenerationArgs(**kw, top_p=0.9, seed=4))
+    assert [r.tokens for r in other] != [r.tokens for r in sampled]
+
+
 @pytest.mark.slow  # ~15-20 s: 600 sampled rows
 def test_sampled_output_follows_the_model_not_the_drafts() -> None:
     # byte patching: every drafted byte reads a stale global state, so drafts differ from p
