@@ -107,11 +107,23 @@ def check_hnet_run(args: Any) -> None:
             f"arch_args.max_seqlen ({hnet.max_seqlen}) < data.seq_len ({args.data.seq_len}): "
             "RoPE tables would be too short; raise arch_args.max_seqlen"
         )
-    if args.distributed.tp_size > 1:
-        raise ValueError(
-            f"distributed.tp_size={args.distributed.tp_size}: arch=hnet has no tensor-parallel "
-            "plan; set distributed.tp_size=1 (shard with dp_shard instead)"
-        )
+    _check_hnet_tp(hnet, args.distributed.tp_size)
+
+
+def _check_hnet_tp(hnet: HNetArgs, tp: int) -> None:
+    """Tensor parallelism splits every block's heads (`HNet.tp_plan`): tp must divide them."""
+    if tp <= 1:
+        return
+    heads = {f"arch_args.stages[{i}].n_heads": s.n_heads for i, s in enumerate(hnet.stages)}
+    heads["arch_args.n_heads"] = hnet.n_heads
+    if hnet.n_kv_heads is not None:
+        heads["arch_args.n_kv_heads"] = hnet.n_kv_heads
+    for key, value in heads.items():
+        if value % tp:
+            raise ValueError(
+                f"distributed.tp_size={tp} does not divide {key}={value} (tensor parallelism "
+                "splits the heads of every H-Net block); change one of them"
+            )
 
 
 HNET = register_arch(

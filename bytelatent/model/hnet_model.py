@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from bytelatent.distributed.tp_plan import TPPlan
 from bytelatent.model.attention import resolve_backend, self_attn_mask
 from bytelatent.model.hnet.chunking import ChunkLayer, boundaries_first, dechunk
 from bytelatent.model.hnet.ratio_loss import load_balancing_loss
@@ -222,6 +223,17 @@ class HNet(nn.Module):
         routers, pad vectors and the final norm stay with the root."""
         residuals = [stage.residual_proj for stage in self.stages]
         return [self.tok_embeddings, *self.ac_units(), *residuals, self.output]
+
+    def tp_plan(self, tp_size: int) -> TPPlan:
+        """Tensor parallelism (`distributed.parallelize.apply_tp`): every transformer block
+        (each stage's encoder and decoder, the global transformer) splits its heads and FFN
+        width, replicated in and out. Routing, chunking, the EMA, the residual projections, the
+        embedding and the head act on full hidden states and stay replicated over the TP group
+        (`check_hnet_run` checks that tp_size divides every block's heads)."""
+        stage_blocks = [
+            blocks for stage in self.stages for blocks in (stage.encoder, stage.decoder)
+        ]
+        return TPPlan(blocks=[*stage_blocks, self.global_transformer.layers])
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         total = sum(p.numel() for p in self.parameters())

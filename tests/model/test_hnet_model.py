@@ -127,6 +127,16 @@ def test_tiny_hnet_trains_a_few_steps() -> None:
     assert losses[-1] < losses[0] - 0.5, losses
 
 
+def test_tp_plan_splits_every_block() -> None:
+    """Every encoder, decoder and global block is split; the rest stays replicated
+    (tests/distributed/test_multirank.py runs it on 2 ranks)."""
+    model = tiny(TWO_STAGES)
+    plan = model.tp_plan(2)
+    split = [id(block) for blocks in plan.blocks for block in blocks]
+    assert sorted(split) == sorted(id(block) for block in model.ac_units())
+    assert not plan.sequence_parallel
+
+
 def _train_args(**arch_args) -> dict:
     return {
         "dump_dir": "runs/x",
@@ -140,8 +150,13 @@ def _train_args(**arch_args) -> dict:
 def test_config_rules() -> None:
     args = TrainArgs.model_validate(_train_args(max_seqlen=64))
     assert isinstance(args.arch_args, HNetArgs)
-    with pytest.raises(ValueError, match="tp_size=2: arch=hnet has no tensor-parallel plan"):
-        TrainArgs.model_validate({**_train_args(max_seqlen=64), "distributed": {"tp_size": 2}})
+    tp2 = TrainArgs.model_validate({**_train_args(max_seqlen=64), "distributed": {"tp_size": 2}})
+    assert tp2.distributed.tp_size == 2
+    with pytest.raises(
+        ValueError, match=r"tp_size=4 does not divide arch_args.stages\[0\].n_heads=2"
+    ):
+        bad = _train_args(max_seqlen=64, stages=[dict(n_heads=2)])
+        TrainArgs.model_validate({**bad, "distributed": {"tp_size": 4}})
     with pytest.raises(ValueError, match="arch_args.max_seqlen"):
         TrainArgs.model_validate(_train_args(max_seqlen=32))
     with pytest.raises(ValueError, match=r"stages\[1\].dim=16 < stages\[0\].dim=32"):
