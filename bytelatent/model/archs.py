@@ -139,6 +139,7 @@ HNET = register_arch(
         aux_losses=(AuxLoss("ratio_loss", 1.0),),
         aux_metrics=("ratio_loss/", "chunk_len_mean/", "bytes_per_chunk/"),
         flops="bytelatent.model.hnet_model:hnet_training_flops",
+        measured_flops="bytelatent.model.hnet_model:hnet_measured_flops",
         activation_bytes="bytelatent.model.activations:hnet_activation_bytes",
         check_run="bytelatent.model.archs:check_hnet_run",
     )

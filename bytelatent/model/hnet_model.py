@@ -260,11 +260,18 @@ def _stage_stats(target_ratio: float, routing, mask: torch.Tensor) -> dict[str, 
     }
 
 
-def hnet_training_flops(model_args: HNetArgs, data_args: object):
-    """Analytic training FLOPs at the target ratios (not the learned chunk counts): stage s runs
-    on L / (N_0 ... N_{s-1}) positions, the global transformer on L / (N_0 ... N_{S-1})."""
+def hnet_training_flops(
+    model_args: HNetArgs, data_args: object, bytes_per_chunk: list[float] | None = None
+):
+    """Analytic training FLOPs: stage s runs on L / B_{s-1} positions (B_{-1} = 1), the global
+    transformer on L / B_{S-1}, where B_s is stage s's bytes per chunk: the measured
+    `bytes_per_chunk` when given (`hnet_measured_flops`), else the target ratios N_0 ... N_s
+    (an estimate: what the dry run and `model-info.txt` report)."""
     from bytelatent.model.flops import _block_params, mean_attended_keys
 
+    cumulative = model_args.cumulative_ratios() if bytes_per_chunk is None else bytes_per_chunk
+    if len(cumulative) != len(model_args.stages):
+        raise ValueError(f"bytes_per_chunk: {len(model_args.stages)} values expected")
     seq_len = data_args.seq_len
     per_byte, positions_per_byte = 0.0, 1.0
     for index, stage in enumerate(model_args.stages):
@@ -275,7 +282,7 @@ def hnet_training_flops(model_args: HNetArgs, data_args: object):
         layer = 6 * _block_params(block) + 12 * stage.dim * keys
         router = 6 * (2 * stage.dim**2 + stage.dim**2)  # W_q, W_k, residual projection
         per_byte += positions_per_byte * (n_blocks * layer + router)
-        positions_per_byte /= stage.target_ratio
+        positions_per_byte = 1.0 / max(cumulative[index], 1.0)
     glob = model_args.global_block_args()
     keys = mean_attended_keys(max(1, round(seq_len * positions_per_byte)))
     per_byte += (
@@ -285,3 +292,12 @@ def hnet_training_flops(model_args: HNetArgs, data_args: object):
     )
     per_byte += 6 * model_args.stages[0].dim * model_args.vocab_size  # LM head
     return lambda tokens, patches: tokens * per_byte
+
+
+def hnet_measured_flops(model_args: HNetArgs, data_args: object, aux: dict[str, float]):
+    """`ArchSpec.measured_flops`: the FLOPs counter at the chunk counts the forward measured
+    (`aux` holds the interval means of `bytes_per_chunk/stage{s}`), or None when absent."""
+    keys = [f"bytes_per_chunk/stage{s}" for s in range(len(model_args.stages))]
+    if not all(key in aux for key in keys):
+        return None
+    return hnet_training_flops(model_args, data_args, [aux[key] for key in keys])
