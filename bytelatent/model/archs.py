@@ -107,6 +107,10 @@ def check_hnet_run(args: Any) -> None:
             f"arch_args.max_seqlen ({hnet.max_seqlen}) < data.seq_len ({args.data.seq_len}): "
             "RoPE tables would be too short; raise arch_args.max_seqlen"
         )
+    if hnet.global_init is not None and args.checkpoint.init_ckpt_path:
+        raise ValueError(
+            "arch_args.global_init and checkpoint.init_ckpt_path both initialise weights; set one"
+        )
     _check_hnet_tp(hnet, args.distributed.tp_size)
 
 
@@ -142,5 +146,6 @@ HNET = register_arch(
         measured_flops="bytelatent.model.hnet_model:hnet_measured_flops",
         activation_bytes="bytelatent.model.activations:hnet_activation_bytes",
         check_run="bytelatent.model.archs:check_hnet_run",
+        warm_start="bytelatent.checkpoint.hf_llama:warm_start_global",
     )
 )
