@@ -30,7 +30,7 @@ from torch import nn
 from bytelatent.distributed.tp_plan import TPPlan
 from bytelatent.model.attention import resolve_backend, self_attn_mask
 from bytelatent.model.hnet.chunking import ChunkLayer, boundaries_first, dechunk
-from bytelatent.model.hnet.ratio_loss import load_balancing_loss
+from bytelatent.model.hnet.ratio_loss import loss_from_statistics
 from bytelatent.model.hnet.residual import ResidualProjection, merge_residual
 from bytelatent.model.hnet.routing import RoutingModule
 from bytelatent.model.hnet_args import HNetArgs
@@ -250,14 +250,13 @@ def _document_ends(starts: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def _stage_stats(target_ratio: float, routing, mask: torch.Tensor) -> dict[str, torch.Tensor]:
     """The stage's ratio loss over its valid positions (the official packed form: padding,
     which only inner stages have, is not counted) and its chunk counts."""
-    valid = mask.reshape(-1)
-    prob = routing.boundary_prob.reshape(-1, 2)[valid]
-    boundaries = routing.boundary_mask.reshape(-1)[valid]
-    return {
-        "loss": load_balancing_loss(prob, boundaries, target_ratio),
-        "positions": valid.sum().float(),
-        "chunks": boundaries.sum().float(),
-    }
+    # masked sums, not boolean indexing: no host sync (the selected count would be data-dependent)
+    valid = mask.float()
+    positions = valid.sum()
+    chunks = (routing.boundary_mask & mask).float().sum()
+    mean_prob = (routing.boundary_prob[..., 1].float() * valid).sum() / positions.clamp(min=1)
+    loss = loss_from_statistics(chunks / positions.clamp(min=1), mean_prob, target_ratio)
+    return {"loss": loss, "positions": positions, "chunks": chunks}
 
 
 def hnet_training_flops(
