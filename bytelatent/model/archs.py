@@ -147,5 +147,8 @@ HNET = register_arch(
         activation_bytes="bytelatent.model.activations:hnet_activation_bytes",
         check_run="bytelatent.model.archs:check_hnet_run",
         warm_start="bytelatent.checkpoint.hf_llama:warm_start_global",
+        # a save_pretrained-style folder with our names (transformers has no H-Net class)
+        hf_export="bytelatent.checkpoint.hf_hnet:export_hnet_hf",
+        hf_import="bytelatent.checkpoint.hf_hnet:import_hnet_hf",
     )
 )
