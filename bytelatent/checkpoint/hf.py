@@ -46,6 +46,7 @@ from bytelatent.checkpoint.hf_config import (  # noqa: F401  (re-exported)
     CONFIG_FILE,
     HF_MODEL_TYPE,
     HF_PATCHER_TYPE,
+    HNET_MODEL_TYPE,
     OURS_KEY,
     JsonDict,
     blt_args_from_hf_config,
@@ -350,8 +351,6 @@ def _arch_of_hf_folder(hf_dir: str) -> str:
         config = json.loads((Path(hf_dir) / CONFIG_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         return "blt"
-    from bytelatent.checkpoint.hf_hnet import HNET_MODEL_TYPE  # no transformers class
-
     return "hnet" if config.get("model_type") == HNET_MODEL_TYPE else "blt"
 
 

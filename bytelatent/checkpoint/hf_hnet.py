@@ -19,13 +19,11 @@ import torch
 from pydantic import ValidationError
 
 from bytelatent.checkpoint import hf
-from bytelatent.checkpoint.hf_config import CONFIG_FILE, OURS_KEY, JsonDict
+from bytelatent.checkpoint.hf_config import CONFIG_FILE, HNET_MODEL_TYPE, OURS_KEY, JsonDict
 from bytelatent.checkpoint.hf_weights import WEIGHTS_FILE, StateDict
 from bytelatent.errors import CheckpointError
 from bytelatent.model.hnet_args import HNetArgs
 from bytelatent.tokenizers.constants import BOS_ID
-
-HNET_MODEL_TYPE = "bytelatent_hnet"
 
 
 def hnet_hf_config(args: HNetArgs, weights: StateDict) -> JsonDict:
