@@ -150,5 +150,6 @@ HNET = register_arch(
         # a save_pretrained-style folder with our names (transformers has no H-Net class)
         hf_export="bytelatent.checkpoint.hf_hnet:export_hnet_hf",
         hf_import="bytelatent.checkpoint.hf_hnet:import_hnet_hf",
+        generation_engine="bytelatent.eval.generation.hnet:IncrementalHNet",
     )
 )

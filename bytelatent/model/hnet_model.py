@@ -35,6 +35,7 @@ from bytelatent.model.hnet.residual import ResidualProjection, merge_residual
 from bytelatent.model.hnet.routing import RoutingModule
 from bytelatent.model.hnet_args import HNetArgs
 from bytelatent.model.layers import (
+    KVCache,
     RMSNorm,
     RotaryEmbedding,
     TransformerBlock,
@@ -102,6 +103,23 @@ class HNetStage(nn.Module):
             h = block(h, freqs, mask)
         return h
 
+    def run_blocks_cached(
+        self, blocks: nn.ModuleList, h: torch.Tensor, caches: list[KVCache]
+    ) -> torch.Tensor:
+        """``run_blocks`` for positions that follow cached ones (generation): one KV cache per
+        block, whose step (``eval.generation.cache.CachedStack``) gives positions and masks."""
+        for block, cache in zip(blocks, caches, strict=True):
+            h = block(h, self.rope_embeddings.freqs_cis, None, cache=cache)
+        return h
+
+    def to_inner(self, chunks: torch.Tensor) -> torch.Tensor:
+        """Chunk states ``[B, M, D_s]`` padded to the main network's width with the learned
+        pad vector (the main network's output is cut back to ``D_s``)."""
+        if self.pad_dimension is None:
+            return chunks
+        pad = self.pad_dimension.to(chunks.dtype).expand(*chunks.shape[:-1], -1)
+        return torch.cat((chunks, pad), dim=-1)
+
     @torch.no_grad()
     def init_weights(self, args: HNetArgs) -> None:
         b = self.block_args
@@ -142,8 +160,11 @@ class HNet(nn.Module):
         stats: list[dict[str, torch.Tensor]] = []
         h = self.tok_embeddings(tokens)
         h = self._stage(0, h, torch.ones_like(starts), starts, backend, stats)
-        logits = self.output(self.norm(h)).float()
-        return logits, self._aux(stats, tokens.numel())
+        return self.head(h), self._aux(stats, tokens.numel())
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Byte states ``[..., D_0]`` -> logits ``[..., V]`` float32 (final norm, output)."""
+        return self.output(self.norm(h)).float()
 
     def _stage(
         self,
@@ -166,10 +187,7 @@ class HNet(nn.Module):
         inner_starts = starts.gather(1, boundaries_first(routing.boundary_mask)[:, :width])
         inner_starts = inner_starts & chunks.mask
         stats.append(_stage_stats(self.args.stages[index].target_ratio, routing, mask))
-        inner = chunks.hidden_states
-        if stage.pad_dimension is not None:
-            pad = stage.pad_dimension.to(inner.dtype).expand(*inner.shape[:-1], -1)
-            inner = torch.cat((inner, pad), dim=-1)
+        inner = stage.to_inner(chunks.hidden_states)
         if index + 1 < len(self.stages):
             inner = self._stage(index + 1, inner, chunks.mask, inner_starts, backend, stats)
         else:

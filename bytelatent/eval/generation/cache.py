@@ -86,6 +86,14 @@ class CachedStack:
             self.next_doc[row] = 0
             self.doc_start[row] = 0
 
+    def begin_document(self, row: int) -> None:
+        """The next position of ``row`` starts a new document: for a caller that learns where a
+        document ends only when the next one starts (H-Net's chunk levels). The same books as an
+        ``is_eos`` at the row's last position; a no-op at a row's start or after an EOS."""
+        if self.length[row] > self.doc_start[row]:
+            self.next_doc[row] += 1
+            self.doc_start[row] = self.length[row]
+
     def _check_rope(self, last: int) -> None:
         if last >= self.freq_cis.shape[0]:
             raise ValueError(
