@@ -43,6 +43,17 @@ def boundaries_first(boundary_mask: torch.Tensor) -> torch.Tensor:
     return torch.sort((~boundary_mask).to(torch.uint8), dim=-1, stable=True).indices
 
 
+def padded_width(num_tokens: torch.Tensor, limit: int) -> int:
+    """The chunk level's width in the padded layout: the most chunks in a row (at most `limit`,
+    the row length).
+
+    The one host sync of an H-Net forward (per stage): the inner stage's sequence length depends
+    on the routing. The static bound `limit` would avoid it but run the inner stages and the
+    global transformer on L positions instead of about L / N (docs/hnet.md, "Host syncs").
+    tests/distributed/test_fake_cuda_trace.py counts the calls and refuses any other host read."""
+    return int(num_tokens.max())
+
+
 class ChunkLayer(nn.Module):
     """Keeps the hidden states at the boundaries (no parameters; the gradient is a scatter)."""
 
@@ -65,7 +76,7 @@ class ChunkLayer(nn.Module):
                 num_tokens=num_tokens,
             )
         num_tokens = boundary_mask.sum(-1)
-        width = int(num_tokens.max())  # a host sync: the chunk length depends on the data
+        width = padded_width(num_tokens, boundary_mask.shape[1])
         # Slots past a row's chunks hold its first non-boundary states (as the official code
         # does): they are masked out, and dechunk never reads them back.
         order = boundaries_first(boundary_mask)[:, :width]
