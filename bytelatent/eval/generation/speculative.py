@@ -21,6 +21,10 @@ Each round, for every open row (``n`` tokens fed, its next byte ``x`` already ch
 output follows the same distribution as ``Generator.generate_tokens``; greedy output is the same
 bytes. Stop strings, EOS, ``max_new_bytes`` and the context limit are applied byte by byte with
 the generator's own ``_finish``, and drafts never run past what a row may still produce.
+
+Drafts step all rows of a batch together; verification ``extend``s one row at a time (the
+engine's multi-position append is per row), so a batch of B rows makes up to B global calls
+per round where plain decoding makes one per step for all rows.
 """
 
 from __future__ import annotations
