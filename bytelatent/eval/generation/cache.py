@@ -119,6 +119,38 @@ class CachedStack:
             for keys, values in zip(self.keys, self.values)
         ]
 
+    def prefill_rows_caches(self, is_eos: torch.Tensor, lengths: list[int]) -> list[KVCache]:
+        """Plan one forward that fills every (empty) row at once: ``is_eos`` [B,T] bool of
+        right-padded rows, row b's tokens being its first ``lengths[b]`` positions.
+
+        The mask is the training one per row (causal, same document, window); a padded position
+        only feeds queries at padded positions (causality), so the real positions compute what a
+        row prefilled alone computes. Padded slots hold junk that the row's next step overwrites:
+        every later mask stops at the row's own length.
+        """
+        batch, steps = is_eos.shape
+        if batch != len(self.length) or any(self.length):
+            raise ValueError("a batched prefill fills every row of an empty cache")
+        if steps > self.capacity:
+            raise ValueError(f"cache of {self.capacity} positions is full")
+        self._check_rope(steps - 1)
+        positions = torch.arange(steps, device=self.device)
+        real = positions[None] < to_device(lengths, self.device)[:, None]
+        eos = (is_eos & real).long()
+        docs = torch.cumsum(eos, 1) - eos  # [B,T]: a pad stays in its row's last document
+        self.doc[:, :steps] = docs
+        # host books as `prefill_caches` keeps them: EOS count and first position after the last
+        self.next_doc = eos.sum(1).tolist()  # one copy per prompt batch
+        self.doc_start = (torch.where(eos.bool(), positions[None], -1).amax(1) + 1).tolist()
+        documents = self.kind in ("block_causal", "local_block_causal")
+        mask = self._mask(positions[None], docs if documents else None, 0, steps, self.doc)
+        rotation = self.rotation_table[positions][None, :, None, :]
+        step = CacheStep(positions[None].expand(batch, steps), rotation, 0, 0, steps, mask)
+        for cache in self.caches:
+            cache.step = step
+        self.length = list(lengths)
+        return self.caches
+
     def step_caches(self, is_eos: list[bool], advance: list[bool]) -> list[KVCache]:
         """Plan one new position per row (is_eos/advance host lists of B bools): every layer's
         cache for the forward that runs it (rows with ``advance`` False do not keep it)."""
