@@ -14,7 +14,7 @@ import torch
 
 from bytelatent.data.patcher import PatcherArgs
 from bytelatent.eval.generation import GenerationArgs, Generator, encode_prompt
-from bytelatent.eval.generation.engines import CachedEngine
+from bytelatent.eval.generation.engines import CachedEngine, RecomputeEngine
 from bytelatent.eval.generation.lm import IncrementalLM
 from bytelatent.tokenizers.constants import EOS_ID
 from tests.generation.conftest import tiny_blt, tiny_lm
@@ -93,18 +93,23 @@ def test_logits_of_a_batch_equal_single_rows(kind: str) -> None:
     gen = _generator(kind)
     rows = [encode_prompt(p) for p in PROMPTS]
     if kind.startswith("lm"):  # an EOS inside a prompt: documents under the padded prefill
-        rows[1][30] = EOS_ID
+        rows[1][-5] = rows[3][-9] = EOS_ID  # inside the 16-byte window of the last byte
     fed = [[4 + (37 * b + 11 * t) % 256 for t in range(12)] for b in range(len(rows))]
     capacity = max(len(r) for r in rows) + 13
 
-    def engine():
+    def cached():
         return CachedEngine(gen.model, gen.patcher_args, gen.entropy_model, capacity)
 
     with torch.no_grad():
-        batched = _teacher_forced(engine(), rows, fed)
+        batched = _teacher_forced(cached(), rows, fed)
         for b, (row, tokens) in enumerate(zip(rows, fed)):
-            single = _teacher_forced(engine(), [row], [tokens])[0]
+            single = _teacher_forced(cached(), [row], [tokens])[0]
             torch.testing.assert_close(batched[b], single, rtol=1e-5, atol=1e-4)
+            # and the oracle, which runs the whole model on the row alone at every step
+            oracle = RecomputeEngine(gen.model, gen.patcher_args, gen.entropy_model)
+            torch.testing.assert_close(
+                batched[b], _teacher_forced(oracle, [row], [tokens])[0], rtol=1e-5, atol=1e-4
+            )
 
 
 def test_byte_lm_prefills_a_batch_in_one_forward() -> None:
