@@ -7,6 +7,7 @@ request alone, in request order.
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -168,3 +169,55 @@ def test_harness_generate_until_batches_in_request_order(kind: str, monkeypatch)
     alone = [one_lm.generate_until([r])[0] for r in requests]
     assert batched == alone
     assert all(isinstance(text, str) for text in batched) and any(batched)
+
+
+def _write_generation_task(folder) -> None:
+    rows = [{"q": "2+2=", "a": "4"}, {"q": "The sky is", "a": "blue"}, {"q": "x", "a": "y"}]
+    rows += [{"q": LONG[: 10 + 9 * i], "a": "z"} for i in range(5)]
+    data = folder / "gen.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (folder / "gen.yaml").write_text(
+        "task: bytelatent_toy_gen\n"
+        "dataset_path: json\n"
+        f"dataset_kwargs:\n  cache_dir: {folder / 'hf_cache'}\n  data_files:\n    test: {data}\n"
+        "test_split: test\n"
+        "output_type: generate_until\n"
+        "doc_to_text: '{{q}}'\n"
+        "doc_to_target: '{{a}}'\n"
+        "generation_kwargs:\n  until: ['\\n\\n']\n  max_gen_toks: 8\n  do_sample: false\n"
+        "metric_list:\n  - metric: exact_match\n"
+    )
+
+
+def test_a_real_lm_eval_generation_task_runs_in_batches(tmp_path, monkeypatch) -> None:
+    """lm-eval's own requests through `run_harness(batch_size=...)`: the same answers."""
+    pytest.importorskip("lm_eval")
+    import datasets
+
+    from bytelatent.eval.harness import BytelatentLM, run_harness
+
+    for key in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        monkeypatch.setenv(key, "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
+    _write_generation_task(tmp_path)
+    answers, sizes = {}, []
+    generate_until, generate_tokens = BytelatentLM.generate_until, Generator.generate_tokens
+
+    def record(self, requests):
+        answers[self.batch_size] = generate_until(self, requests)
+        return answers[self.batch_size]
+
+    def count(self, rows, args):
+        sizes.append(len(rows))
+        return generate_tokens(self, rows, args)
+
+    monkeypatch.setattr(BytelatentLM, "generate_until", record)
+    monkeypatch.setattr(Generator, "generate_tokens", count)
+    model = tiny_lm(max_seqlen=128, window=16)
+    for batch_size in (1, 3):
+        run_harness(
+            model, ["bytelatent_toy_gen"], str(tmp_path), include_defaults=False,
+            batch_size=batch_size,
+        )  # fmt: skip
+    assert len(answers[1]) == 8 and answers[1] == answers[3]
+    assert sizes == [1] * 8 + [3, 3, 2]
