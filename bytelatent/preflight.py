@@ -21,6 +21,7 @@ from bytelatent.data.iterators.streams import StreamsIteratorState
 from bytelatent.distributed.world import launch_ranks, resolve_layout
 from bytelatent.errors import CheckpointError, DataError
 from bytelatent.eval.val_sources import resolve_validation_sources
+from bytelatent.model.registry import get_arch
 from bytelatent.trainer.resume_config import (
     ResumeCheck,
     config_diff,
@@ -40,8 +41,8 @@ def preflight(args: TrainArgs) -> None:
     if resume is not None:
         check_resumed_config(args, resume)
         check_resumed_batch(args, resume, layout.dp_size)
-    elif args.model is not None and args.model.global_init is not None:
-        check_global_init(args.model.global_init.path)
+    elif (init := getattr(args.active_model_args(), "global_init", None)) is not None:
+        check_global_init(init.path, f"{get_arch(args.arch).section}.global_init")
     for source in args.data.source_weights():
         args.data.files_of(source)
     if args.eval.enabled:
@@ -119,14 +120,15 @@ def check_resumed_batch(args: TrainArgs, folder: str, dp_size: int) -> None:
     )
 
 
-def check_global_init(path: str) -> None:
-    """`model.global_init.path` is a folder with config.json and its safetensors files."""
+def check_global_init(path: str, key: str = "model.global_init") -> None:
+    """`<key>.path` (`model.global_init` of a BLT, `arch_args.global_init` of an H-Net) is a
+    folder with config.json and its safetensors files."""
     from bytelatent.checkpoint.hf_llama_files import read_hf_config, weight_files
 
     fs = cfs.get_fs(path)
     if not cfs.isdir(fs, path):
         raise CheckpointError(
-            f"model.global_init.path {path}: no such folder; point it at a HF LlamaForCausalLM "
+            f"{key}.path {path}: no such folder; point it at a HF LlamaForCausalLM "
             "folder (config.json + *.safetensors, e.g. from `huggingface-cli download`)"
         )
     read_hf_config(path)

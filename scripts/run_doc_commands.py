@@ -13,7 +13,8 @@ command fails the run when it exits non-zero or does nothing:
 - anything else: it must print something or create/modify a file.
 
 Training is shortened (and the corpus is 1 MB): `steps` (debug configs: 200) and every step-like key (`*.every`,
-`relative_steps`, `probe_freq`, `checkpoint.steps`) are divided by STEP_DIVISOR, and
+`relative_steps`, `probe_freq`, `checkpoint.steps`) are divided by STEP_DIVISOR (`apps.compare`:
+its runs' and its entropy model's steps), and
 `checkpoints/0000000200` becomes `checkpoints/0000000020`. A few commands cannot run on one
 CPU machine (a SLURM cluster, released weights, your own task files); SKIP names each with the
 test that covers it. The rewrites and skips are listed by `--list`.
@@ -166,6 +167,9 @@ def is_training(text: str) -> bool:
 def shorten(text: str) -> str:
     """Divide training step counts by STEP_DIVISOR."""
     text = text.replace("0000000200", f"{200 // STEP_DIVISOR:010d}")
+    if "-m apps.compare" in text and "--help" not in text:
+        # configs/compare_cpu.yaml: 300 steps per run, 200 for the entropy model
+        return f"{text} steps={300 // STEP_DIVISOR} entropy.steps={200 // STEP_DIVISOR}"
     if not is_training(text):
         return text
     text = STEP_KEYS.sub(lambda m: f"{m.group(1)}={max(1, int(m.group(2)) // STEP_DIVISOR)}", text)

@@ -22,6 +22,7 @@ ENTRY_POINTS = {
     "bytelatent.config.from_reference": "usage:",
     "apps.plot": "usage:",
     "apps.preprocess_entropies": "usage:",
+    "apps.compare.__main__": "usage: python -m apps.compare",
 }
 
 

@@ -46,6 +46,7 @@ from bytelatent.checkpoint.hf_config import (  # noqa: F401  (re-exported)
     CONFIG_FILE,
     HF_MODEL_TYPE,
     HF_PATCHER_TYPE,
+    HNET_MODEL_TYPE,
     OURS_KEY,
     JsonDict,
     blt_args_from_hf_config,
@@ -115,6 +116,9 @@ def export_hf(
     """
 
     _require_hf_deps()
+    exporter = _other_arch_adapter(_arch_of_checkpoint(ckpt), "hf_export")
+    if exporter is not None:  # e.g. H-Net (bytelatent/checkpoint/hf_hnet.py)
+        return exporter(ckpt, out, entropy_model, allow_window_mismatch)
     model, args, params = load_any_checkpoint(ckpt)
     out_dir = Path(out)
     if isinstance(args, LMTransformerArgs):
@@ -246,8 +250,13 @@ def to_hf_patch_lengths(patch_lengths: torch.Tensor, seq_len: int) -> torch.Tens
     return lengths
 
 
-def read_hf_folder(hf_dir: str) -> tuple[JsonDict, StateDict]:
-    """(config.json, all weights) of a Hugging Face model folder; one-line errors otherwise."""
+def read_hf_folder(
+    hf_dir: str,
+    model_types: tuple[str, ...] = (HF_MODEL_TYPE, HF_PATCHER_TYPE),
+    what: str = "a BLT model",
+) -> tuple[JsonDict, StateDict]:
+    """(config.json, all weights) of a Hugging Face model folder whose model_type is one of
+    `model_types`; one-line errors otherwise."""
     _require_hf_deps()
     from safetensors.torch import load_file
 
@@ -262,10 +271,10 @@ def read_hf_folder(hf_dir: str) -> tuple[JsonDict, StateDict]:
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{config_path}: invalid JSON ({exc})") from None
     model_type = config.get("model_type")
-    if model_type not in (HF_MODEL_TYPE, HF_PATCHER_TYPE):
+    if model_type not in model_types:
+        expected = " or ".join(repr(t) for t in model_types)
         raise CheckpointError(
-            f"{config_path}: model_type {model_type!r} is not a BLT model "
-            f"(expected {HF_MODEL_TYPE!r} or {HF_PATCHER_TYPE!r})"
+            f"{config_path}: model_type {model_type!r} is not {what} (expected {expected})"
         )
     index = folder / (WEIGHTS_FILE + ".index.json")
     if index.exists():  # shard names stay inside the folder
@@ -295,7 +304,11 @@ def _write_consolidated(out_dir: Path, params: JsonDict, state: StateDict) -> No
 
 
 def import_hf(hf_dir: str, out: str) -> str:
-    """HF BLT folder -> our consolidated layout (entropy model, if any, in out/entropy_model)."""
+    """HF BLT folder -> our consolidated layout (entropy model, if any, in out/entropy_model);
+    an exported H-Net folder (model_type bytelatent_hnet) goes to its own adapter."""
+    importer = _other_arch_adapter(_arch_of_hf_folder(hf_dir), "hf_import")
+    if importer is not None:
+        return importer(hf_dir, out)
     config, weights = read_hf_folder(hf_dir)
     ours = config.get(OURS_KEY) or {}
     out_dir = Path(out)
@@ -318,3 +331,37 @@ def import_hf(hf_dir: str, out: str) -> str:
     if eargs is not None:
         _write_consolidated(out_dir / "entropy_model", entropy_params(eargs, hf_dir), patcher_state)
     return str(out_dir)
+
+
+def _arch_of_checkpoint(ckpt: str) -> str:
+    """The arch its params.json names (blt when unreadable: the loader then says why)."""
+    from bytelatent.checkpoint.pretrained import read_params
+    from bytelatent.model.registry import arch_name_from_params
+
+    try:
+        return arch_name_from_params(read_params(ckpt))
+    except CheckpointError:
+        return "blt"
+
+
+def _arch_of_hf_folder(hf_dir: str) -> str:
+    """The arch an HF folder's config.json names through its model_type (blt when unknown: the
+    BLT reader then names what is wrong with the folder)."""
+    try:
+        config = json.loads((Path(hf_dir) / CONFIG_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return "blt"
+    return "hnet" if config.get("model_type") == HNET_MODEL_TYPE else "blt"
+
+
+def _other_arch_adapter(arch: str, field: str):
+    """The spec's `field` adapter when it is not this module's (the BLT/entropy one), else None."""
+    from bytelatent.model.registry import get_arch
+
+    try:
+        adapter = get_arch(arch).resolve(field)
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
+    if adapter is None:
+        raise CheckpointError(f"arch {arch!r} has no Hugging Face {field.removeprefix('hf_')}")
+    return None if adapter in (export_hf, import_hf) else adapter

@@ -22,6 +22,7 @@ JsonDict = dict[str, Any]
 HF_MODEL_TYPE = "blt"
 
 HF_PATCHER_TYPE = "blt_patcher"
+HNET_MODEL_TYPE = "bytelatent_hnet"  # our H-Net export (no transformers class)
 
 CONFIG_FILE = "config.json"
 

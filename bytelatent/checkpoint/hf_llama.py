@@ -1,4 +1,5 @@
-"""Hugging Face ``LlamaForCausalLM`` decoder layers -> the BLT global transformer ("byteify").
+"""Hugging Face ``LlamaForCausalLM`` decoder layers -> the global transformer ("byteify") of a BLT
+(``model.global_init``) or an H-Net (``arch_args.global_init``: the same class and names).
 
 An adapter at the edge, like ``checkpoint/hf.py``: a name/layout map plus a shape check that names
 every mismatch; the model code does not know where its weights came from.
@@ -72,7 +73,8 @@ def _rope(cfg: dict[str, Any]) -> tuple[float | None, dict[str, Any] | None]:
 
 
 def architecture_mismatches(cfg: dict[str, Any], model_args: Any) -> list[str]:
-    """One entry per field where the HF config and ``model`` (BLT args) disagree."""
+    """One entry per field where the HF config and the global transformer's args disagree (named
+    in their config section: ``model.`` for a BLT, ``arch_args.`` for an H-Net)."""
     kind, arch = cfg.get("model_type"), cfg.get("architectures") or []
     if kind != "llama" or (arch and "LlamaForCausalLM" not in arch):
         return [
@@ -82,57 +84,79 @@ def architecture_mismatches(cfg: dict[str, Any], model_args: Any) -> list[str]:
     head_dim, n_heads, n_kv_heads = block_head_counts(block)
     hf_heads = cfg.get("num_attention_heads")
     hf_hidden = cfg.get("hidden_size")
+    section = _section(model_args)
+    kv_key = "n_kv_heads_global" if hasattr(model_args, "n_kv_heads_global") else "n_kv_heads"
     pairs = [
-        ("model.dim", block.dim, "hidden_size", hf_hidden),
-        ("model.n_layers", block.n_layers, "num_hidden_layers", cfg.get("num_hidden_layers")),
-        ("model.n_heads", n_heads, "num_attention_heads", hf_heads),
+        ("dim", block.dim, "hidden_size", hf_hidden),
+        ("n_layers", block.n_layers, "num_hidden_layers", cfg.get("num_hidden_layers")),
+        ("n_heads", n_heads, "num_attention_heads", hf_heads),
         (
-            "model.n_kv_heads_global",
+            kv_key,
             n_kv_heads,
             "num_key_value_heads",
             cfg.get("num_key_value_heads", hf_heads),
         ),
         (
-            "model.head_dim",
+            "head_dim",
             head_dim,
             "head_dim",
             cfg.get("head_dim") or (hf_hidden // hf_heads if hf_hidden and hf_heads else None),
         ),
         (
-            "model.ffn_dim_multiplier/multiple_of (FFN width)",
+            "ffn_dim_multiplier/multiple_of (FFN width)",
             ffn_hidden_dim(block.dim, block.multiple_of, block.ffn_dim_multiplier),
             "intermediate_size",
             cfg.get("intermediate_size"),
         ),
-        ("model.norm_eps", block.norm_eps, "rms_norm_eps", cfg.get("rms_norm_eps")),
-        ("model.rope_theta", block.rope_theta, "rope_theta", _rope(cfg)[0]),
+        ("norm_eps", block.norm_eps, "rms_norm_eps", cfg.get("rms_norm_eps")),
+        ("rope_theta", block.rope_theta, "rope_theta", _rope(cfg)[0]),
     ]
-    out = [f"{ours}={mine} but {theirs}={hf}" for ours, mine, theirs, hf in pairs if mine != hf]
-    out += _rope_scaling_mismatches(_rope(cfg)[1], block.rope_scaling)
+    out = [
+        f"{section}{ours}={mine} but {theirs}={hf}"
+        for ours, mine, theirs, hf in pairs
+        if mine != hf
+    ]
+    scaling = _rope(cfg)[1]
+    if scaling is not None and "rope_scaling" not in type(model_args).model_fields:
+        out.append(f"rope_scaling={scaling}: {section}* has no rope_scaling (use a Llama without)")
+    else:
+        out += _rope_scaling_mismatches(scaling, block.rope_scaling, section)
     for key, expected in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
         if cfg.get(key, expected) != expected:
             out.append(f"{key}={cfg[key]!r} is not supported (our blocks need {expected!r})")
     return out
 
 
-def _rope_scaling_mismatches(hf: dict[str, Any] | None, ours: Any) -> list[str]:
+def _rope_scaling_mismatches(hf: dict[str, Any] | None, ours: Any, section: str) -> list[str]:
     if hf is None:
         return (
             []
             if ours is None
-            else [f"model.rope_scaling={ours.model_dump()} but rope_scaling=null"]
+            else [f"{section}rope_scaling={ours.model_dump()} but rope_scaling=null"]
         )
     kind = hf.get("rope_type", hf.get("type"))
     if kind != "llama3":
         return [f"rope_scaling.rope_type={kind!r} is not supported (only llama3)"]
     if ours is None:
-        return [f"model.rope_scaling=null but rope_scaling={hf}; copy it into model.rope_scaling"]
+        return [
+            f"{section}rope_scaling=null but rope_scaling={hf}; copy it into {section}rope_scaling"
+        ]
     fields = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
     return [
-        f"model.rope_scaling.{name}={getattr(ours, name)} but rope_scaling.{name}={hf.get(name)}"
+        f"{section}rope_scaling.{name}={getattr(ours, name)} but rope_scaling.{name}={hf.get(name)}"
         for name in fields
         if getattr(ours, name) != hf.get(name)
     ]
+
+
+def _section(model_args: Any) -> str:
+    """The config prefix of `model_args`' keys in messages: `model.` (BLT), `arch_args.` (H-Net)."""
+    from bytelatent.model.registry import arch_of_args
+
+    try:
+        return arch_of_args(model_args).section + "."
+    except ValueError:  # args of an unregistered class: the BLT's names
+        return "model."
 
 
 def check_hf_llama(model_args: Any) -> list[str]:
@@ -141,8 +165,8 @@ def check_hf_llama(model_args: Any) -> list[str]:
     mismatches = architecture_mismatches(read_hf_config(path), model_args)
     if mismatches:
         raise CheckpointError(
-            f"model.global_init {path}/{CONFIG_FILE} does not match the global transformer: "
-            + "; ".join(mismatches)
+            f"{_section(model_args)}global_init {path}/{CONFIG_FILE} does not match the global "
+            "transformer: " + "; ".join(mismatches)
         )
     return weight_files(path)
 

@@ -121,7 +121,7 @@ def hnet_activation_bytes(model: nn.Module, args: Any, tp: int = 1) -> int:
         if dims is None:
             continue
         level = int(path.split(".")[1]) if path.startswith("stages.") else len(hnet.stages)
-        per_token, recompute = _block_values_per_token(dims, mode, 1)
+        per_token, recompute = _block_values_per_token(dims, mode, tp)  # HNet.tp_plan: all
         tokens = int(micro_batch * positions[level])
         kept += per_token * tokens
         peak_recompute = max(peak_recompute, recompute * tokens)

@@ -107,11 +107,27 @@ def check_hnet_run(args: Any) -> None:
             f"arch_args.max_seqlen ({hnet.max_seqlen}) < data.seq_len ({args.data.seq_len}): "
             "RoPE tables would be too short; raise arch_args.max_seqlen"
         )
-    if args.distributed.tp_size > 1:
+    if hnet.global_init is not None and args.checkpoint.init_ckpt_path:
         raise ValueError(
-            f"distributed.tp_size={args.distributed.tp_size}: arch=hnet has no tensor-parallel "
-            "plan; set distributed.tp_size=1 (shard with dp_shard instead)"
+            "arch_args.global_init and checkpoint.init_ckpt_path both initialise weights; set one"
         )
+    _check_hnet_tp(hnet, args.distributed.tp_size)
+
+
+def _check_hnet_tp(hnet: HNetArgs, tp: int) -> None:
+    """Tensor parallelism splits every block's heads (`HNet.tp_plan`): tp must divide them."""
+    if tp <= 1:
+        return
+    heads = {f"arch_args.stages[{i}].n_heads": s.n_heads for i, s in enumerate(hnet.stages)}
+    heads["arch_args.n_heads"] = hnet.n_heads
+    if hnet.n_kv_heads is not None:
+        heads["arch_args.n_kv_heads"] = hnet.n_kv_heads
+    for key, value in heads.items():
+        if value % tp:
+            raise ValueError(
+                f"distributed.tp_size={tp} does not divide {key}={value} (tensor parallelism "
+                "splits the heads of every H-Net block); change one of them"
+            )
 
 
 HNET = register_arch(
@@ -127,7 +143,13 @@ HNET = register_arch(
         aux_losses=(AuxLoss("ratio_loss", 1.0),),
         aux_metrics=("ratio_loss/", "chunk_len_mean/", "bytes_per_chunk/"),
         flops="bytelatent.model.hnet_model:hnet_training_flops",
+        measured_flops="bytelatent.model.hnet_model:hnet_measured_flops",
         activation_bytes="bytelatent.model.activations:hnet_activation_bytes",
         check_run="bytelatent.model.archs:check_hnet_run",
+        warm_start="bytelatent.checkpoint.hf_llama:warm_start_global",
+        # a save_pretrained-style folder with our names (transformers has no H-Net class)
+        hf_export="bytelatent.checkpoint.hf_hnet:export_hnet_hf",
+        hf_import="bytelatent.checkpoint.hf_hnet:import_hnet_hf",
+        generation_engine="bytelatent.eval.generation.hnet:IncrementalHNet",
     )
 )

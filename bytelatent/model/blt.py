@@ -140,12 +140,10 @@ class ByteLatentTransformer(nn.Module):
             backend=backend,
             docs=None if docs is None else docs.tokens,
         )
-        # local encoder: bytes -> byte states (and, with cross-attention, patch states)
-        embeds = self._byte_embeddings(tokens, ngram_ids)
-        enc_cross = self._cross_mask("encoder", patch_ids, num_patches, backend)
-        h_bytes, h_cross = self.local_encoder(embeds, local_mask, patch_ids, num_patches, enc_cross)
+        # local encoder: bytes -> byte states of every layer
+        states = self.local_encoder(self.byte_embeddings(tokens, ngram_ids), local_mask)
         # global transformer: one state per patch
-        h = self._patch_representations(h_bytes, h_cross, patch_ids, patch_lengths)
+        h = self.patch_inputs(states, patch_lengths, patch_ids, backend)
         h = self.global_transformer(
             h,
             self._patch_has_eos(tokens, patch_ids, num_patches),
@@ -154,7 +152,42 @@ class ByteLatentTransformer(nn.Module):
         # local decoder: byte states + the state of the last complete patch -> logits
         decoder_patch_ids = decoder_patch_ids_from_lengths(patch_lengths, seq_len)
         dec_cross = self._cross_mask("decoder", decoder_patch_ids, num_patches, backend)
-        return self.local_decoder(h_bytes, h, decoder_patch_ids, local_mask, dec_cross)
+        return self.local_decoder(states[-1], h, decoder_patch_ids, local_mask, dec_cross)
+
+    def patch_inputs(
+        self,
+        states: list[torch.Tensor | None],
+        patch_lengths: torch.Tensor,
+        patch_ids: torch.Tensor | None = None,
+        backend: str | None = None,
+    ) -> torch.Tensor:
+        """The global model's input [B,P,in] of the patches ``patch_lengths`` [B,P] (no padding
+        patch past the bytes) from the encoder's byte states ``states`` (one [B,N,d] per layer,
+        N = the bytes the patches cover; only the layers in ``patch_input_layers`` are read):
+        encoder cross-attention slots, pooled byte states, or the concatenated last bytes of each
+        patch. Training runs it on whole rows; generation on the bytes of a closing patch (and
+        of the patches its window reads)."""
+        args = self.args
+        bsz, num_patches = patch_lengths.shape
+        h_bytes = states[-1]
+        if patch_ids is None:
+            n_bytes = next(s for s in states if s is not None).shape[1]
+            patch_ids = patch_ids_from_lengths(patch_lengths, n_bytes)
+        if args.cross_attn_encoder:
+            backend = backend or resolve_backend(args.attn_impl, patch_lengths.device)
+            cross_mask = self._cross_mask("encoder", patch_ids, num_patches, backend)
+            h_cross = self.local_encoder.encode_patches(states, patch_ids, num_patches, cross_mask)
+            return h_cross.reshape(bsz, num_patches, -1)
+        if args.pooling_modes():
+            return pool_patches(h_bytes, patch_ids, num_patches, args.pooling_modes())
+        return concat_patches(h_bytes, patch_lengths, int(args.patch_size))
+
+    def patch_input_layers(self) -> list[int]:
+        """The encoder layers whose byte states ``patch_inputs`` reads."""
+        enc = self.local_encoder
+        if self.args.cross_attn_encoder:
+            return [i for i, c in enumerate(enc.cross_for_layer) if c is not None]
+        return [len(enc.layers) - 1]
 
     def _checked_patch_lengths(
         self, tokens: torch.Tensor, patch_lengths: torch.Tensor | None
@@ -179,23 +212,6 @@ class ByteLatentTransformer(nn.Module):
         return build_cross_mask(
             side, ids, num_patches, args.cross_attn_k, window, backend, self.structured_cross_attn
         )
-
-    def _patch_representations(
-        self,
-        h_bytes: torch.Tensor,
-        h_cross: torch.Tensor | None,
-        patch_ids: torch.Tensor,
-        patch_lengths: torch.Tensor,
-    ) -> torch.Tensor:
-        """The global model's input [B, P, in]: encoder cross-attention slots, pooled byte states
-        or the concatenated last bytes of each patch."""
-        args = self.args
-        bsz, num_patches = patch_lengths.shape
-        if args.cross_attn_encoder:
-            return h_cross.reshape(bsz, num_patches, -1)
-        if args.pooling_modes():
-            return pool_patches(h_bytes, patch_ids, num_patches, args.pooling_modes())
-        return concat_patches(h_bytes, patch_lengths, int(args.patch_size))
 
     def _patch_has_eos(
         self, tokens: torch.Tensor, patch_ids: torch.Tensor, num_patches: int
@@ -257,9 +273,23 @@ class ByteLatentTransformer(nn.Module):
         patch_lengths, _ = self._patcher.patch(tokens, include_next_token=True)
         return patch_lengths
 
-    def _byte_embeddings(
-        self, tokens: torch.Tensor, ngram_ids: torch.Tensor | None
+    @property
+    def hash_window(self) -> int:
+        """Bytes that the embedding of the last byte depends on (its longest hash n-gram)."""
+        return max(self.args.encoder_hash_byte_group_size or [1])
+
+    def last_byte_embeddings(self, recent: torch.Tensor) -> torch.Tensor:
+        """Embeddings [B,1,d] of the last byte of ``recent`` [B, hash_window] (the row's last
+        bytes, 0 before its start: the hash n-grams' own padding), as ``byte_embeddings`` gives
+        them on the whole row."""
+        if self.encoder_ngram_embedding is not None:
+            raise ConfigError("byte embeddings of one byte need no encoder_ngram_to_size_str")
+        return self.byte_embeddings(recent)[:, -1:]
+
+    def byte_embeddings(
+        self, tokens: torch.Tensor, ngram_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
+        """Byte + hash n-gram (+ n-gram id) embeddings of tokens [B,N]: the encoder's input."""
         args = self.args
         embeds = compute_hash_embeddings(
             tokens,
@@ -298,7 +328,7 @@ class ByteLatentTransformer(nn.Module):
         """Modules to shard as separate FSDP units, in forward order.
 
         Hash/n-gram tables (each its own unit: they are the largest tensors), local encoder layers
-        interleaved with their cross-attention, global layers, local decoder cross-attention
+        then their cross-attention layers, global layers, local decoder cross-attention
         interleaved with its layers. Embedding, projections, norm and output stay with the root.
         """
         units: list[nn.Module] = [
@@ -332,13 +362,16 @@ class ByteLatentTransformer(nn.Module):
 
 
 def _interleave(local: nn.Module, cross_after: bool) -> list[nn.Module]:
-    """Layers with the cross-attention layer each one is paired with, in execution order."""
+    """Layers and cross-attention layers in execution order: the encoder runs all its layers,
+    then (``encode_patches``) the cross-attention paired with each layer, in layer order; the
+    decoder runs each layer's cross-attention just before the layer."""
     units: list[nn.Module] = []
+    paired = []
     for layer, index in zip(local.layers, local.cross_for_layer):
         pair = None if index is None else local.cross_attn_layers[index]
         if pair is not None and not cross_after:
             units.append(pair)
         units.append(layer)
         if pair is not None and cross_after:
-            units.append(pair)
-    return units
+            paired.append(pair)
+    return units + paired

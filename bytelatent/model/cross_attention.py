@@ -17,6 +17,8 @@ Two ways to compute the same function (see ``patch_utils.PatchCrossMask``):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -27,6 +29,48 @@ from bytelatent.model.patch_utils import PatchCrossMask
 
 def _trunc_normal_(weight: torch.Tensor, std: float) -> None:
     nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+
+@dataclass
+class PatchStep:
+    """Which patches one incremental decoder forward adds and reads (shared by its caches).
+
+    ``write_at`` [B] long: the index at which each row's new patches (if any) are stored; rows
+    that add none point at a scratch slot past the last real one. ``patch_ids`` [B,S] long: the
+    patch each new byte reads (its last complete patch); with ``window`` w it also reads the
+    w-1 patches before (indices < 0 are left out).
+    """
+
+    write_at: torch.Tensor
+    patch_ids: torch.Tensor
+    window: int = 1
+
+    def store(self, buffer: torch.Tensor, new: torch.Tensor) -> None:
+        """Write ``new`` [B,P_new,...] to ``buffer`` [B,patches,...] at ``write_at``.."""
+        count = new.shape[1]
+        if count == 0:
+            return
+        rows = torch.arange(new.shape[0], device=new.device)[:, None]
+        slots = self.write_at[:, None] + torch.arange(count, device=new.device)
+        buffer[rows, slots] = new
+
+    def read(self, buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each byte's window of patches from ``buffer`` [B,patches,...]: ([B,S,w,...], valid
+        [B,S,w] bool)."""
+        offsets = torch.arange(1 - self.window, 1, device=buffer.device)
+        ids = self.patch_ids[:, :, None] + offsets
+        rows = torch.arange(buffer.shape[0], device=buffer.device)[:, None, None]
+        return buffer[rows, ids.clamp(min=0)], ids >= 0
+
+
+@dataclass
+class SlotCache:
+    """The keys and values [B, patches, k, n_kv_heads, head_dim] of every patch slot a decoder
+    cross-attention has seen, and the step its next forward runs (set by the caller)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    step: PatchStep | None = None
 
 
 class CrossAttention(nn.Module):
@@ -55,9 +99,17 @@ class CrossAttention(nn.Module):
         self,
         x: torch.Tensor,
         kv: torch.Tensor,
-        mask: PatchCrossMask,
+        mask: PatchCrossMask | None,
+        cache: SlotCache | None = None,
     ) -> torch.Tensor:
-        """x [B,Q,dim], kv [B,K,dim] -> x + attention output [B,Q,dim]."""
+        """x [B,Q,dim], kv [B,K,dim] -> x + attention output [B,Q,dim].
+
+        ``cache`` (decoder side, generation): ``kv`` holds only the new patches' slots
+        [B, P_new*k, dim]; their keys/values are stored at ``cache.step.write_at`` and each byte of
+        ``x`` attends the slots of its patch (or window of patches) in the cache; ``mask`` is
+        unused."""
+        if cache is not None:
+            return self._cached(x, kv, cache)
         bsz, q_len, _ = x.shape
         kv_len = kv.shape[1]
         kv_normed = self.cross_attn_norm_kv(kv)
@@ -81,6 +133,29 @@ class CrossAttention(nn.Module):
                 mask.attn,
             )
             out = out.transpose(1, 2)
+        return x + self.wo(out.reshape(bsz, q_len, self.n_heads * self.head_dim))
+
+    def _cached(self, x: torch.Tensor, kv: torch.Tensor, cache: SlotCache) -> torch.Tensor:
+        bsz, q_len, _ = x.shape
+        slots = cache.keys.shape[2]
+        new = kv.shape[1] // slots
+        kv_normed = self.cross_attn_norm_kv(kv)
+        shape = (bsz, new, slots, self.n_kv_heads, self.head_dim)
+        cache.step.store(cache.keys, self.wk(kv_normed).view(shape))
+        cache.step.store(cache.values, self.wv(kv_normed).view(shape))
+        xq = self.wq(self.cross_attn_norm_q(x)).view(bsz, q_len, self.n_heads, self.head_dim)
+        keys, valid = cache.step.read(cache.keys)  # [B,S,w,k,Hkv,D]
+        values, _ = cache.step.read(cache.values)
+        keys, values = keys.flatten(2, 3), values.flatten(2, 3)  # [B,S,w*k,Hkv,D]
+        if self.n_kv_heads != self.n_heads:
+            repeats = self.n_heads // self.n_kv_heads
+            keys = keys.repeat_interleave(repeats, dim=3)
+            values = values.repeat_interleave(repeats, dim=3)
+        scores = (xq[:, :, None] * keys).sum(-1).float() * self.head_dim**-0.5  # [B,S,w*k,H]
+        allowed = valid.repeat_interleave(slots, dim=2)[..., None]
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(scores, dim=2).to(values.dtype)
+        out = (probs[..., None] * values).sum(2)  # [B,S,H,D]
         return x + self.wo(out.reshape(bsz, q_len, self.n_heads * self.head_dim))
 
     @torch.no_grad()

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bytelatent.model.args import BaseTransformerArgs, block_head_counts
+from bytelatent.model.global_init import GlobalInitArgs
 from bytelatent.tokenizers.constants import EOS_ID, VOCAB_SIZE
 
 
@@ -70,6 +71,11 @@ class HNetArgs(BaseModel):
         "official model's default Mamba2-kernel rounding",
     )
     ema_block_size: int = Field(64, ge=2, description="block size of the EMA's parallel scan")
+    global_init: GlobalInitArgs | None = Field(
+        None,
+        description="pretrained decoder copied into the global transformer at a fresh start "
+        "(docs/byteify.md, as model.global_init); null: random init",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> HNetArgs:

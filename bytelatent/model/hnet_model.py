@@ -27,13 +27,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from bytelatent.distributed.tp_plan import TPPlan
 from bytelatent.model.attention import resolve_backend, self_attn_mask
 from bytelatent.model.hnet.chunking import ChunkLayer, boundaries_first, dechunk
-from bytelatent.model.hnet.ratio_loss import load_balancing_loss
+from bytelatent.model.hnet.ratio_loss import loss_from_statistics
 from bytelatent.model.hnet.residual import ResidualProjection, merge_residual
 from bytelatent.model.hnet.routing import RoutingModule
 from bytelatent.model.hnet_args import HNetArgs
 from bytelatent.model.layers import (
+    KVCache,
     RMSNorm,
     RotaryEmbedding,
     TransformerBlock,
@@ -101,6 +103,23 @@ class HNetStage(nn.Module):
             h = block(h, freqs, mask)
         return h
 
+    def run_blocks_cached(
+        self, blocks: nn.ModuleList, h: torch.Tensor, caches: list[KVCache]
+    ) -> torch.Tensor:
+        """``run_blocks`` for positions that follow cached ones (generation): one KV cache per
+        block, whose step (``eval.generation.cache.CachedStack``) gives positions and masks."""
+        for block, cache in zip(blocks, caches, strict=True):
+            h = block(h, self.rope_embeddings.freqs_cis, None, cache=cache)
+        return h
+
+    def to_inner(self, chunks: torch.Tensor) -> torch.Tensor:
+        """Chunk states ``[B, M, D_s]`` padded to the main network's width with the learned
+        pad vector (the main network's output is cut back to ``D_s``)."""
+        if self.pad_dimension is None:
+            return chunks
+        pad = self.pad_dimension.to(chunks.dtype).expand(*chunks.shape[:-1], -1)
+        return torch.cat((chunks, pad), dim=-1)
+
     @torch.no_grad()
     def init_weights(self, args: HNetArgs) -> None:
         b = self.block_args
@@ -139,10 +158,17 @@ class HNet(nn.Module):
         starts[:, 1:] = tokens[:, :-1] == self.args.eos_id  # the byte after an EOS
         backend = resolve_backend(self.args.attn_impl, tokens.device)
         stats: list[dict[str, torch.Tensor]] = []
-        h = self.tok_embeddings(tokens)
+        h = self.embed(tokens)
         h = self._stage(0, h, torch.ones_like(starts), starts, backend, stats)
-        logits = self.output(self.norm(h)).float()
-        return logits, self._aux(stats, tokens.numel())
+        return self.head(h), self._aux(stats, tokens.numel())
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token ids ``[...]`` -> stage-0 inputs ``[..., D_0]``."""
+        return self.tok_embeddings(tokens)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Byte states ``[..., D_0]`` -> logits ``[..., V]`` float32 (final norm, output)."""
+        return self.output(self.norm(h)).float()
 
     def _stage(
         self,
@@ -165,10 +191,7 @@ class HNet(nn.Module):
         inner_starts = starts.gather(1, boundaries_first(routing.boundary_mask)[:, :width])
         inner_starts = inner_starts & chunks.mask
         stats.append(_stage_stats(self.args.stages[index].target_ratio, routing, mask))
-        inner = chunks.hidden_states
-        if stage.pad_dimension is not None:
-            pad = stage.pad_dimension.to(inner.dtype).expand(*inner.shape[:-1], -1)
-            inner = torch.cat((inner, pad), dim=-1)
+        inner = stage.to_inner(chunks.hidden_states)
         if index + 1 < len(self.stages):
             inner = self._stage(index + 1, inner, chunks.mask, inner_starts, backend, stats)
         else:
@@ -223,6 +246,17 @@ class HNet(nn.Module):
         residuals = [stage.residual_proj for stage in self.stages]
         return [self.tok_embeddings, *self.ac_units(), *residuals, self.output]
 
+    def tp_plan(self, tp_size: int) -> TPPlan:
+        """Tensor parallelism (`distributed.parallelize.apply_tp`): every transformer block
+        (each stage's encoder and decoder, the global transformer) splits its heads and FFN
+        width, replicated in and out. Routing, chunking, the EMA, the residual projections, the
+        embedding and the head act on full hidden states and stay replicated over the TP group
+        (`check_hnet_run` checks that tp_size divides every block's heads)."""
+        stage_blocks = [
+            blocks for stage in self.stages for blocks in (stage.encoder, stage.decoder)
+        ]
+        return TPPlan(blocks=[*stage_blocks, self.global_transformer.layers])
+
     def num_params(self, exclude_embeddings: bool = False) -> int:
         total = sum(p.numel() for p in self.parameters())
         return total - (self.tok_embeddings.weight.numel() if exclude_embeddings else 0)
@@ -238,21 +272,27 @@ def _document_ends(starts: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def _stage_stats(target_ratio: float, routing, mask: torch.Tensor) -> dict[str, torch.Tensor]:
     """The stage's ratio loss over its valid positions (the official packed form: padding,
     which only inner stages have, is not counted) and its chunk counts."""
-    valid = mask.reshape(-1)
-    prob = routing.boundary_prob.reshape(-1, 2)[valid]
-    boundaries = routing.boundary_mask.reshape(-1)[valid]
-    return {
-        "loss": load_balancing_loss(prob, boundaries, target_ratio),
-        "positions": valid.sum().float(),
-        "chunks": boundaries.sum().float(),
-    }
+    # masked sums, not boolean indexing: no host sync (the selected count would be data-dependent)
+    valid = mask.float()
+    positions = valid.sum()
+    chunks = (routing.boundary_mask & mask).float().sum()
+    mean_prob = (routing.boundary_prob[..., 1].float() * valid).sum() / positions.clamp(min=1)
+    loss = loss_from_statistics(chunks / positions.clamp(min=1), mean_prob, target_ratio)
+    return {"loss": loss, "positions": positions, "chunks": chunks}
 
 
-def hnet_training_flops(model_args: HNetArgs, data_args: object):
-    """Analytic training FLOPs at the target ratios (not the learned chunk counts): stage s runs
-    on L / (N_0 ... N_{s-1}) positions, the global transformer on L / (N_0 ... N_{S-1})."""
+def hnet_training_flops(
+    model_args: HNetArgs, data_args: object, bytes_per_chunk: list[float] | None = None
+):
+    """Analytic training FLOPs: stage s runs on L / B_{s-1} positions (B_{-1} = 1), the global
+    transformer on L / B_{S-1}, where B_s is stage s's bytes per chunk: the measured
+    `bytes_per_chunk` when given (`hnet_measured_flops`), else the target ratios N_0 ... N_s
+    (an estimate: what the dry run and `model-info.txt` report)."""
     from bytelatent.model.flops import _block_params, mean_attended_keys
 
+    cumulative = model_args.cumulative_ratios() if bytes_per_chunk is None else bytes_per_chunk
+    if len(cumulative) != len(model_args.stages):
+        raise ValueError(f"bytes_per_chunk: {len(model_args.stages)} values expected")
     seq_len = data_args.seq_len
     per_byte, positions_per_byte = 0.0, 1.0
     for index, stage in enumerate(model_args.stages):
@@ -263,7 +303,7 @@ def hnet_training_flops(model_args: HNetArgs, data_args: object):
         layer = 6 * _block_params(block) + 12 * stage.dim * keys
         router = 6 * (2 * stage.dim**2 + stage.dim**2)  # W_q, W_k, residual projection
         per_byte += positions_per_byte * (n_blocks * layer + router)
-        positions_per_byte /= stage.target_ratio
+        positions_per_byte = 1.0 / max(cumulative[index], 1.0)
     glob = model_args.global_block_args()
     keys = mean_attended_keys(max(1, round(seq_len * positions_per_byte)))
     per_byte += (
@@ -273,3 +313,12 @@ def hnet_training_flops(model_args: HNetArgs, data_args: object):
     )
     per_byte += 6 * model_args.stages[0].dim * model_args.vocab_size  # LM head
     return lambda tokens, patches: tokens * per_byte
+
+
+def hnet_measured_flops(model_args: HNetArgs, data_args: object, aux: dict[str, float]):
+    """`ArchSpec.measured_flops`: the FLOPs counter at the chunk counts the forward measured
+    (`aux` holds the interval means of `bytes_per_chunk/stage{s}`), or None when absent."""
+    keys = [f"bytes_per_chunk/stage{s}" for s in range(len(model_args.stages))]
+    if not all(key in aux for key in keys):
+        return None
+    return hnet_training_flops(model_args, data_args, [aux[key] for key in keys])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -201,42 +201,60 @@ def autocast_input(x: torch.Tensor) -> torch.Tensor:
 class CacheStep:
     """Where the positions of one incremental forward go (the same for every layer of a stack).
 
-    ``positions`` [B,S] long: each new token's position (its cache slot); ``rotation``
-    [B,S,1,D/2] complex: their RoPE rows as cos + i·sin (computed once for all layers).
-    ``start``: the new keys/values go to slots start..start+S-1 of every row (a prefill), or,
-    with None, to each row's ``positions[:, 0]`` (one-token step). Queries attend the cached
-    keys key_start..key_len-1 under ``mask`` (bool [B,1,S,keys]; None: all of them).
+    ``positions`` [B,S] long: each new token's position (its cache slot, and the row of the
+    module's RoPE table that rotates it). ``start``: the new keys/values go to slots
+    start..start+S-1 of every row (a prefill), or, with None, to each row's ``positions[:, 0]``
+    (one-token step). Queries attend the cached keys key_start..key_len-1 under ``mask``
+    (bool [B,1,S,keys]; None: all of them).
     """
 
     positions: torch.Tensor
-    rotation: torch.Tensor
     start: int | None
     key_start: int
     key_len: int
     mask: torch.Tensor | None
+    _rotation: torch.Tensor | None = field(default=None, repr=False)
+
+    def rotation_for(self, freq_cis: torch.Tensor) -> torch.Tensor:
+        """The RoPE rows of ``positions`` in ``freq_cis`` [L,D/2,2,2] as cos + i·sin
+        [B,S,1,D/2], picked once per step for every layer of the stack."""
+        if self._rotation is None:
+            rows = freq_cis[self.positions]
+            rotation = torch.complex(rows[..., 0, 0].float(), rows[..., 1, 0].float())
+            self._rotation = rotation[:, :, None, :]
+        return self._rotation
+
+    def write(self, buffer: torch.Tensor, values: torch.Tensor, dim: int = 1) -> None:
+        """Store ``values`` [B,S,...] at the step's positions of ``buffer`` (positions on ``dim``)."""
+        if self.start is None:
+            rows = torch.arange(values.shape[0], device=values.device)
+            index = (rows, *([slice(None)] * (dim - 1)), self.positions[:, 0])
+            buffer[index] = values[:, 0]
+        else:
+            end = self.start + values.shape[1]
+            index = (*([slice(None)] * dim), slice(self.start, end))
+            buffer[index] = values.movedim(1, dim) if dim != 1 else values
 
 
 @dataclass
 class KVCache:
     """A self-attention's keys and values [B, n_kv_heads, capacity, head_dim] and the step that
-    the next forward runs (set by the caller, e.g. ``eval.generation.cache.CachedStack``)."""
+    the next forward runs (set by the caller, e.g. ``eval.generation.cache.CachedStack``).
+
+    ``outputs`` [B, capacity, dim] (optional): where the block's module keeps the block's output
+    states of every cached position (the BLT encoder's byte states that later form patches)."""
 
     keys: torch.Tensor
     values: torch.Tensor
     step: CacheStep | None = None
+    outputs: torch.Tensor | None = None
 
     def attend(self, xq: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor) -> torch.Tensor:
         """Store the new (rotated) xk/xv [B,S,Hkv,D], attend xq [B,S,H,D] -> [B,H,S,D]."""
         step = self.step
         keys, values = self.keys, self.values
-        if step.start is None:
-            rows = torch.arange(xk.shape[0], device=xk.device)
-            keys[rows, :, step.positions[:, 0]] = xk[:, 0]
-            values[rows, :, step.positions[:, 0]] = xv[:, 0]
-        else:
-            end = step.start + xk.shape[1]
-            keys[:, :, step.start : end] = xk.transpose(1, 2)
-            values[:, :, step.start : end] = xv.transpose(1, 2)
+        step.write(keys, xk, dim=2)
+        step.write(values, xv, dim=2)
         return F.scaled_dot_product_attention(
             xq.transpose(1, 2),
             keys[:, :, step.key_start : step.key_len],
@@ -244,6 +262,11 @@ class KVCache:
             attn_mask=step.mask,
             enable_gqa=xq.shape[2] != xk.shape[2],
         )
+
+    def keep_outputs(self, h: torch.Tensor) -> None:
+        """Store the block's output h [B,S,dim] at the step's positions (when ``outputs`` is set)."""
+        if self.outputs is not None:
+            self.step.write(self.outputs, h)
 
 
 def _trunc_normal_(weight: torch.Tensor, std: float) -> None:
@@ -279,9 +302,9 @@ class Attention(nn.Module):
         """x [B,S,dim] -> [B,S,dim]; freq_cis covers at least S positions.
 
         With ``cache`` (generation) the S new positions are ``cache.step.positions`` (rotated by
-        the step's RoPE rows, as ``apply_rotary_emb`` in eager mode), their keys/values are
-        stored in the cache and the queries attend the cached keys under the step's mask;
-        ``freq_cis`` and ``mask`` are unused.
+        the rows of ``freq_cis`` at those positions, as ``apply_rotary_emb`` in eager mode), their
+        keys/values are stored in the cache and the queries attend the cached keys under the
+        step's mask; ``mask`` is unused.
         """
         bsz, seqlen, _ = x.shape
         x = autocast_input(x)
@@ -292,7 +315,7 @@ class Attention(nn.Module):
             xq, xk = apply_rotary_emb(xq, xk, freq_cis[:seqlen])
             out = attend(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), mask)
         else:
-            rotation = cache.step.rotation
+            rotation = cache.step.rotation_for(freq_cis)
             xq, xk = _rotate_pairs_complex(xq, rotation), _rotate_pairs_complex(xk, rotation)
             out = cache.attend(xq, xk, xv)
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, self.n_heads * self.head_dim))

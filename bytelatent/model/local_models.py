@@ -18,6 +18,7 @@ Where the reference crashes or does nothing (docs/differences.md):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +32,7 @@ from bytelatent.model.attention import (
     self_attn_mask,
 )
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.cross_attention import CrossAttention
+from bytelatent.model.cross_attention import CrossAttention, PatchStep, SlotCache
 from bytelatent.model.layers import (
     KVCache,
     RMSNorm,
@@ -55,6 +56,21 @@ def _identity_rotation(seqlen: int, head_dim: int, like: torch.Tensor) -> torch.
     """RoPE table of angle 0 (no rotation): what blocks get when use_rope=False."""
     eye = torch.eye(2, dtype=torch.float32, device=like.device)
     return eye.expand(seqlen, head_dim // 2, 2, 2)
+
+
+@dataclass
+class DecoderCache:
+    """What ``LocalDecoder.forward`` reads and extends when run a few bytes at a time.
+
+    ``layers``: one KV cache per block; ``patches``: where new patch states go and which patch
+    each new byte reads; ``patch_states`` [B, patches, dim]: the projected patch states (without
+    cross-attention); ``cross``: one slot cache per cross-attention layer (with it).
+    """
+
+    layers: Sequence[KVCache]
+    patches: PatchStep
+    patch_states: torch.Tensor | None = None
+    cross: Sequence[SlotCache] | None = None
 
 
 class LocalModelBase(nn.Module):
@@ -110,9 +126,25 @@ class LocalModelBase(nn.Module):
             return self.rope(seqlen=seqlen)
         return _identity_rotation(seqlen, self.head_dim, like)
 
-    def add_positions(self, h: torch.Tensor) -> torch.Tensor:
+    @property
+    def max_positions(self) -> int:
+        """Length of the position table (RoPE or learned positions): the most bytes a row holds."""
+        if self.rope is not None:
+            return self.rope.max_seqlen
+        return self.pos_embeddings.num_embeddings
+
+    def cached_freqs(self, cache: Sequence[KVCache], like: torch.Tensor) -> torch.Tensor:
+        """The RoPE table whose rows the caches' positions pick (identity without RoPE)."""
+        if self.rope is not None:
+            return self.rope.freqs_cis
+        return _identity_rotation(cache[0].keys.shape[2], self.head_dim, like)
+
+    def add_positions(self, h: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Learned absolute positions (use_rope=False) of bytes 0..S-1, or of ``positions`` [B,S]."""
         if self.pos_embeddings is None:
             return h
+        if positions is not None:
+            return h + self.pos_embeddings(positions)
         if h.shape[1] > self.pos_embeddings.num_embeddings:
             raise ValueError(
                 f"{h.shape[1]} bytes exceed the learned position table "
@@ -160,24 +192,48 @@ class LocalEncoder(LocalModelBase):
     def forward(
         self,
         embeds: torch.Tensor,
-        mask: AttnMask,
+        mask: AttnMask | None,
+        cache: Sequence[KVCache] | None = None,
+    ) -> list[torch.Tensor]:
+        """embeds [B,N,d] (byte + hash embeddings) -> every layer's byte states [B,N,d].
+
+        ``cache``: one KV cache per layer (generation): ``embeds`` are new bytes after the cached
+        ones (positions and masks from the caches' step); a cache with ``outputs`` also keeps its
+        layer's byte states, from which ``encode_patches`` later forms patches."""
+        positions = None if cache is None else cache[0].step.positions
+        h = _dropout(self.add_positions(embeds, positions), self.dropout, self.training)
+        if cache is None:
+            freqs, caches = self.freqs(h.shape[1], h), [None] * len(self.layers)
+        else:
+            freqs, caches = self.cached_freqs(cache, h), cache
+        states = []
+        for layer, layer_cache in zip(self.layers, caches, strict=True):
+            h = layer(h, freqs, mask, cache=layer_cache)
+            if layer_cache is not None:
+                layer_cache.keep_outputs(h)
+            states.append(h)
+        return states
+
+    def encode_patches(
+        self,
+        states: Sequence[torch.Tensor | None],
         patch_ids: torch.Tensor,
         num_patches: int,
-        cross_mask: PatchCrossMask | None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """embeds [B,N,d] (byte + hash embeddings) -> (h [B,N,d], patch states [B,P*k,d] or None)."""
-        h = _dropout(self.add_positions(embeds), self.dropout, self.training)
-        freqs = self.freqs(h.shape[1], h)
+        cross_mask: PatchCrossMask,
+    ) -> torch.Tensor:
+        """Patch states [B,P*k,d] from the byte states of the layers paired with a
+        cross-attention (``states[i]`` [B,N,d], None for unpaired layers): queries from
+        ``patch_queries`` or pooling, then each cross-attention in layer order."""
         patch_embeds = None
-        for layer, cross_index in zip(self.layers, self.cross_for_layer):
-            h = layer(h, freqs, mask)
-            if cross_index is not None:
-                if patch_embeds is None:
-                    patch_embeds = self._initial_patch_queries(h, patch_ids, num_patches)
-                cross = self.cross_attn_layers[cross_index]
-                # double residual, as the reference: CrossAttention already returns x + out
-                patch_embeds = patch_embeds + cross(patch_embeds, h, cross_mask)
-        return h, patch_embeds
+        for layer_states, cross_index in zip(states, self.cross_for_layer):
+            if cross_index is None:
+                continue
+            if patch_embeds is None:
+                patch_embeds = self._initial_patch_queries(layer_states, patch_ids, num_patches)
+            cross = self.cross_attn_layers[cross_index]
+            # double residual, as the reference: CrossAttention already returns x + out
+            patch_embeds = patch_embeds + cross(patch_embeds, layer_states, cross_mask)
+        return patch_embeds
 
     def _initial_patch_queries(
         self, h: torch.Tensor, patch_ids: torch.Tensor, num_patches: int
@@ -222,28 +278,47 @@ class LocalDecoder(LocalModelBase):
         self,
         embeds: torch.Tensor,
         patch_embeds: torch.Tensor,
-        decoder_patch_ids: torch.Tensor,
-        mask: AttnMask,
+        decoder_patch_ids: torch.Tensor | None,
+        mask: AttnMask | None,
         cross_mask: PatchCrossMask | None,
+        cache: DecoderCache | None = None,
     ) -> torch.Tensor:
-        """embeds [B,N,d], patch_embeds [B,P,dim_global] -> logits [B,N,V] float32."""
+        """embeds [B,N,d], patch_embeds [B,P,dim_global] -> logits [B,N,V] float32.
+
+        ``cache`` (generation): ``embeds`` are new bytes after the cached ones and
+        ``patch_embeds`` only the new patches' global states [B,P_new,dim_global] (stored at
+        ``cache.patches.write_at``, possibly P_new=0); each byte reads its patch
+        (``cache.patches.patch_ids``) from the cache; ``decoder_patch_ids``, ``mask`` and
+        ``cross_mask`` are unused."""
         bsz, num_patches = patch_embeds.shape[:2]
         if self.patch_embedding_projection is not None:
             patch_embeds = self.patch_embedding_projection(patch_embeds)
         h = embeds
         if self.cross_attn_decoder:
             patch_embeds = patch_embeds.reshape(bsz, num_patches * self.slots, self.dim)
+        elif cache is not None:
+            cache.patches.store(cache.patch_states, patch_embeds)
+            h = h + cache.patches.read(cache.patch_states)[0][:, :, -1]
         else:
             index = decoder_patch_ids.unsqueeze(-1).expand(-1, -1, self.dim)
             h = h + torch.gather(patch_embeds, 1, index)
-        h = _dropout(self.add_positions(h), self.dropout, self.training)
-        freqs = self.freqs(h.shape[1], h)
-        for layer, cross_index in zip(self.layers, self.cross_for_layer):
+        if cache is None:
+            h = _dropout(self.add_positions(h), self.dropout, self.training)
+            freqs, caches, crosses = self.freqs(h.shape[1], h), [None] * len(self.layers), None
+        else:
+            h = _dropout(
+                self.add_positions(h, cache.layers[0].step.positions), self.dropout, self.training
+            )
+            freqs, caches, crosses = self.cached_freqs(cache.layers, h), cache.layers, cache.cross
+        for layer, cross_index, layer_cache in zip(
+            self.layers, self.cross_for_layer, caches, strict=True
+        ):
             if cross_index is not None:
                 cross = self.cross_attn_layers[cross_index]
+                slot_cache = None if crosses is None else crosses[cross_index]
                 # double residual, as the reference: CrossAttention already returns x + out
-                h = h + cross(h, patch_embeds, cross_mask)
-            h = layer(h, freqs, mask)
+                h = h + cross(h, patch_embeds, cross_mask, cache=slot_cache)
+            h = layer(h, freqs, mask, cache=layer_cache)
         h = _dropout(self.norm(h), self.dropout, self.training)
         return self.output(h).float()
 

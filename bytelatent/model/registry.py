@@ -51,6 +51,9 @@ class ArchSpec:
       host_batch)` -> logits `[B, L, V]`, or `(logits, {aux name: scalar})` when `aux_losses`
       (the dict may also hold metrics-only entries whose names start with an `aux_metrics` prefix).
     - `flops`: `(model_args, data_args) -> (tokens, patches) -> training FLOPs` (MFU).
+    - `measured_flops`: `(model_args, data_args, aux) -> counter like flops's, or None`: the
+      counter at what the forward measured (`aux`: the log interval's `aux_metrics` means, e.g.
+      H-Net's chunk counts); it gets the interval's summed sizes, so it must be linear in them.
     - `activation_bytes`: `(model, train_args, tp) -> bytes` autograd keeps (model-info.txt).
     - `size_lower_bound`: `(args) -> (values, blocks)` without building (`require_model_fits`).
     - `check_run`: `(train_args) -> None`, raises ValueError on a cross-section conflict.
@@ -78,6 +81,7 @@ class ArchSpec:
     # micro-batches, steps and ranks), never added to the objective.
     aux_metrics: tuple[str, ...] = ()
     flops: Ref = None
+    measured_flops: Ref = None
     activation_bytes: Ref = None
     size_lower_bound: Ref = None
     check_run: Ref = None

@@ -29,7 +29,10 @@ from bytelatent.trainer.patch_stats import PatchLengthStats
 from bytelatent.trainer.throughput import BatchSizes, FlopsCounter, StepClock
 
 # Host-side sums of an interval, all-reduced together in float64 at the log step.
-_HOST_SUMS = ("n_targets", "n_bytes", "tokens", "real_tokens", "useful_flops", "executed_flops")
+_HOST_SUMS = (
+    "n_targets", "n_bytes", "tokens", "real_tokens", "patches", "real_patches",
+    "useful_flops", "executed_flops",
+)  # fmt: skip
 
 
 @dataclass
@@ -99,6 +102,8 @@ class IntervalMetrics:
             sizes = BatchSizes.of(batch)
             self.sums["tokens"] += sizes.tokens
             self.sums["real_tokens"] += sizes.real_tokens
+            self.sums["patches"] += sizes.patches
+            self.sums["real_patches"] += sizes.real_patches
             self.sums["useful_flops"] += self.flops.useful(sizes)
             self.sums["executed_flops"] += self.flops.executed(sizes)
         if self.steps == 0:
@@ -138,6 +143,15 @@ class IntervalMetrics:
         start = first_start - self.first_data_time
         return max(end - start - self.timings.within(start, end), 1e-9)
 
+    def _recount_flops(self, s: dict[str, float], aux: dict[str, float]) -> None:
+        """FLOPs at what the forward measured in this interval (H-Net: its chunk counts, the
+        means over micro-batches and ranks) where the architecture gives a measured counter;
+        the per-batch counts at the targets otherwise."""
+        measured = self.flops.measured({k.removeprefix("aux/"): v for k, v in aux.items()})
+        if measured is not None:
+            s["useful_flops"] = measured(s["real_tokens"], s["real_patches"])
+            s["executed_flops"] = measured(s["tokens"], s["patches"])
+
     def compute(self, step: int, tokens_seen: int = 0, **extra: float) -> dict:
         """The metric record of the interval that ends at `step`; starts the next interval.
 
@@ -147,6 +161,8 @@ class IntervalMetrics:
         s = self._reduced(tokens_seen)  # the host copy of the loss waits for the queued steps
         step_time = self.clock.pop()
         elapsed = self.elapsed(step_time)
+        aux = {k: v / max(s["aux_micro_batches"], 1.0) for k, v in s.items() if k[:4] == "aux/"}
+        self._recount_flops(s, aux)
         m = {
             "global_step": step,
             "loss": s["loss_sum"] / max(s["n_targets"], 1.0),
@@ -154,7 +170,7 @@ class IntervalMetrics:
             "n_bytes": int(s["n_bytes"]),
             "tokens_seen": int(s["tokens_seen"]),
             # auxiliary loss terms (unweighted means; not part of loss or bpb)
-            **{k: v / max(s["aux_micro_batches"], 1.0) for k, v in s.items() if k[:4] == "aux/"},
+            **aux,
             **extra,
             "bytes_per_s": s["real_tokens"] / elapsed,
             "flops_per_s": s["useful_flops"] / elapsed,

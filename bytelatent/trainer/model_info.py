@@ -187,6 +187,7 @@ def render(
         f"activation_checkpointing={args.distributed.activation_checkpointing}):",
         *(f"  {k:<16} {v / GIB:10.3f} GiB" for k, v in memory_items(mem)),
         MEASURED_NOTE,
+        *flops_lines(args),
         "",
         "parameters (name, shape, dtype, count, local shape, local count, placement, optim group):",
     ]
@@ -198,6 +199,25 @@ def render(
             f"  group={group_label(r.name, groups)}"
         )
     return "\n".join(lines) + "\n", total, mem
+
+
+def flops_lines(args: TrainArgs) -> list[str]:
+    """Training FLOPs per byte of an unpatched architecture (`ArchSpec.flops` on one full row);
+    where the model decides its own work (`measured_flops`: H-Net's chunk counts) this is the
+    estimate at the targets, and the log's `flops_per_s` / `mfu` count what was measured."""
+    spec = get_arch(args.arch)
+    factory = spec.resolve("flops")
+    if factory is None or spec.patched:
+        return []
+    seq_len = args.data.seq_len
+    per_byte = factory(args.active_model_args(), args.data)(seq_len, 0) / seq_len
+    line = f"training FLOPs per byte: {per_byte:,.0f}"
+    if spec.measured_flops is not None:
+        line += (
+            " (an estimate at the target chunk ratios; the log's flops_per_s and mfu count "
+            "the measured chunks)"
+        )
+    return ["", line]
 
 
 def memory_items(mem: MemoryEstimate) -> list[tuple[str, int]]:

@@ -7,7 +7,9 @@ device work a step queued.
 * `FlopsCounter`: training FLOPs of a batch, `executed` (what the hardware computes, padding
   included; what `torch.utils.flop_counter` counts, up to the attention convention of
   `model/flops.py`) and `useful` (the same formula on the real tokens and patches). `mfu` is
-  useful work; `padding_frac` is the share of tokens that are padding.
+  useful work; `padding_frac` is the share of tokens that are padding. An architecture whose
+  FLOPs depend on what the model decides (H-Net's chunk counts) gives `measured`: the log step
+  recounts the interval at the measured values (`ArchSpec.measured_flops`).
 * `StepClock`: on CUDA a pair of events around each step, read once at the log step (so queued
   kernels count in the step that queued them, and the hot path never syncs); on CPU, where work
   runs synchronously, `time.perf_counter`. It also keeps the interval's host span (first step
@@ -16,7 +18,9 @@ device work a step queued.
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,8 +54,18 @@ class FlopsCounter:
     architecture (`ArchSpec.flops`; an architecture without one counts 0)."""
 
     def __init__(self, args) -> None:  # TrainArgs
-        factory = get_arch(args.arch).resolve("flops")
+        spec = get_arch(args.arch)
+        factory = spec.resolve("flops")
         self.count = factory(args.active_model_args(), args.data) if factory else lambda t, p: 0.0
+        measured = spec.resolve("measured_flops")
+        self._measured = (
+            functools.partial(measured, args.active_model_args(), args.data) if measured else None
+        )
+
+    def measured(self, aux: dict[str, float]) -> Callable[[float, float], float] | None:
+        """`(tokens, patches) -> FLOPs` at what the forward measured in a log interval (`aux`:
+        its `aux/` means without the prefix; H-Net: chunk counts), or None: keep `count`."""
+        return self._measured(aux) if self._measured is not None else None
 
     def executed(self, s: BatchSizes) -> float:
         return self.count(s.tokens, s.patches)

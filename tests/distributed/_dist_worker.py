@@ -40,6 +40,11 @@ GROUPS = {
         "blt_fsdp": ("blt", {"dp_shard": 2}, {}),
         "blt_tp": ("blt", {"dp_shard": 1, "tp_size": 2}, {}),
     },
+    # (no H-Net FSDP case here: the ratio loss multiplies batch means, so the mean of two
+    # half-batch losses is not the full batch's, and parity would not hold by design)
+    "hnet_two": {
+        "hnet_tp": ("hnet", {"dp_shard": 1, "tp_size": 2}, {}),
+    },
     "four": {
         "tp_fsdp_2x2": ("lm", {"dp_shard": 2, "tp_size": 2}, {}),
         "hsdp_tp_2x1x2": ("lm", {"dp_replicate": 2, "dp_shard": 1, "tp_size": 2}, {}),

@@ -21,6 +21,8 @@ from bytelatent.distributed.parallelize import (
 from bytelatent.model.args import LMTransformerArgs
 from bytelatent.model.blt import ByteLatentTransformer
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
+from bytelatent.model.hnet_args import HNetArgs
+from bytelatent.model.hnet_model import HNet
 from bytelatent.model.transformer import LMTransformer
 
 SEED = 1234
@@ -52,6 +54,15 @@ BLT_ARGS = ByteLatentTransformerArgs(
     downsampling_by_pooling="max",
     encoder_hash_byte_group_size=None,
 )
+HNET_ARGS = HNetArgs(
+    stages=[dict(dim=32, n_heads=2, n_layers_encoder=1, n_layers_decoder=1, sliding_window=8,
+                 target_ratio=3.0)],
+    dim=64,
+    n_layers=2,
+    n_heads=4,
+    max_seqlen=SEQ,
+    multiple_of=32,
+)  # fmt: skip
 # Fixed patches for the BLT batches: first patch 1 byte, rows sum to SEQ.
 PATCHES = torch.tensor([[1, 4, 4, 4, 3], [1, 5, 5, 5, 0], [1, 3, 6, 6, 0], [1, 15, 0, 0, 0]])
 
@@ -60,6 +71,8 @@ def build_model(kind: str) -> nn.Module:
     with torch.device("meta"):
         if kind == "lm":
             return LMTransformer(LM_ARGS)
+        if kind == "hnet":
+            return HNet(HNET_ARGS)
         return ByteLatentTransformer(BLT_ARGS)
 
 
@@ -111,8 +124,7 @@ def train(
         for m in range(grad_acc):
             sl = slice(m * micro, (m + 1) * micro)
             set_gradient_sync(model, m == grad_acc - 1)
-            logits = model(x[sl]) if kind == "lm" else model(x[sl], patches[sl])
-            loss = F.cross_entropy(logits.flatten(0, 1), y[sl].flatten()) / grad_acc
+            loss = _loss(model, kind, x[sl], y[sl], patches[sl]) / grad_acc
             loss.backward()
             total += loss.detach()
             if m == 0 and grad_acc > 1:
@@ -126,3 +138,17 @@ def train(
         losses.append(total.item())
         norms.append(norm.item())
     return {"losses": losses, "grad_norms": norms, "grads_before_sync": early}
+
+
+def _loss(
+    model: nn.Module, kind: str, x: torch.Tensor, y: torch.Tensor, patches: torch.Tensor
+) -> torch.Tensor:
+    """Cross-entropy of one micro-batch; the H-Net adds its ratio loss (the trainer's objective)."""
+    aux = {}
+    if kind == "lm":
+        logits = model(x)
+    elif kind == "hnet":
+        logits, aux = model(x)
+    else:
+        logits = model(x, patches)
+    return F.cross_entropy(logits.flatten(0, 1), y.flatten()) + aux.get("ratio_loss", 0.0)

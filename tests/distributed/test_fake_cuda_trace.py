@@ -32,11 +32,28 @@ BLT = ["config=configs/debug.yaml", *TINY_BLT_MODEL, "data.seq_len=48", "data.ba
 ENTROPY = ["config=configs/entropy_debug.yaml", *TINY_ENTROPY_MODEL, "data.seq_len=128",
            "data.batch_size=2"]  # fmt: skip
 FLEX_BLT = [*BLT, "model.attn_impl=flex_attention"]
+HNET = [
+    "config=configs/hnet_debug.yaml",
+    "arch_args.max_seqlen=64",
+    "data.seq_len=64",
+    "data.batch_size=2",
+    "arch_args.dim=64",
+    "arch_args.n_layers=1",
+    "arch_args.multiple_of=32",
+]
+HNET_TWO_STAGES = (
+    "arch_args.stages=[{dim: 64, n_heads: 4, n_layers_encoder: 1, "
+    "n_layers_decoder: 1, sliding_window: 64, target_ratio: 2.0}, {dim: 64, "
+    "n_heads: 4, n_layers_encoder: 1, n_layers_decoder: 1, sliding_window: 32, "
+    "target_ratio: 2.0}]"
+)
+# H-Net's one documented host sync per stage and forward (docs/hnet.md, "Host syncs")
+PADDED_WIDTH = "bytelatent.model.hnet.chunking:padded_width"
 WINDOWS = ["model.cross_attn_window_encoder=2", "model.cross_attn_window_decoder=2"]
 
 # (id, config dotlist, overrides): every model the trainer builds, with each attention backend
 # that can trace here (sdpa, flex; xformers needs its CUDA kernels). A new architecture adds its
-# tiny config here.
+# tiny config here (H-Net: HNET_CASES, which also count its documented host syncs).
 CASES = [
     ("blt-sdpa-fp32", BLT, ["distributed.model_dtype=fp32"]),
     ("blt-sdpa-bf16", BLT, ["distributed.model_dtype=bf16"]),
@@ -49,6 +66,15 @@ CASES = [
     ("entropy-flex", ENTROPY, ["entropy_model.attn_impl=flex_attention"]),
     ("entropy-selective-ac", ENTROPY, ["distributed.activation_checkpointing=selective"]),
 ]
+
+
+# (id, config dotlist, stages): H-Net's training step; its only host read is `padded_width`,
+# once per stage and micro-batch (2 micro-batches; activation checkpointing recomputes blocks only)
+HNET_CASES = [
+    ("hnet-1stage-bf16", [*HNET, "distributed.model_dtype=bf16"], 1),
+    ("hnet-2stage-selective-ac", [*HNET, HNET_TWO_STAGES,
+                                  "distributed.activation_checkpointing=selective"], 2),
+]  # fmt: skip
 
 
 def shim_skip_reason() -> str | None:
@@ -81,8 +107,10 @@ def fake_cuda_shim(tmp_path_factory) -> Path:
     return out
 
 
-def run_trace(shim: Path, argv: list[str], plant: str | None = None) -> subprocess.CompletedProcess:
-    case = json.dumps({"argv": argv, "plant": plant})
+def run_trace(
+    shim: Path, argv: list[str], plant: str | None = None, host_syncs: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
+    case = json.dumps({"argv": argv, "plant": plant, "host_syncs": list(host_syncs)})
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     return subprocess.run(
         [sys.executable, str(HERE / "trace_step.py"), str(shim), case],
@@ -101,6 +129,23 @@ def test_the_training_step_traces_clean_on_fake_cuda(fake_cuda_shim, config, ove
     assert res.returncode == 0 and verdict(res).startswith("TRACE OK"), (
         verdict(res) + "\n" + res.stderr[-3000:]
     )
+
+
+@pytest.mark.parametrize(("config", "stages"), [c[1:] for c in HNET_CASES],
+                         ids=[c[0] for c in HNET_CASES])  # fmt: skip
+def test_hnet_step_has_exactly_its_documented_host_syncs(fake_cuda_shim, config, stages):
+    res = run_trace(fake_cuda_shim, config, host_syncs=(PADDED_WIDTH,))
+    line = verdict(res)
+    assert res.returncode == 0 and line.startswith("TRACE OK HNet"), line + res.stderr[-3000:]
+    assert line.endswith(f"host syncs {PADDED_WIDTH} x{2 * stages}"), line
+
+
+def test_hnet_step_without_the_allowance_fails_at_the_sync(fake_cuda_shim):
+    """The allowance is what lets the H-Net trace pass: without it the sync is the failure."""
+    res = run_trace(fake_cuda_shim, HNET)
+    line = verdict(res)
+    assert res.returncode == 1 and "bytelatent/model/hnet/chunking.py" in line, line
+    assert "HostReadError" in line, line
 
 
 def _planted_line(name: str) -> str:

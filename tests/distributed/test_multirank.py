@@ -1,4 +1,5 @@
-"""Parity under torchrun on gloo: 1 process vs FSDP, HSDP (1×2, 2×1), no_shard, TP, TP×FSDP.
+"""Parity under torchrun on gloo: 1 process vs FSDP, HSDP (1×2, 2×1), no_shard, TP, TP×FSDP
+(LMTransformer; BLT: FSDP and TP; H-Net: TP).
 
 Every layout must start from the single-process weights (same seed) and give the same losses
 and grad norms for 5 AdamW steps in fp32. One torchrun launch runs all 2-rank scenarios; the
@@ -75,7 +76,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
 def reference() -> dict[str, tuple[dict, dict]]:
     """Single-process runs on the full batch: {kind: (losses/norms, initial weights)}."""
     refs = {}
-    for kind in ("lm", "blt"):
+    for kind in ("lm", "blt", "hnet"):
         model = setup_model(kind, None, DistributedArgs(model_dtype="fp32"))
         init = full_params(model)
         refs[kind] = (train(model, kind), init)
@@ -157,3 +158,12 @@ def test_four_rank_tp_with_fsdp_and_hsdp(tmp_path: Path, reference):
     for name, ranks in layouts.items():
         assert results[name].get("ranks") == ranks, results[name]
         check_parity(results[name], tmp_path / f"{name}.pt", reference["lm"], atol=1e-5)
+
+
+@pytest.mark.slow
+def test_hnet_tensor_parallel(tmp_path: Path, reference):
+    """H-Net with every block split over 2 TP ranks (`HNet.tp_plan`; routing, chunking and the
+    EMA replicated): the single-process losses (ratio loss included) and grad norms."""
+    results = run_torchrun(2, "hnet_two", tmp_path)
+    assert results["hnet_tp"].get("ranks") == [[0, 1, 0, 2], [0, 1, 1, 2]], results["hnet_tp"]
+    check_parity(results["hnet_tp"], tmp_path / "hnet_tp.pt", reference["hnet"], atol=1e-5)

@@ -93,19 +93,16 @@ def test_blt_sampling_cached_equals_recompute() -> None:
 
 
 def test_last_position_hash_embeddings_match_the_model() -> None:
-    from bytelatent.eval.generation.blt import IncrementalBLT
-    from bytelatent.eval.generation.patching import OnlinePatcher
-
     model = tiny_blt("released_flags")
-    inc = IncrementalBLT(model, OnlinePatcher(PatcherArgs(patching_mode="byte")), None, 1, 8)
     tokens = torch.randint(0, 260, (3, 40))
     tokens[:, :2] = torch.tensor([1, 0])  # BOS, then a BOE id as a real token
-    full = inc._byte_embeds(tokens)
-    window = inc.hash_window
+    full = model.byte_embeddings(tokens)
+    window = model.hash_window
+    assert window == 4
     for t in range(tokens.shape[1]):
         ids = torch.arange(t - window + 1, t + 1)
         recent = torch.where(ids >= 0, tokens[:, ids.clamp(min=0)], 0)
-        assert torch.equal(inc._last_byte_embeds(recent)[:, 0], full[:, t])
+        assert torch.equal(model.last_byte_embeddings(recent)[:, 0], full[:, t])
 
 
 def test_context_limit_is_named_and_warned_once(caplog) -> None:

@@ -48,3 +48,8 @@ def test_training_is_shortened():
     assert "checkpoint.steps=[15,17]" in text and "relative_steps=5 " in text
     assert text.endswith("checkpoints/0000000020")
     assert docs.shorten("python -m bytelatent.train --help") == "python -m bytelatent.train --help"
+
+
+def test_comparison_recipe_is_shortened():
+    text = docs.shorten("python -m apps.compare config=configs/compare_cpu.yaml")
+    assert text.endswith(" steps=30 entropy.steps=20")

@@ -5,17 +5,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from bytelatent.args import TrainArgs
 from bytelatent.config import parse_args
+from bytelatent.data.batch import Batch
 from bytelatent.model.hnet_args import HNetArgs
 from bytelatent.model.hnet_model import HNet, hnet_training_flops
 from bytelatent.model.loss import forward_outputs
 from bytelatent.model.registry import arch_of, get_arch
 from bytelatent.trainer.build import build_parallel_model
-from bytelatent.trainer.model_info import estimate_memory, parameter_table
+from bytelatent.trainer.interval import IntervalMetrics, StepOutput
+from bytelatent.trainer.model_info import estimate_memory, parameter_table, render
+from bytelatent.trainer.throughput import FlopsCounter
 
 EOS = 2
 ONE_STAGE = [dict(dim=32, n_heads=2, sliding_window=16, target_ratio=3.0)]
@@ -127,6 +131,47 @@ def test_tiny_hnet_trains_a_few_steps() -> None:
     assert losses[-1] < losses[0] - 0.5, losses
 
 
+def test_tp_plan_splits_every_block() -> None:
+    """Every encoder, decoder and global block is split; the rest stays replicated
+    (tests/distributed/test_multirank.py runs it on 2 ranks)."""
+    model = tiny(TWO_STAGES)
+    plan = model.tp_plan(2)
+    split = [id(block) for blocks in plan.blocks for block in blocks]
+    assert sorted(split) == sorted(id(block) for block in model.ac_units())
+    assert not plan.sequence_parallel
+
+
+def test_mfu_counts_the_measured_chunks() -> None:
+    """The log step's FLOPs use the interval's measured bytes per chunk (the `aux/` means), not
+    the target ratios: twice the target chunks per byte give more FLOPs, exactly the count at
+    the measured values; without the metrics the per-batch target count stays."""
+    args = TrainArgs.model_validate(_train_args(max_seqlen=64, stages=ONE_STAGE, dim=64,
+                                                n_layers=2, n_heads=4))  # fmt: skip
+    counter = FlopsCounter(args)
+    x = np.full((2, 64), 7, dtype=np.int64)
+    batch = Batch(x, x.copy(), np.ones_like(x, dtype=bool), None)
+
+    def interval_flops(aux: dict[str, float]) -> float:
+        interval = IntervalMetrics(torch.device("cpu"), counter, 1e12, 1, 1, lambda: None)
+        interval.clock.pop = lambda: 1.0
+        sums = {k: torch.tensor(2 * v, dtype=torch.float64) for k, v in aux.items()}
+        loss = torch.tensor(1.0, dtype=torch.float64)
+        out = StepOutput(loss, 128, 128, torch.tensor(1.0), sums, n_micro_batches=2)
+        interval.add(out, [batch], data_time=0.0)
+        m = interval.compute(1)
+        assert m["mfu"] == pytest.approx(m["flops_per_s"] / 1e12)
+        return m["flops_per_s"]
+
+    target = hnet_training_flops(args.arch_args, args.data)(128, 0)
+    measured = hnet_training_flops(args.arch_args, args.data, [1.5])(128, 0)
+    assert measured > target * 1.1  # 1.5 bytes per chunk: a busier global transformer
+    assert interval_flops({}) == pytest.approx(target)
+    # ratio_loss/stage0 alone is not a chunk count: the target estimate stays
+    assert interval_flops({"ratio_loss/stage0": 1.0}) == pytest.approx(target)
+    got = interval_flops({"bytes_per_chunk/stage0": 1.5, "chunk_len_mean/stage0": 1.5})
+    assert got == pytest.approx(measured)
+
+
 def _train_args(**arch_args) -> dict:
     return {
         "dump_dir": "runs/x",
@@ -140,8 +185,13 @@ def _train_args(**arch_args) -> dict:
 def test_config_rules() -> None:
     args = TrainArgs.model_validate(_train_args(max_seqlen=64))
     assert isinstance(args.arch_args, HNetArgs)
-    with pytest.raises(ValueError, match="tp_size=2: arch=hnet has no tensor-parallel plan"):
-        TrainArgs.model_validate({**_train_args(max_seqlen=64), "distributed": {"tp_size": 2}})
+    tp2 = TrainArgs.model_validate({**_train_args(max_seqlen=64), "distributed": {"tp_size": 2}})
+    assert tp2.distributed.tp_size == 2
+    with pytest.raises(
+        ValueError, match=r"tp_size=4 does not divide arch_args.stages\[0\].n_heads=2"
+    ):
+        bad = _train_args(max_seqlen=64, stages=[dict(n_heads=2)])
+        TrainArgs.model_validate({**bad, "distributed": {"tp_size": 4}})
     with pytest.raises(ValueError, match="arch_args.max_seqlen"):
         TrainArgs.model_validate(_train_args(max_seqlen=32))
     with pytest.raises(ValueError, match=r"stages\[1\].dim=16 < stages\[0\].dim=32"):
@@ -164,6 +214,9 @@ def test_two_stage_config_dry_run_in_process(tmp_path, monkeypatch) -> None:
     assert sum(p.numel() for p in model.parameters()) == HNET_2STAGE_PARAMS
     mem = estimate_memory(model, parameter_table(model), args)
     assert mem.params == 4 * HNET_2STAGE_PARAMS and mem.activations > 0
+    per_byte = hnet_training_flops(args.arch_args, args.data)(1, 0)
+    text, _, _ = render(model, args, 1, 0)
+    assert f"training FLOPs per byte: {per_byte:,.0f} (an estimate at the target" in text
     names = {n for n, _ in model.named_parameters()}
     # widths 1024 -> 1024 -> 1536: only the innermost stage pads its chunks (official layout)
     assert "stages.0.pad_dimension" not in names and "stages.1.pad_dimension" in names

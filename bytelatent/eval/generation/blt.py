@@ -1,26 +1,41 @@
-"""A ``ByteLatentTransformer`` run one byte at a time, with caches in every component.
+"""A ``ByteLatentTransformer`` run a few bytes at a time, with caches in every component.
 
 Why this is the same function as ``ByteLatentTransformer.forward`` on the whole row (patched with
 ``include_next_token=True``, as the reference ``generate_blt`` does at every step):
 
 - local encoder byte states are causal over bytes (document-causal, optional window) and never
-  depend on patches: a KV cache per layer;
+  depend on patches: ``LocalEncoder.forward`` with a KV cache per layer, which also keeps the
+  byte states of the layers that ``ByteLatentTransformer.patch_inputs`` reads;
 - a patch's representation (pooling / concatenation / encoder cross-attention from its bytes, or
   its window of patches) is only read once the patch is complete: byte i reads the global output
   of the last patch ending at or before i+1 (``decoder_patch_ids``), and whether position i+1
   starts a patch is known after byte i (it depends on H[i] or on bytes i, i-1). So when a patch
-  closes its representation is computed once and the global transformer takes one cached step;
+  closes, ``patch_inputs`` (the training code) runs on its bytes, and the global transformer
+  takes one cached step;
 - the local decoder is causal over bytes; its cross-attention (or added patch state) for byte i
-  reads only that patch (or its window): a KV cache per layer.
+  reads only that patch (or its window): ``LocalDecoder.forward`` with a KV cache per layer and,
+  per cross-attention, the keys/values of every closed patch's slots (computed once per patch).
 
 Each new byte therefore costs one entropy-model step, one encoder step, one decoder step and,
-when a patch closes, one global step: work proportional to one byte, not to the sequence.
+when a patch closes, one global step: work proportional to one byte, not to the sequence. No
+code here reads a weight or a buffer of the model: it only plans caches and calls modules.
+
+Tolerance (tests/generation/test_generation_cache_api.py): in fp32 the cached logits equal the
+training forward's within 2e-6 * max|logit| (measured <= 7.5e-7, a few ulps at the scale of
+logits sharpened 20x: sdpa over a cache slice and the gathered slot attention sum in another order
+than the whole-row kernels); greedy bytes and patch starts are identical. With bf16 parameters
+the bound is 3e-2 * max|logit| (measured <= 1.2e-2); greedy bytes may then differ where two
+bytes' logits are within that of each other.
+
+Speculative decoding (``speculative.py``) uses ``step(..., close_patches=False)`` for drafts,
+then ``truncate`` to the accepted prefix and ``extend`` with the accepted bytes.
 """
 
 from __future__ import annotations
 
+import bisect
+
 import torch
-from torch import nn
 
 from bytelatent.data.entropy import entropy as entropy_of
 from bytelatent.data.entropy import model_max_length
@@ -28,46 +43,15 @@ from bytelatent.errors import ConfigError
 from bytelatent.eval.generation.cache import CachedStack, to_device
 from bytelatent.eval.generation.lm import IncrementalLM
 from bytelatent.eval.generation.patching import OnlinePatcher
-from bytelatent.model.args import HASH_PRIMES
-from bytelatent.model.attention import AttnMask
 from bytelatent.model.blt import ByteLatentTransformer
-from bytelatent.model.hashing import compute_hash_embeddings, hash_table_specs
-from bytelatent.model.patch_utils import (
-    PatchCrossMask,
-    build_cross_mask,
-    decoder_patch_ids_from_lengths,
-    pool_patches,
-)
-
-
-def _last_position_hash_powers(args, window: int) -> torch.Tensor:
-    """[n_tables, window] int64: prime**j of each table's n-gram, aligned to the window's end."""
-    specs = hash_table_specs(
-        args.encoder_hash_byte_group_size or [], args.encoder_hash_byte_group_nb_functions
-    )
-    powers = torch.zeros(len(specs), window, dtype=torch.long)
-    for index, (func_nb, size) in enumerate(specs):
-        for j in range(size):  # w_0 (exponent 0) is the oldest byte of the n-gram
-            value = pow(HASH_PRIMES[func_nb], j, 1 << 64)
-            powers[index, window - size + j] = value - (1 << 64) if value >= 1 << 63 else value
-    return powers
-
-
-def _local_stack(local: nn.Module, args, batch: int, capacity: int) -> CachedStack:
-    rope = local.rope.freqs_cis if local.rope is not None else None
-    return CachedStack(
-        local.layers,
-        rope,
-        batch,
-        capacity,
-        args.local_attn_kind(),
-        args.local_attention_window_len,
-        like=next(local.parameters()),
-    )
+from bytelatent.model.cross_attention import PatchStep, SlotCache
+from bytelatent.model.local_models import DecoderCache
 
 
 class IncrementalBLT:
-    """Prefill rows one at a time, then step all rows by one byte; keeps the chosen patch starts."""
+    """Rows of bytes fed to a BLT's modules with caches: ``prefill`` / ``extend`` append bytes to
+    one row, ``step`` appends one byte to every row, ``truncate`` rolls a row back. Keeps the
+    patch starts chosen online and ``global_steps`` (global-transformer calls so far)."""
 
     def __init__(
         self,
@@ -82,202 +66,56 @@ class IncrementalBLT:
             raise ConfigError("generation does not support encoder_ngram_to_size_str (n-gram ids)")
         if patcher.needs_entropies and entropy_model is None:
             raise ConfigError("entropy patching needs the entropy model (entropy_ckpt=DIR)")
-        self.model, self.args, self.patcher, self.entropy_model = (
-            model,
-            args,
-            patcher,
-            entropy_model,
-        )
+        self.model, self.args = model, args
+        self.patcher, self.entropy_model = patcher, entropy_model
         enc, dec, glob = model.local_encoder, model.local_decoder, model.global_transformer
         self.enc, self.dec, self.glob = enc, dec, glob
-        self.enc_stack = _local_stack(enc, args, batch, capacity)
-        self.dec_stack = _local_stack(dec, args, batch, capacity)
+        like = next(model.parameters())
+        self.device = like.device
+        kind, window = args.local_attn_kind(), args.local_attention_window_len
+        self.enc_stack = CachedStack(
+            enc.layers,
+            batch,
+            capacity,
+            kind,
+            window,
+            like,
+            enc.max_positions,
+            keep_outputs=tuple(model.patch_input_layers()),
+        )
+        self.dec_stack = CachedStack(
+            dec.layers, batch, capacity, kind, window, like, dec.max_positions
+        )
         self.glob_stack = CachedStack(
             glob.layers,
-            glob.rope_embeddings.freqs_cis,
             batch,
             min(capacity, args.max_seqlen),
             glob.args.attn_bias_type,
             None,
-            like=next(glob.parameters()),
+            like,
+            glob.args.max_seqlen,
         )
-        like = enc.tok_embeddings.weight
-        device = like.device
-        self.device = device
-        d = enc.dim
-        n_enc = len(enc.layers)
-        # encoder layers followed by a cross-attention (the model's pairing rule)
-        self.cross_layers = [i for i, c in enumerate(enc.cross_for_layer) if c is not None]
-        kept = set(self.cross_layers) | {n_enc - 1}
-        self.enc_states = {i: like.new_zeros(batch, capacity + 1, d) for i in kept}
-        self.patch_out = like.new_zeros(batch, capacity + 1, dec.slots * dec.dim)
-        # decoder cross-attention keys/values of every closed patch, per cross layer: a patch's
-        # slots are read by all of its bytes (window None: the structured slot attention)
-        self.slot_kv = None
-        if dec.cross_attn_decoder and args.cross_attn_window_decoder is None:
-            first = dec.cross_attn_layers[0]
-            shape = (batch, capacity + 1, dec.slots, first.n_heads, first.head_dim)
-            self.slot_kv = [
-                (like.new_zeros(shape), like.new_zeros(shape)) for _ in dec.cross_attn_layers
-            ]
-        self.tokens = torch.zeros(batch, capacity + 1, dtype=torch.long, device=device)
+        # per patch (+1 scratch slot for rows that add none in a step): the decoder's patch
+        # states (no cross-attention) or its cross-attention keys/values of every slot
+        patches = capacity + 2
+        self.scratch = patches - 1
+        self.patch_states = None
+        self.slot_caches = None
+        if dec.cross_attn_decoder:
+            self.slot_caches = []
+            for cross in dec.cross_attn_layers:
+                shape = (batch, patches, dec.slots, cross.n_kv_heads, cross.head_dim)
+                self.slot_caches.append((like.new_zeros(shape), like.new_zeros(shape)))
+        else:
+            self.patch_states = like.new_zeros(batch, patches, dec.dim)
+        self.tokens = torch.zeros(batch, capacity + 1, dtype=torch.long, device=self.device)
         # the same tokens on the host: patch decisions and EOS flags never wait for the device
         self.host_tokens: list[list[int]] = [[] for _ in range(batch)]
         self.entropies = torch.zeros(batch, capacity + 1, dtype=torch.float32)
-        self.length = [0] * batch
         self.starts: list[list[int]] = [[] for _ in range(batch)]
         self.closed = [0] * batch  # number of complete patches per row
-        self.hash_window = max(args.encoder_hash_byte_group_size or [1])
-        self.hash_powers = _last_position_hash_powers(args, self.hash_window).to(device)
-
-    # -- embeddings -----------------------------------------------------------------------------
-
-    def _byte_embeds(self, window: torch.Tensor) -> torch.Tensor:
-        args = self.args
-        return compute_hash_embeddings(
-            window,
-            self.enc.tok_embeddings,
-            self.model.encoder_hash_tok_embedding,
-            args.encoder_hash_byte_group_size,
-            args.encoder_hash_byte_group_nb_functions,
-            args.encoder_hash_byte_group_vocab,
-        )
-
-    def _last_byte_embeds(self, window: torch.Tensor) -> torch.Tensor:
-        """``_byte_embeds(window)[:, -1:]`` for windows [B, hash_window], in a few ops.
-
-        Hash ids of the n-grams ending at the last position, for every table at once:
-        ``sum_j w_j * prime**j`` (int64 wrap-around, as ``hashing.byte_group_hash``) mod vocab;
-        tests check it against the model's ``compute_hash_embeddings``.
-        """
-        embeds = self.enc.tok_embeddings(window[:, -1:])
-        tables = self.model.encoder_hash_tok_embedding
-        if tables is None:
-            return embeds
-        hashes = (window[:, None, :] * self.hash_powers[None]).sum(-1)
-        ids = torch.remainder(hashes, self.args.encoder_hash_byte_group_vocab)
-        for index, table in enumerate(tables):
-            embeds = embeds + table(ids[:, index : index + 1])
-        return embeds
-
-    def _positions(
-        self, local: nn.Module, h: torch.Tensor, positions: torch.Tensor
-    ) -> torch.Tensor:
-        if local.pos_embeddings is None:
-            return h
-        return h + local.pos_embeddings(positions).view(h.shape)
-
-    # -- patches --------------------------------------------------------------------------------
-
-    def _patch_input(self, row: int, start: int, end: int, patch: int) -> torch.Tensor:
-        """The global model's input for the complete patch [start, end) of ``row``: [in_dim]."""
-        args, enc = self.args, self.enc
-        last = self.enc_states[len(enc.layers) - 1][row]
-        if not args.cross_attn_encoder:
-            if args.pooling_modes():
-                ids = torch.zeros(1, end - start, dtype=torch.long, device=self.device)
-                return pool_patches(last[None, start:end], ids, 1, args.pooling_modes()).reshape(-1)
-            size = int(args.patch_size)
-            ids = (end - torch.arange(size, 0, -1, device=self.device)).clamp(min=0)
-            return last[ids].reshape(-1)
-        first = self.cross_layers[0]
-        states = self.enc_states[first][row, start:end][None]
-        if enc.patch_queries is not None:
-            queries = enc.patch_queries[None]
-        else:
-            ids = torch.zeros(1, end - start, dtype=torch.long, device=self.device)
-            pooled = pool_patches(states, ids, 1, enc.pooling)
-            queries = enc.patch_embedding_projection(pooled).reshape(1, enc.cross_attn_k, enc.dim)
-        kv_start = start
-        window = args.cross_attn_window_encoder
-        if window is not None:  # slots attend the bytes of the last `window` patches
-            kv_start = self.starts[row][max(0, patch - window + 1)]
-        ids = torch.zeros(1, end - kv_start, dtype=torch.long, device=self.device)
-        mask = PatchCrossMask("encoder", ids, 1, enc.cross_attn_k)
-        for i in self.cross_layers:
-            cross = enc.cross_attn_layers[enc.cross_for_layer[i]]
-            kv = self.enc_states[i][row, kv_start:end][None]
-            queries = queries + cross(queries, kv, mask)  # double residual, as the model
-        return queries.reshape(-1)
-
-    def _global_input(
-        self, row: int, patches: list[tuple[int, int, int]]
-    ) -> tuple[torch.Tensor, list[bool]]:
-        """The global model's inputs [P, in_dim] (before its projection) of ``patches`` (start, end, index) and whether each
-        holds an EOS (from the host tokens)."""
-        reps = torch.stack([self._patch_input(row, s, e, p) for s, e, p in patches])
-        tokens = self.host_tokens[row]
-        eos = [self.args.eos_id in tokens[s:e] for s, e, _ in patches]
-        return reps, eos
-
-    def _decoder_patch_state(self, g: torch.Tensor) -> torch.Tensor:
-        proj = self.dec.patch_embedding_projection
-        return proj(g) if proj is not None else g
-
-    def _store_slot_kv(self, row: int, first: int, states: torch.Tensor) -> None:
-        """Keys/values of patches first.. (decoder patch states [P, slots*d]) for each layer."""
-        if self.slot_kv is None:
-            return
-        dec = self.dec
-        slots = states.view(-1, dec.slots, dec.dim)
-        for cross, (keys, values) in zip(dec.cross_attn_layers, self.slot_kv):
-            normed = cross.cross_attn_norm_kv(slots)
-            count = slots.shape[0]
-            keys[row, first : first + count] = cross.wk(normed).view(count, *keys.shape[2:])
-            values[row, first : first + count] = cross.wv(normed).view(count, *values.shape[2:])
-
-    def _slot_hook(self, dpid: torch.Tensor):
-        """Decoder cross-attention of one byte per row from the cached slot keys/values: the
-        ops of ``CrossAttention`` + ``cross_attention._slot_attention``, minus the per-byte
-        key/value projections."""
-        dec, bsz = self.dec, dpid.shape[0]
-        rows = torch.arange(bsz, device=self.device)
-
-        def hook(i: int, h: torch.Tensor) -> torch.Tensor:
-            index = dec.cross_for_layer[i]
-            if index is None:
-                return h
-            cross, (keys, values) = dec.cross_attn_layers[index], self.slot_kv[index]
-            heads, head_dim = cross.n_heads, cross.head_dim
-            q = cross.wq(cross.cross_attn_norm_q(h)).view(bsz, 1, heads, head_dim)
-            scores = (q * keys[rows, dpid]).sum(-1).float() * head_dim**-0.5  # [B, slots, H]
-            probs = torch.softmax(scores, dim=1).to(values.dtype)
-            out = (probs.unsqueeze(-1) * values[rows, dpid]).sum(1)
-            attended = h + cross.wo(out.reshape(bsz, 1, heads * head_dim))
-            return h + attended  # double residual, as the model
-
-        return hook
-
-    # -- decoder cross-attention hooks ----------------------------------------------------------
-
-    def _cross_hook(self, kv: torch.Tensor, mask: PatchCrossMask):
-        dec = self.dec
-
-        def hook(i: int, h: torch.Tensor) -> torch.Tensor:
-            index = dec.cross_for_layer[i]
-            if index is None:
-                return h
-            cross = dec.cross_attn_layers[index]
-            return h + cross(h, kv, mask)  # double residual, as the model
-
-        return hook if dec.cross_attn_decoder else None
-
-    def _step_cross_inputs(self, dpid: torch.Tensor) -> tuple[torch.Tensor, PatchCrossMask]:
-        """kv slots [B, w*k, d] and mask for one byte per row reading patch ``dpid`` (or window)."""
-        dec, bsz = self.dec, dpid.shape[0]
-        rows = torch.arange(bsz, device=self.device)
-        zeros = torch.zeros(bsz, 1, dtype=torch.long, device=self.device)
-        window = self.args.cross_attn_window_decoder
-        if window is None:
-            kv = self.patch_out[rows, dpid].view(bsz, dec.slots, dec.dim)
-            return kv, PatchCrossMask("decoder", zeros, 1, dec.slots)
-        ids = dpid[:, None] - window + 1 + torch.arange(window, device=self.device)
-        kv = self.patch_out[rows[:, None], ids.clamp(min=0)].view(bsz, window * dec.slots, dec.dim)
-        allowed = (ids >= 0).repeat_interleave(dec.slots, dim=1)[:, None, None, :]
-        return kv, PatchCrossMask("decoder", zeros, window, dec.slots, AttnMask.from_dense(allowed))
-
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.dec.output(self.dec.norm(h)).float()
+        self.drafted = [0] * batch  # bytes appended by draft steps since the last decided one
+        self.global_steps = 0
 
     @classmethod
     def for_engine(cls, model, patcher_args, entropy_model, batch: int, capacity: int):
@@ -291,127 +129,213 @@ class IncrementalBLT:
             entropy = IncrementalLM(entropy_model, batch, capacity, window)
         return cls(model, online, entropy, batch, capacity)
 
-    def prefill_last(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
-        """`prefill` (its logits are the next byte's already)."""
-        return self.prefill(row, tokens)
-
-    # -- prefill and step -----------------------------------------------------------------------
-
-    @torch.no_grad()
-    def prefill(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed the 1-D prompt ``tokens`` to row ``row``; returns the next byte's logits [V]."""
-        n, eos = tokens.numel(), tokens[None] == self.args.eos_id
-        self.tokens[row, :n] = tokens
-        self.host_tokens[row] = tokens.tolist()  # once per prompt
-        entropies = None
-        if self.patcher.needs_entropies:
-            entropies = entropy_of(self.entropy_model.prefill(row, tokens)).cpu()
-            self.entropies[row, :n] = entropies
-        starts = self.patcher.prefix_starts(tokens, entropies)
-        if len(starts) < 2 or starts[1] != 1:
-            raise ConfigError("the patcher's first patch is longer than 1 byte; BLT needs length 1")
-        self.starts[row], self.length[row] = starts, n
-        positions = torch.arange(n, device=self.device)
-        h = self._positions(self.enc, self._byte_embeds(tokens[None]), positions)
-        outs = self.enc_stack.prefill(row, h, eos)
-        for i, states in self.enc_states.items():
-            states[row, :n] = outs[i][0]
-        patches = [(starts[j], starts[j + 1], j) for j in range(len(starts) - 1)]
-        reps, patch_eos = self._global_input(row, patches)
-        patch_eos = torch.tensor(patch_eos, device=self.device)[None]
-        g = self.glob(reps[None], None, cache=self.glob_stack.prefill_caches(row, patch_eos))[0]
-        count = len(patches)
-        self.patch_out[row, :count] = self._decoder_patch_state(g)
-        self._store_slot_kv(row, 0, self.patch_out[row, :count])
-        self.closed[row] = count
-        lengths = torch.tensor(starts + [n + 1], device=self.device).diff()[None]
-        dpid = decoder_patch_ids_from_lengths(lengths, n)
-        h = outs[-1]
-        if not self.dec.cross_attn_decoder:
-            h = h + self.patch_out[row, dpid[0]][None]
-        h = self._positions(self.dec, h, positions)
-        kv = self.patch_out[row, :count].reshape(1, count * self.dec.slots, self.dec.dim)
-        mask = build_cross_mask(
-            "decoder", dpid, count, self.dec.slots, self.args.cross_attn_window_decoder
-        )
-        out = self.dec_stack.prefill(row, h, eos, self._cross_hook(kv, mask))[-1]
-        return self._logits(out[0, -1])
-
-    @torch.no_grad()
-    def step(self, tokens: list[int], advance: list[bool]) -> torch.Tensor:
-        """Append one byte per row (host lists: tokens, advance) -> next-byte logits [B, V].
-
-        One device-to-host copy per step at most (the new entropies, when patching needs them):
-        patch decisions, EOS flags and cache bookkeeping use the host tokens.
-        """
-        bsz = len(tokens)
-        rows = [b for b in range(bsz) if advance[b]]
-        for b in rows:
-            self.host_tokens[b].append(tokens[b])
-        ids, advancing = to_device(tokens, self.device), to_device(advance, self.device)
-        pos = to_device(self.length, self.device)
-        batch_rows = torch.arange(bsz, device=self.device)
-        self.tokens[batch_rows, pos] = torch.where(advancing, ids, self.tokens[batch_rows, pos])
-        if self.patcher.needs_entropies:
-            entropies = entropy_of(self.entropy_model.step(tokens, advance)).cpu()
-            for b in rows:
-                self.entropies[b, self.length[b]] = entropies[b]
-        closing = [b for b in rows if self._closes(b)]
-        eos = [t == self.args.eos_id for t in tokens]
-        window = self.hash_window
-        ids = pos[:, None] - window + 1 + torch.arange(window, device=self.device)
-        recent = torch.where(ids >= 0, self.tokens.gather(1, ids.clamp(min=0)), 0)
-        h = self._positions(self.enc, self._last_byte_embeds(recent), pos)
-        outs = self.enc_stack.step(h, eos, advance)
-        for i, states in self.enc_states.items():
-            states[batch_rows, pos] = outs[i][:, 0]
-        if closing:
-            self._close_patches(closing, bsz)
-        dpid = to_device([max(0, c - 1) for c in self.closed], self.device)
-        h = outs[-1]
-        if not self.dec.cross_attn_decoder:
-            h = h + self.patch_out[batch_rows, dpid][:, None]
-        h = self._positions(self.dec, h, pos)
-        hook = None
-        if self.slot_kv is not None:
-            hook = self._slot_hook(dpid)
-        elif self.dec.cross_attn_decoder:
-            hook = self._cross_hook(*self._step_cross_inputs(dpid))
-        out = self.dec_stack.step(h, eos, advance, hook)[-1]
-        for b in rows:
-            self.length[b] += 1
-        return self._logits(out[:, 0])
-
-    def _closes(self, row: int) -> bool:
-        """Decide (and record) whether the position after the new byte of ``row`` starts a patch."""
-        position = self.length[row] + 1
-        start = self.patcher.starts_here(
-            self.host_tokens[row],
-            self.entropies[row, :position],
-            position,
-            self.starts[row][-1],
-        )
-        if start:
-            self.starts[row].append(position)
-        return start
-
-    def _close_patches(self, closing: list[int], bsz: int) -> None:
-        """One global step for the rows whose open patch just closed."""
-        x = self.patch_out.new_zeros(bsz, 1, self.args.global_input_dim())
-        patch_eos = [False] * bsz
-        for b in closing:
-            starts = self.starts[b]
-            reps, eos = self._global_input(b, [(starts[-2], starts[-1], self.closed[b])])
-            x[b, 0], patch_eos[b] = reps[0], eos[0]
-        advance = [b in closing for b in range(bsz)]
-        g = self.glob(x, None, cache=self.glob_stack.step_caches(patch_eos, advance))[:, 0]
-        state = self._decoder_patch_state(g)
-        for b in closing:
-            self.patch_out[b, self.closed[b]] = state[b]
-            self._store_slot_kv(b, self.closed[b], state[b : b + 1])
-            self.closed[b] += 1
+    @property
+    def length(self) -> list[int]:
+        """Bytes held per row."""
+        return [len(tokens) for tokens in self.host_tokens]
 
     def patch_lengths(self, row: int, n_tokens: int) -> list[int]:
         """Patch lengths of the row's first ``n_tokens`` tokens, from the starts chosen online."""
         starts = [s for s in self.starts[row] if s < n_tokens] + [n_tokens]
         return [b - a for a, b in zip(starts, starts[1:])]
+
+    def prefill_last(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
+        """`prefill` (its logits are the next byte's already)."""
+        return self.prefill(row, tokens)
+
+    # -- patches --------------------------------------------------------------------------------
+
+    def _decide_starts(self, row: int, first: int, end: int) -> None:
+        """Record which of the positions first..end (decided by the bytes before each) start a
+        patch: the patcher's rules on the whole prefix for a new row, online after that."""
+        if first == 1:
+            tokens = torch.tensor(self.host_tokens[row][:end])
+            entropies = self.entropies[row, :end] if self.patcher.needs_entropies else None
+            starts = self.patcher.prefix_starts(tokens, entropies)
+            if len(starts) < 2 or starts[1] != 1:
+                raise ConfigError(
+                    "the patcher's first patch is longer than 1 byte; BLT needs length 1"
+                )
+            self.starts[row] = starts
+            return
+        for position in range(first, end + 1):
+            if self.patcher.starts_here(
+                self.host_tokens[row],
+                self.entropies[row, :position],
+                position,
+                self.starts[row][-1],
+            ):
+                self.starts[row].append(position)
+
+    def _patch_inputs(self, row: int, first: int, count: int) -> torch.Tensor:
+        """The global model's inputs [count, in] of the row's complete patches first.., by
+        ``patch_inputs`` on their bytes (and the bytes their window or concatenation reads)."""
+        args, starts = self.args, self.starts[row]
+        lo_patch = first
+        if args.cross_attn_encoder and args.cross_attn_window_encoder is not None:
+            lo_patch = max(0, first - args.cross_attn_window_encoder + 1)
+        lo, end = starts[lo_patch], starts[first + count]
+        bounds = starts[lo_patch : first + count + 1]
+        if not args.cross_attn_encoder and not args.pooling_modes():
+            lo = max(0, lo - int(args.patch_size))  # concatenation reads bytes before a patch
+            bounds = sorted({lo, *bounds})
+        lengths = torch.tensor(bounds, device=self.device).diff()[None]
+        outputs = self.enc_stack.outputs
+        states = [
+            outputs[i][row : row + 1, lo:end] if i in outputs else None
+            for i in range(len(self.enc.layers))
+        ]
+        return self.model.patch_inputs(states, lengths)[0, -count:]
+
+    def _patch_has_eos(self, row: int, first: int, count: int) -> list[bool]:
+        tokens, starts = self.host_tokens[row], self.starts[row]
+        return [
+            self.args.eos_id in tokens[starts[p] : starts[p + 1]]
+            for p in range(first, first + count)
+        ]
+
+    def _reading_patch(self, row: int, position: int) -> int:
+        """The patch byte ``position`` reads: the last one ending at or before position+1."""
+        return bisect.bisect_right(self.starts[row], position + 1) - 2
+
+    def _decoder_cache(
+        self, layers, write_at: torch.Tensor, patch_ids: torch.Tensor, rows: slice
+    ) -> DecoderCache:
+        window = self.args.cross_attn_window_decoder or 1
+        step = PatchStep(write_at, patch_ids, window)
+        if self.slot_caches is None:
+            return DecoderCache(layers, step, patch_states=self.patch_states[rows])
+        cross = [SlotCache(keys[rows], values[rows], step) for keys, values in self.slot_caches]
+        return DecoderCache(layers, step, cross=cross)
+
+    # -- appending bytes ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def prefill(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
+        """Start row ``row`` with the 1-D prompt ``tokens``; returns the next byte's logits [V]."""
+        self.truncate(row, 0)
+        return self.extend(row, tokens)[-1]
+
+    @torch.no_grad()
+    def extend(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
+        """Append the 1-D ``tokens`` (T bytes) to row ``row``, which may hold some already;
+        returns the logits [T, V] after each of them (the patcher decides the new starts)."""
+        if self.drafted[row]:
+            raise ValueError(f"row {row} holds draft bytes: truncate it before extending")
+        n, count = len(self.host_tokens[row]), tokens.numel()
+        eos = tokens[None] == self.args.eos_id
+        self.tokens[row, n : n + count] = tokens
+        self.host_tokens[row] += tokens.tolist()
+        if self.patcher.needs_entropies:
+            self.entropies[row, n : n + count] = entropy_of(
+                self.entropy_model.extend(row, tokens)
+            ).cpu()
+        self._decide_starts(row, n + 1, n + count)
+        lo = max(0, n - self.model.hash_window + 1)  # the hash n-grams' context
+        embeds = self.model.byte_embeddings(self.tokens[row : row + 1, lo : n + count])
+        h = self.enc(embeds[:, n - lo :], None, cache=self.enc_stack.prefill_caches(row, eos))[-1]
+        first, new = self.closed[row], len(self.starts[row]) - 1 - self.closed[row]
+        g = h.new_zeros(1, 0, self.glob.dim)
+        if new:
+            reps = self._patch_inputs(row, first, new)[None]
+            patch_eos = torch.tensor([self._patch_has_eos(row, first, new)], device=self.device)
+            g = self.glob(reps, None, cache=self.glob_stack.prefill_caches(row, patch_eos))
+            self.global_steps += 1
+            self.closed[row] += new
+        reading = [self._reading_patch(row, p) for p in range(n, n + count)]
+        cache = self._decoder_cache(
+            self.dec_stack.prefill_caches(row, eos),
+            torch.tensor([first], device=self.device),
+            torch.tensor([reading], device=self.device),
+            slice(row, row + 1),
+        )
+        return self.dec(h, g, None, None, None, cache=cache)[0]
+
+    @torch.no_grad()
+    def step(
+        self, tokens: list[int], advance: list[bool], close_patches: bool = True
+    ) -> torch.Tensor:
+        """Append one byte per row (host lists: tokens, advance) -> next-byte logits [B, V].
+
+        One device-to-host copy per step at most (the new entropies, when patching needs them):
+        patch decisions, EOS flags and cache bookkeeping use the host tokens.
+        ``close_patches=False`` (a draft): no patch start is decided and the global model does
+        not run; each byte reads the last closed patch. Roll drafts back with ``truncate``.
+        """
+        bsz = len(tokens)
+        rows = [b for b in range(bsz) if advance[b]]
+        if close_patches and any(self.drafted[b] for b in rows):
+            raise ValueError("rows hold draft bytes: truncate them before a non-draft step")
+        pos = to_device(self.length, self.device)
+        ids, advancing = to_device(tokens, self.device), to_device(advance, self.device)
+        batch_rows = torch.arange(bsz, device=self.device)
+        self.tokens[batch_rows, pos] = torch.where(advancing, ids, self.tokens[batch_rows, pos])
+        for b in rows:
+            self.host_tokens[b].append(tokens[b])
+        closing = []
+        if close_patches:
+            if self.patcher.needs_entropies:
+                entropies = entropy_of(self.entropy_model.step(tokens, advance)).cpu()
+                for b in rows:
+                    self.entropies[b, len(self.host_tokens[b]) - 1] = entropies[b]
+            for b in rows:
+                before = len(self.starts[b])
+                position = len(self.host_tokens[b])
+                self._decide_starts(b, position, position)
+                if len(self.starts[b]) > before:
+                    closing.append(b)
+        else:
+            for b in rows:
+                self.drafted[b] += 1
+        eos = [t == self.args.eos_id for t in tokens]
+        window = self.model.hash_window
+        recent_ids = pos[:, None] - window + 1 + torch.arange(window, device=self.device)
+        recent = torch.where(recent_ids >= 0, self.tokens.gather(1, recent_ids.clamp(min=0)), 0)
+        embeds = self.model.last_byte_embeddings(recent)
+        h = self.enc(embeds, None, cache=self.enc_stack.step_caches(eos, advance))[-1]
+        g = self._close_patches(closing, bsz, h)
+        write_at = [self.closed[b] - 1 if b in closing else self.scratch for b in range(bsz)]
+        reading = [max(0, c - 1) for c in self.closed]
+        cache = self._decoder_cache(
+            self.dec_stack.step_caches(eos, advance),
+            to_device(write_at, self.device),
+            to_device(reading, self.device)[:, None],
+            slice(None),
+        )
+        return self.dec(h, g, None, None, None, cache=cache)[:, 0]
+
+    def _close_patches(self, closing: list[int], bsz: int, like: torch.Tensor) -> torch.Tensor:
+        """One global step for the rows whose open patch just closed: their global states
+        [B,1,dim] (other rows' are unused), or [B,0,dim] when no row closes a patch."""
+        if not closing:
+            return like.new_zeros(bsz, 0, self.glob.dim)
+        x = like.new_zeros(bsz, 1, self.args.global_input_dim())
+        patch_eos = [False] * bsz
+        for b in closing:
+            x[b, 0] = self._patch_inputs(b, self.closed[b], 1)[0]
+            patch_eos[b] = self._patch_has_eos(b, self.closed[b], 1)[0]
+            self.closed[b] += 1
+        advance = [b in closing for b in range(bsz)]
+        self.global_steps += 1
+        return self.glob(x, None, cache=self.glob_stack.step_caches(patch_eos, advance))
+
+    # -- rolling back ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def truncate(self, row: int, n_tokens: int) -> None:
+        """Roll row ``row`` back to its first ``n_tokens`` bytes (drafts included): KV caches,
+        patch starts, closed patches, the entropy model's cache and the host tokens."""
+        held = len(self.host_tokens[row])
+        if not 0 <= n_tokens <= held:
+            raise ValueError(f"cannot truncate a row of {held} bytes to {n_tokens}")
+        self.host_tokens[row] = self.host_tokens[row][:n_tokens]
+        self.drafted[row] = max(0, self.drafted[row] - (held - n_tokens))
+        # starts at positions <= n are decided by bytes < n (include_next_token)
+        self.starts[row] = [s for s in self.starts[row] if s <= n_tokens] if n_tokens else []
+        self.closed[row] = max(0, len(self.starts[row]) - 1)
+        for stack in (self.enc_stack, self.dec_stack):
+            stack.truncate(row, min(n_tokens, stack.length[row]))
+        self.glob_stack.truncate(row, self.closed[row])
+        if self.entropy_model is not None:
+            held_entropy = len(self.entropy_model.tokens[row])
+            self.entropy_model.truncate(row, min(n_tokens, held_entropy))

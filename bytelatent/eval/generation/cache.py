@@ -1,9 +1,11 @@
 """KV caches with which an existing stack of ``TransformerBlock``s runs a few positions at a time.
 
-Nothing here owns weights or computes a layer: the blocks run their own training ``forward`` with a
-``layers.KVCache`` argument (keys/values plus the step's positions and mask), so the function is
-the one the model computes on a whole sequence (same masks: causal, document-causal by EOS,
-sliding window). ``CachedStack`` keeps the caches and decides each step's positions and mask.
+Nothing here owns weights, reads them, or computes a layer: the model's modules run their own
+training ``forward`` with a list of ``layers.KVCache`` (keys/values plus the step's positions and
+mask; the modules pick their RoPE rows and learned positions from the step's positions), so the
+function is the one the model computes on a whole sequence (same masks: causal, document-causal
+by EOS, sliding window). ``CachedStack`` keeps the caches and decides each step's positions and
+mask; a cache may also keep its block's output states (``KVCache.outputs``).
 
 Rows of a batch sit at different positions: each row has its own length; a step writes the new
 keys/values at that row's length and only rows marked ``advance`` keep them (a finished row is
@@ -16,14 +18,10 @@ never waits for the device; per-row positions reach the device by non-blocking c
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
-from bytelatent.model.layers import CacheStep, KVCache, TransformerBlock
-
-LayerHook = Callable[[int, torch.Tensor], torch.Tensor] | None
+from bytelatent.model.layers import CacheStep, KVCache
 
 
 def to_device(values: list, device: torch.device) -> torch.Tensor:
@@ -32,64 +30,77 @@ def to_device(values: list, device: torch.device) -> torch.Tensor:
 
 
 class CachedStack:
-    """Per-row KV cache for ``layers`` (an iterable of TransformerBlock) of capacity positions.
+    """Per-row KV caches for the blocks ``layers`` (TransformerBlocks) of capacity positions.
 
-    ``rope`` is the stack's RoPE table [max_seqlen, D/2, 2, 2] or None (no rotation, the local
-    models with ``use_rope=False``). ``kind`` is the self-attention mask kind (None/"causal",
-    "block_causal", "local_block_causal" with ``window``).
+    ``kind`` is the self-attention mask kind (None/"causal", "block_causal",
+    "local_block_causal" with ``window``); ``max_positions``: the module's position table length
+    (RoPE or learned positions). ``keep_outputs``: layers whose output states are kept too.
     """
 
     def __init__(
         self,
-        layers: list[TransformerBlock] | nn.ModuleList,
-        rope: torch.Tensor | None,
+        layers: nn.ModuleList,
         batch: int,
         capacity: int,
         kind: str | None,
         window: int | None,
         like: torch.Tensor,
+        max_positions: int,
+        keep_outputs: tuple[int, ...] = (),
     ) -> None:
-        self.layers = list(layers)
-        first = self.layers[0].attention
-        self.head_dim, self.n_heads, self.n_kv_heads = (
-            first.head_dim,
-            first.n_heads,
-            first.n_kv_heads,
-        )
-        self.rope = rope
+        first = layers[0].attention
         self.kind = kind
         self.window = window if kind == "local_block_causal" else None
         self.capacity = capacity
-        shape = (batch, self.n_kv_heads, capacity + 1, self.head_dim)  # +1: scratch for frozen rows
-        self.keys = [like.new_zeros(shape) for _ in self.layers]
-        self.values = [like.new_zeros(shape) for _ in self.layers]
+        self.max_positions = max_positions
+        shape = (batch, first.n_kv_heads, capacity + 1, first.head_dim)  # +1: scratch slot
+        self.keys = [like.new_zeros(shape) for _ in layers]
+        self.values = [like.new_zeros(shape) for _ in layers]
+        self.outputs = {i: like.new_zeros(batch, capacity + 1, first.dim) for i in keep_outputs}
         self.device = like.device
         # bookkeeping on the host (one-byte steps are bound by per-op overhead, not FLOPs)
         self.length = [0] * batch
-        self.next_doc = [0] * batch
-        self.doc_start = [0] * batch  # first position of each row's current document
+        self.eos_at: list[list[int]] = [[] for _ in range(batch)]  # EOS positions per row
         self.doc = torch.zeros(batch, capacity + 1, dtype=torch.long, device=self.device)
         self.rows = torch.arange(batch, device=self.device)
-        # the blocks' RoPE table (angle 0 without RoPE, as the local models' training forward)
-        if rope is None:
-            eye = torch.eye(2, dtype=torch.float32, device=self.device)
-            rope = eye.expand(capacity + 1, self.head_dim // 2, 2, 2)
-        self.freq_cis = rope
-        # its rows as cos + i·sin, indexed once per step for every layer
-        self.rotation_table = torch.complex(rope[..., 0, 0].float(), rope[..., 1, 0].float())
-        self.caches = [KVCache(k, v) for k, v in zip(self.keys, self.values)]
+        self.caches = [
+            KVCache(k, v, outputs=self.outputs.get(i))
+            for i, (k, v) in enumerate(zip(self.keys, self.values))
+        ]
+
+    @property
+    def _documents(self) -> bool:
+        # plain causal attention ignores documents (as the training mask)
+        return self.kind in ("block_causal", "local_block_causal")
+
+    def _doc_start(self, row: int) -> int:
+        """First position of the row's current document."""
+        eos = self.eos_at[row]
+        return eos[-1] + 1 if eos else 0
 
     def reset_rows(self, rows: list[int]) -> None:
         """Empty the cache of ``rows`` (a new context)."""
         for row in rows:
-            self.length[row] = 0
-            self.next_doc[row] = 0
-            self.doc_start[row] = 0
+            self.truncate(row, 0)
 
-    def _check_rope(self, last: int) -> None:
-        if last >= self.freq_cis.shape[0]:
+    def begin_document(self, row: int) -> None:
+        """The next position of ``row`` starts a new document: for a caller that learns where a
+        document ends only when the next one starts (H-Net's chunk levels). The same books as an
+        ``is_eos`` at the row's last position; a no-op at a row's start or after an EOS."""
+        if self.length[row] > self._doc_start(row):
+            self.eos_at[row].append(self.length[row] - 1)
+
+    def truncate(self, row: int, n_positions: int) -> None:
+        """Keep only the first ``n_positions`` positions of ``row`` (the rest is overwritten)."""
+        if not 0 <= n_positions <= self.length[row]:
+            raise ValueError(f"cannot truncate a row of {self.length[row]} to {n_positions}")
+        self.length[row] = n_positions
+        self.eos_at[row] = [p for p in self.eos_at[row] if p < n_positions]
+
+    def _check_positions(self, last: int) -> None:
+        if last >= self.max_positions:
             raise ValueError(
-                f"position {last} exceeds the RoPE table (max_seqlen={self.freq_cis.shape[0]})"
+                f"position {last} exceeds the position table (max_seqlen={self.max_positions})"
             )
 
     def prefill_caches(self, row: int, is_eos: torch.Tensor) -> list[KVCache]:
@@ -99,24 +110,24 @@ class CachedStack:
         steps = is_eos.shape[1]
         if start + steps > self.capacity:
             raise ValueError(f"cache of {self.capacity} positions is full")
-        self._check_rope(start + steps - 1)
+        self._check_positions(start + steps - 1)
         positions = torch.arange(start, start + steps, device=self.device)
         eos = is_eos[0].long()
-        docs = self.next_doc[row] + torch.cumsum(eos, 0) - eos
+        docs = len(self.eos_at[row]) + torch.cumsum(eos, 0) - eos
         self.doc[row, start : start + steps] = docs
-        eos_at = torch.nonzero(is_eos[0]).flatten().tolist()  # once per prompt
-        self.next_doc[row] += len(eos_at)
-        if eos_at:
-            self.doc_start[row] = start + eos_at[-1] + 1
-        # plain causal attention ignores documents (as the training mask): no document test
-        q_docs = docs[None] if self.kind in ("block_causal", "local_block_causal") else None
+        self.eos_at[row] += [start + p for p in torch.nonzero(is_eos[0]).flatten().tolist()]
+        q_docs = docs[None] if self._documents else None
         mask = self._mask(positions[None], q_docs, 0, start + steps, self.doc[row : row + 1])
-        rotation = self.rotation_table[positions][None, :, None, :]
-        step = CacheStep(positions[None], rotation, start, 0, start + steps, mask)
+        step = CacheStep(positions[None], start, 0, start + steps, mask)
         self.length[row] = start + steps
         return [
-            KVCache(keys[row : row + 1], values[row : row + 1], step)
-            for keys, values in zip(self.keys, self.values)
+            KVCache(
+                keys[row : row + 1],
+                values[row : row + 1],
+                step,
+                None if cache.outputs is None else cache.outputs[row : row + 1],
+            )
+            for keys, values, cache in zip(self.keys, self.values, self.caches)
         ]
 
     def prefill_rows_caches(self, is_eos: torch.Tensor, lengths: list[int]) -> list[KVCache]:
@@ -158,11 +169,11 @@ class CachedStack:
             raise ValueError(f"cache of {self.capacity} positions is full")
         positions = to_device(self.length, self.device)
         docs = None
-        if self.kind in ("block_causal", "local_block_causal"):
-            docs = to_device(self.next_doc, self.device)
+        if self._documents:
+            docs = to_device([len(e) for e in self.eos_at], self.device)
             self.doc[self.rows, positions] = docs
         first, last = min(self.length), max(self.length)
-        self._check_rope(last)
+        self._check_positions(last)
         key_len = last + 1
         # keys before every row's window cannot be attended: leave them out (O(window) per step)
         key_start = 0 if self.window is None else max(0, first - self.window + 1)
@@ -170,62 +181,26 @@ class CachedStack:
         if not self._all_keys_allowed(key_start, key_len):
             q_docs = None if docs is None else docs[:, None]
             mask = self._mask(positions[:, None], q_docs, key_start, key_len, self.doc)
-        rotation = self.rotation_table[positions][:, None, None, :]
-        step = CacheStep(positions[:, None], rotation, None, key_start, key_len, mask)
+        step = CacheStep(positions[:, None], None, key_start, key_len, mask)
         for cache in self.caches:
             cache.step = step
         for b, on in enumerate(advance):
             if on:
+                if is_eos[b]:
+                    self.eos_at[b].append(self.length[b])
                 self.length[b] += 1
-                if docs is not None and is_eos[b]:
-                    self.next_doc[b] += 1
-                    self.doc_start[b] = self.length[b]
         return self.caches
-
-    @torch.no_grad()
-    def prefill(
-        self, row: int, x: torch.Tensor, is_eos: torch.Tensor, before_layer: LayerHook = None
-    ) -> list[torch.Tensor]:
-        """Append T positions x [1,T,dim] to row ``row``; returns every layer's output [1,T,dim].
-
-        ``before_layer(i, h) -> h`` runs before layer i (the BLT decoder's cross-attention).
-        """
-        return self._run(x, self.prefill_caches(row, is_eos), before_layer)
-
-    @torch.no_grad()
-    def step(
-        self,
-        x: torch.Tensor,
-        is_eos: list[bool],
-        advance: list[bool],
-        before_layer: LayerHook = None,
-    ) -> list[torch.Tensor]:
-        """One new position per row: x [B,1,dim], is_eos/advance host lists of B bools -> layer
-        outputs."""
-        return self._run(x, self.step_caches(is_eos, advance), before_layer)
-
-    def _run(
-        self, x: torch.Tensor, caches: list[KVCache], before_layer: LayerHook
-    ) -> list[torch.Tensor]:
-        h, outputs = x, []
-        for i, (layer, cache) in enumerate(zip(self.layers, caches)):
-            if before_layer is not None:
-                h = before_layer(i, h)
-            h = layer(h, self.freq_cis, None, cache)
-            outputs.append(h)
-        return outputs
 
     def _all_keys_allowed(self, key_start: int, key_len: int) -> bool:
         """Whether every row's new position may attend every key in key_start..key_len-1 (decided
         from the host bookkeeping: the row is at the last position, its window and its current
         document cover the slice)."""
-        documents = self.kind in ("block_causal", "local_block_causal")
-        for length, doc_start in zip(self.length, self.doc_start):
+        for row, length in enumerate(self.length):
             if length != key_len - 1:
                 return False
             if self.window is not None and key_start <= length - self.window:
                 return False
-            if documents and doc_start > key_start:
+            if self._documents and self._doc_start(row) > key_start:
                 return False
         return True
 

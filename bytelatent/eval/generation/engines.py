@@ -78,8 +78,9 @@ class RecomputeEngine:
     ) -> None:
         self.model = model
         self.device = _device(model)
+        self.spec = model_spec(model)
         self.patcher = None
-        if model_spec(model).patched:
+        if self.spec.patched:
             args = patcher_args.model_copy(update={"realtime_patching": False})
             self.patcher = Patcher(args, entropy_model=entropy_model)
         self.rows: list[list[int]] = []
@@ -88,9 +89,13 @@ class RecomputeEngine:
     def _logits(self, row: list[int]) -> torch.Tensor:
         tokens = torch.tensor([row], dtype=torch.long, device=self.device)
         if self.patcher is None:
-            return self.model(tokens)[0, -1]
+            return self._forward(tokens)[0, -1]
         lengths, _ = self.patcher.patch(tokens, include_next_token=True)
-        return self.model(tokens, lengths)[0, -1]
+        return self._forward(tokens, lengths)[0, -1]
+
+    def _forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        out = self.model(*inputs)
+        return out[0] if self.spec.aux_losses else out  # (logits, aux), as the spec declares
 
     def start(self, rows: list[list[int]]) -> torch.Tensor:
         self.rows = [list(row) for row in rows]

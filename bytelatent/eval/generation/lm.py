@@ -30,15 +30,15 @@ class IncrementalLM:
             raise ValueError(f"{capacity} tokens exceed the model's max_seqlen={args.max_seqlen}")
         self.stack = CachedStack(
             model.layers,
-            model.rope_embeddings.freqs_cis,
             batch,
             capacity,
             args.attn_bias_type,
             args.sliding_window,
-            like=model.tok_embeddings.weight,
+            like=next(model.parameters()),
+            max_positions=args.max_seqlen,
         )
         self.eos_id = args.eos_id
-        self.position = [0] * batch  # tokens fed per row (absolute, across restarts)
+        self.tokens: list[list[int]] = [[] for _ in range(batch)]  # every row's tokens (host)
 
     @classmethod
     def for_engine(cls, model, patcher_args, entropy_model, batch: int, capacity: int):
@@ -69,11 +69,23 @@ class IncrementalLM:
     def patch_lengths(self, row: int, n_tokens: int) -> None:
         return None  # a byte LM has no patches
 
+    def _segment_start(self, n_tokens: int) -> int:
+        """First token the cache holds when a row has ``n_tokens`` (restarts at multiples)."""
+        if self.restart_every is None or n_tokens == 0:
+            return 0
+        return (n_tokens - 1) // self.restart_every * self.restart_every
+
     @torch.no_grad()
     def prefill(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed the 1-D ``tokens`` to row ``row``; returns logits [T, V] for each of them."""
+        """Start row ``row`` with the 1-D ``tokens``; returns logits [T, V] for each of them."""
+        self.truncate(row, 0)
+        return self.extend(row, tokens)
+
+    @torch.no_grad()
+    def extend(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
+        """Append the 1-D ``tokens`` to row ``row`` (which may hold some); logits [T, V]."""
         outputs = []
-        start = self.position[row]
+        start = len(self.tokens[row])
         offset = 0
         while offset < tokens.numel():
             position = start + offset
@@ -87,8 +99,26 @@ class IncrementalLM:
             caches = self.stack.prefill_caches(row, chunk == self.eos_id)
             outputs.append(self.model(chunk, cache=caches)[0])
             offset = end
-        self.position[row] = start + tokens.numel()
+        self.tokens[row] += tokens.tolist()
         return torch.cat(outputs)
+
+    @torch.no_grad()
+    def truncate(self, row: int, n_tokens: int) -> None:
+        """Roll row ``row`` back to its first ``n_tokens`` tokens."""
+        kept = self.tokens[row]
+        if not 0 <= n_tokens <= len(kept):
+            raise ValueError(f"cannot truncate a row of {len(kept)} tokens to {n_tokens}")
+        segment = self._segment_start(n_tokens)
+        if segment == self._segment_start(len(kept)):
+            self.stack.truncate(row, n_tokens - segment)
+            self.tokens[row] = kept[:n_tokens]
+            return
+        # the cache restarted after n_tokens: rebuild the window n_tokens falls in
+        self.stack.reset_rows([row])
+        self.tokens[row] = kept[:segment]
+        if n_tokens > segment:
+            rest = torch.tensor(kept[segment:n_tokens], device=self.stack.device)
+            self.extend(row, rest)
 
     @torch.no_grad()
     def step(self, tokens: list[int], advance: list[bool]) -> torch.Tensor:
@@ -100,11 +130,13 @@ class IncrementalLM:
                 [
                     b
                     for b, on in enumerate(advance)
-                    if on and self.position[b] % window == 0 and self.position[b] > 0
+                    if on and len(self.tokens[b]) % window == 0 and len(self.tokens[b]) > 0
                 ]
             )
         ids = to_device(tokens, self.stack.device)
         caches = self.stack.step_caches([t == self.eos_id for t in tokens], advance)
         logits = self.model(ids[:, None], cache=caches)
-        self.position = [n + int(on) for n, on in zip(self.position, advance)]
+        for b, on in enumerate(advance):
+            if on:
+                self.tokens[b].append(tokens[b])
         return logits[:, 0]

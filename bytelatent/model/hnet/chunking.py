@@ -43,6 +43,17 @@ def boundaries_first(boundary_mask: torch.Tensor) -> torch.Tensor:
     return torch.sort((~boundary_mask).to(torch.uint8), dim=-1, stable=True).indices
 
 
+def padded_width(num_tokens: torch.Tensor, limit: int) -> int:
+    """The chunk level's width in the padded layout: the most chunks in a row (at most `limit`,
+    the row length).
+
+    The one host sync of an H-Net forward (per stage): the inner stage's sequence length depends
+    on the routing. The static bound `limit` would avoid it but run the inner stages and the
+    global transformer on L positions instead of about L / N (docs/hnet.md, "Host syncs").
+    tests/distributed/test_fake_cuda_trace.py counts the calls and refuses any other host read."""
+    return int(num_tokens.max())
+
+
 class ChunkLayer(nn.Module):
     """Keeps the hidden states at the boundaries (no parameters; the gradient is a scatter)."""
 
@@ -65,7 +76,7 @@ class ChunkLayer(nn.Module):
                 num_tokens=num_tokens,
             )
         num_tokens = boundary_mask.sum(-1)
-        width = int(num_tokens.max())  # a host sync: the chunk length depends on the data
+        width = padded_width(num_tokens, boundary_mask.shape[1])
         # Slots past a row's chunks hold its first non-boundary states (as the official code
         # does): they are masked out, and dechunk never reads them back.
         order = boundaries_first(boundary_mask)[:, :width]
@@ -165,11 +176,20 @@ def _ema(
     block_size: int,
 ) -> torch.Tensor:
     """z_k = p_k h_k + (1 - p_k) z_{k-1} over ``[B, M, D]`` chunk states."""
+    log_decay, inputs = _ema_terms(hidden_states, prob, kernel_dtype)
+    states = ema_scan(log_decay, inputs, reset, block_size)
+    return states if kernel_dtype is None else states.to(kernel_dtype)
+
+
+def _ema_terms(
+    hidden_states: torch.Tensor, prob: torch.Tensor, kernel_dtype: torch.dtype | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log decay ``[...]``, input ``[..., D]``) of the EMA recurrence for chunk states
+    ``[..., D]`` and their clamped probabilities ``[...]``, in the EMA's compute dtype."""
     if kernel_dtype is None:
         compute = torch.promote_types(hidden_states.dtype, torch.float32)
         prob = prob.to(compute)
-        inputs = prob[..., None] * hidden_states.to(compute)
-        return ema_scan(torch.log1p(-prob), inputs, reset, block_size)
+        return torch.log1p(-prob), prob[..., None] * hidden_states.to(compute)
     # The official route through mamba_chunk_scan_combined: decay exp(A dt) with A = -1,
     # input dt * x * B with x = h / dt, B = p; the kernel keeps its state in fp32 (fp64 here for
     # fp64 inputs, as the fixtures' stand-in does).
@@ -178,5 +198,27 @@ def _ema(
     gate = prob.to(kernel_dtype)
     compute = torch.promote_types(kernel_dtype, torch.float32)
     dt = dt.to(compute)
-    inputs = (dt * gate.to(compute))[..., None] * scaled.to(compute)
-    return ema_scan(-dt, inputs, reset, block_size).to(kernel_dtype)
+    return -dt, (dt * gate.to(compute))[..., None] * scaled.to(compute)
+
+
+def dechunk_step(
+    state: torch.Tensor,
+    hidden_states: torch.Tensor,
+    boundary_prob: torch.Tensor,
+    reset: torch.Tensor,
+    *,
+    kernel_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One new chunk per row of ``dechunk`` (padded form, incremental generation).
+
+    state: ``[B, D]`` the EMA state after the row's previous chunk, in the EMA's compute dtype
+    (fp32 at least; zeros before a row's first chunk). hidden_states: ``[B, D]`` the new chunk
+    states (the main network's output); boundary_prob: ``[B, 2]`` at their boundaries; reset:
+    ``[B]`` bool, the chunk starts a document. Returns (new state, the output every byte of the
+    chunk reads ``[B, D]`` in the dtype of ``hidden_states``)."""
+    prob = boundary_prob[..., 1].float().clamp(PROB_CLAMP, 1 - PROB_CLAMP)
+    log_decay, inputs = _ema_terms(hidden_states, prob, kernel_dtype)
+    decay = log_decay.exp().masked_fill(reset, 0.0)
+    state = decay[..., None] * state + inputs
+    out = state if kernel_dtype is None else state.to(kernel_dtype)
+    return state, out.to(hidden_states.dtype)

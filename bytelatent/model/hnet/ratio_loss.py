@@ -28,8 +28,14 @@ def load_balancing_loss(
     """The loss of one stage; ``target_ratio`` N > 1 is the target compression (bytes per chunk)."""
     if not target_ratio > 1:
         raise ValueError(f"ratio loss: target_ratio N must be > 1, got {target_ratio}")
+    return loss_from_statistics(*boundary_statistics(boundary_prob, boundary_mask), target_ratio)
+
+
+def loss_from_statistics(
+    selected_fraction: torch.Tensor, mean_prob: torch.Tensor, target_ratio: float
+) -> torch.Tensor:
+    """N/(N-1) * ((1-F)(1-G) + (N-1) F G) from F and G (e.g. over the valid positions only)."""
     n = target_ratio
-    selected_fraction, mean_prob = boundary_statistics(boundary_prob, boundary_mask)
     balance = (1 - selected_fraction) * (1 - mean_prob) + (n - 1) * selected_fraction * mean_prob
     return balance * n / (n - 1)
 

@@ -14,8 +14,9 @@ Stand-ins, in this process only: pinned host copies (`pin_memory` has no fake ke
 `host_to_device` copies plainly; `nn.init.trunc_normal_` (it reads a value) draws a normal;
 flex attention compiles with `aot_eager` (inductor cannot build kernels for a missing GPU).
 
-CASE_JSON: {"argv": [config dotlist], "plant": null | "cpu_arange" | "item" | "cpu_tensor"}.
-Prints `TRACE OK ...` and exits 0, or prints `TRACE FAILED at FILE:LINE: message` (the innermost
+CASE_JSON: {"argv": [config dotlist], "plant": null | "cpu_arange" | "item" | "cpu_tensor",
+"host_syncs": ["module:function", ...] (optional: documented host syncs, counted)}.
+Prints `TRACE OK ...` (with `host syncs NAME xCOUNT` per allowed sync) and exits 0, or prints `TRACE FAILED at FILE:LINE: message` (the innermost
 frame of this repository's code, planted code included) and exits 1.
 """
 
@@ -131,16 +132,17 @@ def synthetic_batch(args, rng: np.random.Generator):
     """A batch shaped like the data pipeline's: rows of bytes, a padded tail, and for a BLT patch
     lengths whose rows sum to L + 1 (first column 1, right-padded with 0)."""
     from bytelatent.data.batch import Batch
+    from bytelatent.model.registry import get_arch
 
     bsz = args.data.batch_size
-    entropy = args.train_entropy_model
-    length = args.data.seq_len if entropy else args.data.max_encoder_seq_length
+    spec = get_arch(args.arch)
+    length = spec.row_length(args.data)
     x = rng.integers(4, 260, size=(bsz, length)).astype(np.int64)
     y = np.roll(x, -1, axis=1)
     mask = np.ones((bsz, length), dtype=bool)
     mask[-1, length - length // 4 :] = False  # padding in the last row
     lengths = None
-    if not entropy:
+    if spec.patched:
         cols = args.data.seq_len
         lengths = np.zeros((bsz, cols), dtype=np.int64)
         for row in range(bsz):
@@ -176,6 +178,26 @@ class StepHost:
         self._all_reduce_count = Trainer._all_reduce_count.__get__(self)
 
 
+def allow_host_syncs(names: list[str]) -> dict[str, int]:
+    """The named host syncs ("module:function(tensor, limit) -> int", e.g. H-Net's
+    `padded_width`), each counted and standing in with its static bound `limit` (fake tensors hold
+    no values); every other host read still raises. Returns the live call counts."""
+    import importlib
+
+    calls = dict.fromkeys(names, 0)
+    for name in names:
+        module_name, _, attr = name.partition(":")
+        module = importlib.import_module(module_name)
+        getattr(module, attr)  # the function must exist: a rename fails the trace here
+
+        def stand_in(tensor, limit, _name=name):
+            calls[_name] += 1
+            return limit
+
+        setattr(module, attr, stand_in)
+    return calls
+
+
 def trace(case: dict) -> str:
     from bytelatent.args import TrainArgs
     from bytelatent.config import parse_args
@@ -191,6 +213,7 @@ def trace(case: dict) -> str:
         plants.plant(case["plant"], model)
     rng = np.random.default_rng(0)
     batches = [synthetic_batch(args, rng) for _ in range(2)]  # two micro-batches: accumulation
+    syncs = allow_host_syncs(case.get("host_syncs", []))
     guard_host_reads()
     with FakeTensorMode(allow_non_fake_inputs=True):
         model.to_empty(device=device)  # as Trainer._build_model
@@ -201,7 +224,8 @@ def trace(case: dict) -> str:
         if devices != {"cuda:0"}:
             raise RuntimeError(f"parameters or step outputs on {sorted(devices)} after the step")
     n_params = sum(p.numel() for p in model.parameters())
-    return f"{type(model).__name__}, {n_params} parameters, {out.n_targets} targets"
+    allowed = "".join(f", host syncs {name} x{n}" for name, n in syncs.items())
+    return f"{type(model).__name__}, {n_params} parameters, {out.n_targets} targets{allowed}"
 
 
 def user_frame(exc: BaseException) -> str:
