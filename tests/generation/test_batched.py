@@ -123,7 +123,8 @@ def test_byte_lm_prefills_a_batch_in_one_forward() -> None:
     handle.remove()
     assert calls == [torch.Size([len(rows), max(len(r) for r in rows)])]
     assert logits.shape == (len(rows), model.args.vocab_size)
-    assert lm.position == [len(r) for r in rows] == lm.stack.length
+    assert [len(t) for t in lm.tokens] == [len(r) for r in rows] == lm.stack.length
+    assert lm.tokens == [r.tolist() for r in rows]
 
 
 def test_a_batched_prefill_needs_empty_rows() -> None:

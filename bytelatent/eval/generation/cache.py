@@ -144,19 +144,17 @@ class CachedStack:
             raise ValueError("a batched prefill fills every row of an empty cache")
         if steps > self.capacity:
             raise ValueError(f"cache of {self.capacity} positions is full")
-        self._check_rope(steps - 1)
+        self._check_positions(steps - 1)
         positions = torch.arange(steps, device=self.device)
         real = positions[None] < to_device(lengths, self.device)[:, None]
-        eos = (is_eos & real).long()
-        docs = torch.cumsum(eos, 1) - eos  # [B,T]: a pad stays in its row's last document
+        eos = is_eos & real
+        docs = torch.cumsum(eos.long(), 1) - eos.long()  # [B,T]: a pad stays in its last document
         self.doc[:, :steps] = docs
-        # host books as `prefill_caches` keeps them: EOS count and first position after the last
-        self.next_doc = eos.sum(1).tolist()  # one copy per prompt batch
-        self.doc_start = (torch.where(eos.bool(), positions[None], -1).amax(1) + 1).tolist()
-        documents = self.kind in ("block_causal", "local_block_causal")
-        mask = self._mask(positions[None], docs if documents else None, 0, steps, self.doc)
-        rotation = self.rotation_table[positions][None, :, None, :]
-        step = CacheStep(positions[None].expand(batch, steps), rotation, 0, 0, steps, mask)
+        self.eos_at = [[] for _ in lengths]  # host books as `prefill_caches` keeps them
+        for row, position in torch.nonzero(eos).tolist():  # one copy per prompt batch
+            self.eos_at[row].append(position)
+        mask = self._mask(positions[None], docs if self._documents else None, 0, steps, self.doc)
+        step = CacheStep(positions[None].expand(batch, steps), 0, 0, steps, mask)
         for cache in self.caches:
             cache.step = step
         self.length = list(lengths)

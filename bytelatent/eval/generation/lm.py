@@ -54,7 +54,7 @@ class IncrementalLM:
         """Prefill every row (1-D token tensors, one per cache row) in one forward over the
         right-padded batch -> the next token's logits [B, V]. A cache whose context restarts
         (``restart_every``) or rows already fed are prefilled one row at a time."""
-        if self.restart_every is not None or any(self.position) or len(rows) != len(self.position):
+        if self.restart_every is not None or any(self.tokens) or len(rows) != len(self.tokens):
             return torch.stack([self.prefill_last(b, row) for b, row in enumerate(rows)])
         lengths = [row.numel() for row in rows]
         tokens = rows[0].new_zeros(len(rows), max(lengths))  # the pad id never counts (masked)
@@ -62,7 +62,7 @@ class IncrementalLM:
             tokens[b, : lengths[b]] = row
         caches = self.stack.prefill_rows_caches(tokens == self.eos_id, lengths)
         logits = self.model(tokens, cache=caches)
-        self.position = list(lengths)
+        self.tokens = [row.tolist() for row in rows]
         last = to_device([n - 1 for n in lengths], logits.device)
         return logits[torch.arange(len(rows), device=logits.device), last]
 
