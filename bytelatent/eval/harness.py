@@ -10,7 +10,8 @@ sees the whole context + continuation patched as in training (the patcher on the
 sequence, the input is all tokens but the last). Sequences longer than the model keep their end.
 ``loglikelihood_rolling`` uses lm-eval's disjoint rolling windows; ``generate_until`` runs the
 cached generator ``batch_size`` requests at a time (requests with the same generation kwargs,
-longest contexts first; answers in request order). ``run_harness`` is the entry point for other code (e.g. the eval system).
+longest contexts first; answers in request order). ``run_harness`` is the entry point for other
+code (e.g. the eval system).
 """
 
 from __future__ import annotations
