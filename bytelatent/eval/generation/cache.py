@@ -130,6 +130,36 @@ class CachedStack:
             for keys, values, cache in zip(self.keys, self.values, self.caches)
         ]
 
+    def prefill_rows_caches(self, is_eos: torch.Tensor, lengths: list[int]) -> list[KVCache]:
+        """Plan one forward that fills every (empty) row at once: ``is_eos`` [B,T] bool of
+        right-padded rows, row b's tokens being its first ``lengths[b]`` positions.
+
+        The mask is the training one per row (causal, same document, window); a padded position
+        only feeds queries at padded positions (causality), so the real positions compute what a
+        row prefilled alone computes. Padded slots hold junk that the row's next step overwrites:
+        every later mask stops at the row's own length.
+        """
+        batch, steps = is_eos.shape
+        if batch != len(self.length) or any(self.length):
+            raise ValueError("a batched prefill fills every row of an empty cache")
+        if steps > self.capacity:
+            raise ValueError(f"cache of {self.capacity} positions is full")
+        self._check_positions(steps - 1)
+        positions = torch.arange(steps, device=self.device)
+        real = positions[None] < to_device(lengths, self.device)[:, None]
+        eos = is_eos & real
+        docs = torch.cumsum(eos.long(), 1) - eos.long()  # [B,T]: a pad stays in its last document
+        self.doc[:, :steps] = docs
+        self.eos_at = [[] for _ in lengths]  # host books as `prefill_caches` keeps them
+        for row, position in torch.nonzero(eos).tolist():  # one copy per prompt batch
+            self.eos_at[row].append(position)
+        mask = self._mask(positions[None], docs if self._documents else None, 0, steps, self.doc)
+        step = CacheStep(positions[None].expand(batch, steps), 0, 0, steps, mask)
+        for cache in self.caches:
+            cache.step = step
+        self.length = list(lengths)
+        return self.caches
+
     def step_caches(self, is_eos: list[bool], advance: list[bool]) -> list[KVCache]:
         """Plan one new position per row (is_eos/advance host lists of B bools): every layer's
         cache for the forward that runs it (rows with ``advance`` False do not keep it)."""

@@ -51,8 +51,10 @@ class CachedEngine:
         self.impl = engine.for_engine(
             self.model, self.patcher_args, self.entropy_model, len(rows), self.capacity
         )
-        logits = [self.impl.prefill_last(b, self._tensor(row)) for b, row in enumerate(rows)]
-        return torch.stack(logits)
+        tensors = [self._tensor(row) for row in rows]
+        if hasattr(self.impl, "prefill_rows"):  # one padded forward for the batch (the byte LM)
+            return self.impl.prefill_rows(tensors)
+        return torch.stack([self.impl.prefill_last(b, row) for b, row in enumerate(tensors)])
 
     def _tensor(self, row: list[int]) -> torch.Tensor:
         return torch.tensor(row, dtype=torch.long, device=self.device)

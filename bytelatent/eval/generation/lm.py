@@ -10,7 +10,8 @@ from bytelatent.model.transformer import LMTransformer
 
 
 class IncrementalLM:
-    """Prefill rows one at a time, then step every row by one token.
+    """Prefill rows (together: `prefill_rows`, or one at a time), then step every row by one
+    token.
 
     ``restart_every`` (the entropy patcher's window, see ``data.entropy``) empties a row's cache
     at every multiple of that many tokens, exactly as ``calculate_entropies`` runs consecutive
@@ -47,6 +48,23 @@ class IncrementalLM:
     def prefill_last(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
         """`prefill`, returning the next token's logits [V] only."""
         return self.prefill(row, tokens)[-1]
+
+    @torch.no_grad()
+    def prefill_rows(self, rows: list[torch.Tensor]) -> torch.Tensor:
+        """Prefill every row (1-D token tensors, one per cache row) in one forward over the
+        right-padded batch -> the next token's logits [B, V]. A cache whose context restarts
+        (``restart_every``) or rows already fed are prefilled one row at a time."""
+        if self.restart_every is not None or any(self.tokens) or len(rows) != len(self.tokens):
+            return torch.stack([self.prefill_last(b, row) for b, row in enumerate(rows)])
+        lengths = [row.numel() for row in rows]
+        tokens = rows[0].new_zeros(len(rows), max(lengths))  # the pad id never counts (masked)
+        for b, row in enumerate(rows):
+            tokens[b, : lengths[b]] = row
+        caches = self.stack.prefill_rows_caches(tokens == self.eos_id, lengths)
+        logits = self.model(tokens, cache=caches)
+        self.tokens = [row.tolist() for row in rows]
+        last = to_device([n - 1 for n in lengths], logits.device)
+        return logits[torch.arange(len(rows), device=logits.device), last]
 
     def patch_lengths(self, row: int, n_tokens: int) -> None:
         return None  # a byte LM has no patches
