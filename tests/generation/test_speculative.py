@@ -128,7 +128,10 @@ def test_greedy_speculative_honors_stops_and_the_context_limit() -> None:
     plain, fast = _plain_and_speculative(gen, 4, max_new_bytes=40, stop_at_eos=True)
     _assert_same(plain, fast)
     assert fast[0].finish_reason == "eos" and len(fast[0].tokens) == 6
-    assert gen.generate(PROMPTS, GenerationArgs(max_new_bytes=0, speculative_k=2))[0].tokens == []
+    for k in (0, 2):  # plain and speculative: no bytes, the prompt's patches
+        (result, *_) = gen.generate(PROMPTS, GenerationArgs(max_new_bytes=0, speculative_k=k))
+        assert result.tokens == [] and result.finish_reason == "length"
+        assert sum(result.patch_lengths) == len(result.prompt_tokens)
 
 
 def _plain_global_steps(gen: Generator, row: list[int], tokens: list[int]) -> int:

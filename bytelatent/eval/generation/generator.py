@@ -160,8 +160,9 @@ class Generator:
         new: list[list[int]] = [[] for _ in rows]
         reasons: list[str | None] = [None] * len(rows)
         stops = [s.encode("utf-8") for s in args.stop]
-        logits = engine.start(rows) if args.max_new_bytes > 0 else None
-        if logits is None:
+        # a patched model's result holds the prompt's patches: its engine starts even for 0 bytes
+        logits = engine.start(rows) if args.max_new_bytes > 0 or self.is_blt else None
+        if args.max_new_bytes == 0:
             reasons = ["length"] * len(rows)
         while any(r is None for r in reasons):
             open_rows = [b for b in range(len(rows)) if reasons[b] is None]
