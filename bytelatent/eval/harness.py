@@ -38,6 +38,7 @@ from bytelatent.eval.generation import (
     encode_prompt,
     load_generator,
 )
+from bytelatent.eval.generation.engines import model_spec
 from bytelatent.eval.tasks import register_task
 from bytelatent.model.registry import arch_of
 from bytelatent.tokenizers.constants import BOS_ID, OFFSET
@@ -90,10 +91,11 @@ class BytelatentLM(LM):
         full = torch.tensor([tokens], dtype=torch.long, device=self.device_)
         inputs = full[:, :-1]
         if self.patcher is None:
-            logits = self.model(inputs)
+            out = self.model(inputs)
         else:
             lengths, _ = self.patcher.patch(full, include_next_token=False)  # as in training
-            logits = self.model(inputs, lengths)
+            out = self.model(inputs, lengths)
+        logits = model_spec(self.model).logits(out)  # H-Net's forward also returns its aux
         log_probs = F.log_softmax(logits[0].float(), dim=-1)
         return log_probs.gather(1, full[0, 1:, None])[:, 0], log_probs.argmax(-1) == full[0, 1:]
 

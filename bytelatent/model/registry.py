@@ -104,6 +104,11 @@ class ArchSpec:
             self._cache[name] = resolve_ref(ref, f"{self.name}.{name}")
         return self._cache[name]
 
+    def logits(self, out: Any) -> Any:
+        """The logits `[B, L, V]` of the model's forward output (`(logits, aux)` when the spec
+        has `aux_losses`): for callers that score or generate (eval, harness, generation)."""
+        return out[0] if self.aux_losses else out
+
     def build(self, args: Any) -> Any:
         """The model for `args` on the current device (the caller uses `torch.device("meta")`)."""
         return self.resolve("model")(args)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from bytelatent.data.patcher import Patcher, PatcherArgs
 from bytelatent.errors import ConfigError
 from tests.generation.conftest import tiny_blt, tiny_lm
+from tests.generation.test_hnet_generation import STAGES, tiny_hnet
 
 pytest.importorskip("lm_eval")
 from bytelatent.eval.harness import BytelatentLM, generation_args_from_lm_eval, main  # noqa: E402
@@ -27,17 +28,20 @@ def _direct_logprob(model, patcher, context: str, continuation: str) -> float:
     full = torch.tensor([ids])
     if patcher is None:
         logits = model(full[:, :-1])
+        logits = logits[0] if isinstance(logits, tuple) else logits  # H-Net: (logits, aux)
     else:
         logits = model(full[:, :-1], patcher.patch(full)[0])
     log_probs = F.log_softmax(logits[0].double(), dim=-1)
     return sum(float(log_probs[i - 1, ids[i]]) for i in range(len(ids) - n, len(ids)))
 
 
-@pytest.mark.parametrize("kind", ["lm", "blt_entropy", "blt_space"])
+@pytest.mark.parametrize("kind", ["lm", "blt_entropy", "blt_space", "hnet"])
 def test_loglikelihood_equals_logprobs_from_logits(kind: str) -> None:
     patcher_args = entropy_model = None
     if kind == "lm":
         model = tiny_lm(max_seqlen=64)
+    elif kind == "hnet":  # its forward returns (logits, aux): the adapter scores the logits
+        model = tiny_hnet(STAGES["2stage"], "perturbed")
     else:
         model = tiny_blt()
         mode = "entropy" if kind == "blt_entropy" else "space"

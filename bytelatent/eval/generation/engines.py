@@ -94,8 +94,7 @@ class RecomputeEngine:
         return self._forward(tokens, lengths)[0, -1]
 
     def _forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        out = self.model(*inputs)
-        return out[0] if self.spec.aux_losses else out  # (logits, aux), as the spec declares
+        return self.spec.logits(self.model(*inputs))
 
     def start(self, rows: list[list[int]]) -> torch.Tensor:
         self.rows = [list(row) for row in rows]
