@@ -5,6 +5,9 @@ Models (random init, debug shapes from configs/debug.yaml and configs/entropy_de
   blt  the debug BLT (global 128x2, local 64: encoder 1 layer, decoder 2 layers, cross-attention
        k=2 in encoder and decoder, hash n-grams 3..8) patched online by that entropy model, with
        the threshold set so that patches average ~4.5 bytes on random-init entropies
+  hnet the debug H-Net of configs/hnet_debug.yaml (one stage 64 wide, 1+1 blocks, window 64,
+       around a 128x2 global transformer), its router's W_k moved from W_q toward a random matrix until chunks average
+       ~4 bytes on the prompt (a trained router's ratio; at init W_q = W_k: few boundaries)
 
 Output layers are scaled x6 after init (peaky predictions, as in shared/conformance). Greedy, EOS
 ignored. The headline is process CPU-seconds (``time.process_time`` around each measured
@@ -45,6 +48,8 @@ from bytelatent.eval.generation import GenerationArgs, Generator  # noqa: E402
 from bytelatent.model.args import LMTransformerArgs  # noqa: E402
 from bytelatent.model.blt import ByteLatentTransformer  # noqa: E402
 from bytelatent.model.blt_args import ByteLatentTransformerArgs  # noqa: E402
+from bytelatent.model.hnet_args import HNetArgs  # noqa: E402
+from bytelatent.model.hnet_model import HNet  # noqa: E402
 from bytelatent.model.transformer import LMTransformer  # noqa: E402
 
 PROMPT = "def fibonacci(n):\n    # return the n-th Fibonacci number, iteratively\n    a, b ="
@@ -56,7 +61,7 @@ def build(cls, args, seed: int):
         model = cls(args)
     model.to_empty(device="cpu")
     model.init_weights()
-    output = model.output if cls is LMTransformer else model.local_decoder.output
+    output = model.local_decoder.output if cls is ByteLatentTransformer else model.output
     with torch.no_grad():  # peaky predictions like a trained model (as shared/conformance does)
         output.weight.mul_(6.0)
     return model.eval()
@@ -102,6 +107,30 @@ def debug_blt(max_bytes: int) -> ByteLatentTransformer:
         encoder_hash_byte_group_nb_functions=1,
     )
     return build(ByteLatentTransformer, args, 1)
+
+
+def debug_hnet(max_bytes: int, bytes_per_chunk: float = 4.0) -> HNet:
+    stage = dict(dim=64, n_heads=4, n_layers_encoder=1, n_layers_decoder=1, sliding_window=64,
+                 target_ratio=4.0)  # fmt: skip
+    args = HNetArgs(stages=[stage], dim=128, n_layers=2, n_heads=4, max_seqlen=max_bytes,
+                    multiple_of=64, rope_theta=5e5)  # fmt: skip
+    model = build(HNet, args, 2)
+    tokens = torch.tensor([[1] + [b + 4 for b in (PROMPT * 20).encode()]])
+    router = model.stages[0].routing_module
+    q, k = router.q_proj_layer.weight, router.k_proj_layer.weight
+    noise = torch.randn(k.shape, generator=torch.Generator().manual_seed(3)) * k.shape[1] ** -0.5
+    best = None
+    with torch.no_grad():
+        for scale in [i / 20 for i in range(1, 21)]:  # W_k from W_q (scale 0) to random (1)
+            k.copy_((1 - scale) * q + scale * noise)
+            measured = float(model(tokens)[1]["bytes_per_chunk/stage0"])
+            if best is None or abs(measured - bytes_per_chunk) < abs(best[1] - bytes_per_chunk):
+                best = (scale, measured)
+        k.copy_((1 - best[0]) * q + best[0] * noise)
+    print(
+        f"hnet: W_k = {1 - best[0]:.2f} W_q + {best[0]:.2f} noise: {best[1]:.2f} bytes per chunk on the prompt"
+    )
+    return model
 
 
 def calibrated_threshold(model: LMTransformer, patch_size: float = 4.5) -> float:
@@ -234,7 +263,7 @@ def batch_table(gen, name: str, batches, length: int, repeats: int) -> list[str]
 
 def options() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=["lm", "blt"], choices=["lm", "blt"])
+    parser.add_argument("--models", nargs="+", default=["lm", "blt"], choices=["lm", "blt", "hnet"])
     parser.add_argument("--lengths", nargs="+", type=int, default=[256, 1024])
     parser.add_argument("--ks", nargs="+", type=int, default=[2, 4, 8])
     parser.add_argument("--batches", nargs="*", type=int, default=[1, 4, 16])
@@ -250,6 +279,8 @@ def generators(names: list[str]) -> dict[str, Generator]:
     if "blt" in names:
         patcher = PatcherArgs(patching_mode="entropy", threshold=calibrated_threshold(entropy))
         gens["blt"] = Generator(debug_blt(2048), patcher, entropy)
+    if "hnet" in names:
+        gens["hnet"] = Generator(debug_hnet(2048))
     return gens
 
 
