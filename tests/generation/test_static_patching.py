@@ -97,3 +97,24 @@ def test_blt_forward_patches_static_rows_itself() -> None:
         own = model(tokens)
         given = model(tokens, blt_patch_lengths(Patcher(args), tokens))
     assert torch.equal(own, given)
+
+
+@pytest.mark.slow
+def test_blt_trained_with_static_patching_generates(tmp_path, corpus_root) -> None:
+    from bytelatent.eval.generation import load_generator
+    from tests.conftest import TINY_BLT, train_tiny
+    from tests.tiny import BLT_CONFIG
+
+    static = ["data.patcher_args.patching_mode=static", "data.patcher_args.patch_size=4"]
+    run = train_tiny(str(BLT_CONFIG), tmp_path / "blt", corpus_root, 20, [*TINY_BLT, *static])
+    gen = load_generator(run / "checkpoints" / "0000000020")
+    assert gen.patcher_args.patching_mode.value == "static"
+    prompts = ["def f(x):\n    return", "Hello"]
+    args = GenerationArgs(max_new_bytes=16, stop_at_eos=False)
+    cached = gen.generate(prompts, args)
+    for result in cached:
+        expected = _full_forward_greedy(gen.model, gen.patcher_args, result.prompt_tokens, 16)
+        assert result.tokens == expected
+        assert result.patch_lengths[:3] == [1, 3, 4]
+    fast = gen.generate(prompts, args.model_copy(update={"speculative_k": 4}))
+    assert [r.tokens for r in fast] == [r.tokens for r in cached]
