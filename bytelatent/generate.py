@@ -1,4 +1,5 @@
-"""Continue prompts with a checkpoint (entropy model or BLT).
+"""Continue prompts with a checkpoint: a BLT, an H-Net (arch: hnet), a byte LM (arch: lm) or
+an entropy model.
 
     python -m bytelatent.generate ckpt=DIR prompt="Hello" max_new_bytes=200 temperature=0
     python -m bytelatent.generate ckpt=DIR prompts_file=in.jsonl output=out.jsonl [use_cache=false]
@@ -6,7 +7,7 @@
 ``ckpt`` is a DCP step folder, a consolidated folder or a released-layout folder. A prompts file
 holds one JSON object per line with a ``prompt`` (or ``text``) string; the output file gets one
 object per prompt: ``prompt``, ``continuation``, ``finish_reason``, ``n_bytes``. Other keys:
-``entropy_ckpt`` (entropy model for entropy-patched BLTs; defaults to the checkpoint's
+``entropy_ckpt`` (entropy model for entropy-patched BLTs only; defaults to the checkpoint's
 ``entropy_model_checkpoint_dir`` or a sibling ``entropy_model/``), ``patcher.*`` overrides,
 ``device``, ``progress`` (tqdm; default: only on a terminal) and every ``GenerationArgs`` field
 (``top_k``, ``top_p``, ``seed``, ``stop=[...]``, ``batch_size``, ``use_cache``).

@@ -35,6 +35,7 @@ from bytelatent.model.patch_utils import (
     check_patch_lengths,
     concat_patches,
     decoder_patch_ids_from_lengths,
+    first_token_alone,
     host_patch_has_eos,
     patch_ids_from_lengths,
     pool_patches,
@@ -271,7 +272,8 @@ class ByteLatentTransformer(nn.Module):
                 f"forward got no patch_lengths and the model has no patcher: pass patch_lengths or {hint}"
             )
         patch_lengths, _ = self._patcher.patch(tokens, include_next_token=True)
-        return patch_lengths
+        # static patches start at 0 and patch_size: the first token alone, as in training
+        return first_token_alone(patch_lengths)
 
     @property
     def hash_window(self) -> int:

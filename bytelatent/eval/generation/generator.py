@@ -1,9 +1,10 @@
-"""``Generator``: continue byte prompts with an entropy model (LM) or a BLT checkpoint.
+"""``Generator``: continue byte prompts with a BLT, an H-Net (arch: hnet), a byte LM (arch: lm)
+or an entropy model checkpoint (the architecture registry says which engine runs it).
 
 Prompts are encoded as the reference does (BOS, the UTF-8 bytes + 4, no EOS). Rows of a batch
-may have different lengths: the byte LM prefills them in one right-padded forward (the BLT one
-row at a time), then all rows advance one byte per step; a row's output does not depend on its
-batch. ``use_cache=False`` re-runs the whole model every step (the correctness oracle).
+may have different lengths: the byte LM prefills them in one right-padded forward (the BLT and
+the H-Net one row at a time), then all rows advance one byte per step; a row's output does not
+depend on its batch. ``use_cache=False`` re-runs the whole model every step (the correctness oracle).
 """
 
 from __future__ import annotations

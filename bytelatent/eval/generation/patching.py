@@ -6,6 +6,13 @@ decision is made by calling ``bytelatent.data.patcher``'s functions on a short t
 (long enough that the patcher's special cases at positions 2 and 3 do not apply) — never a
 re-implementation. Top-k entropy patching (``threshold=None``) depends on the whole row and
 ``bpe_patcher`` on another model's predictions: neither can be decided online.
+
+Static patching: the patcher cuts a document into ``patch_size`` patches from its first byte
+(each split into ``max_patch_length`` pieces), and training's patches mode
+(data/iterators/sequence.py) makes a window's first token a patch of its own, so a BLT trained
+with static patching sees ``[1, ps - 1, ps, ps, ...]`` from a document's first token (BOS):
+starts at 0, 1 and the static grid. ``blt_patch_lengths`` gives those lengths for a whole row
+(the other modes already start patches at 0 and 1: unchanged) and generation uses them.
 """
 
 from __future__ import annotations
@@ -19,8 +26,20 @@ from bytelatent.data.patch_rules import (
 )
 from bytelatent.data.patcher import Patcher, PatcherArgs, PatchingMode
 from bytelatent.errors import ConfigError
+from bytelatent.model.patch_utils import first_token_alone
 
 TAIL = 4  # tail positions handed to the patcher functions; position TAIL is the one decided
+
+
+def blt_patch_lengths(
+    patcher: Patcher,
+    tokens: torch.Tensor,
+    entropies: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The patch lengths [B, P] that a BLT trained on ``patcher``'s documents sees for rows
+    ``tokens`` [B, N] that start at a document's first token (``include_next_token=True``)."""
+    lengths, _ = patcher.patch(tokens, include_next_token=True, entropies=entropies)
+    return first_token_alone(lengths)
 
 
 class OnlinePatcher:
@@ -49,10 +68,10 @@ class OnlinePatcher:
 
     def prefix_starts(self, tokens: torch.Tensor, entropies: torch.Tensor | None) -> list[int]:
         """Start positions of a 1-D prompt of n tokens, positions 0..n (include_next_token)."""
-        lengths, _ = self.offline.patch(
+        lengths = blt_patch_lengths(
+            self.offline,
             tokens[None].cpu(),
-            include_next_token=True,
-            entropies=None if entropies is None else entropies[None].cpu(),
+            None if entropies is None else entropies[None].cpu(),
         )
         ends = torch.cumsum(lengths[0], 0)
         return [0] + [int(end) for end in ends[:-1] if end > 0]
@@ -67,12 +86,14 @@ class OnlinePatcher:
         """Does ``position`` start a patch, given 1-D ``tokens`` (a tensor or a host list) and
         ``entropies`` of positions < it."""
         mode = self.mode
-        if mode == PatchingMode.byte:
+        limit = self.args.max_patch_length
+        if mode == PatchingMode.byte or position < 2:
             start = True
         elif mode == PatchingMode.static:
-            start = position % int(self.args.patch_size) == 0
-        elif position < 2:
-            start = True
+            # the document's static grid, each patch cut into max_patch_length pieces from its
+            # start (not from the split-off first token: training splits after the grid)
+            offset = position % int(self.args.patch_size)
+            return offset == 0 or (limit is not None and offset % limit == 0)
         else:
             first = max(0, position - TAIL)
             local = position - first  # index of `position` in the tail row
@@ -91,7 +112,6 @@ class OnlinePatcher:
                 rule = space_patch_starts if mode == PatchingMode.space else bpe_delim_patch_starts
                 tail = torch.as_tensor(tokens[first:position])[None].cpu().numpy()
                 start = bool(rule(tail, local + 1)[0, local])
-        limit = self.args.max_patch_length
         if limit is not None and not start and position - last_start >= limit:
             start = True
         return start
