@@ -38,12 +38,15 @@ class PatchStep:
     ``write_at`` [B] long: the index at which each row's new patches (if any) are stored; rows
     that add none point at a scratch slot past the last real one. ``patch_ids`` [B,S] long: the
     patch each new byte reads (its last complete patch); with ``window`` w it also reads the
-    w-1 patches before (indices < 0 are left out).
+    w-1 patches before (indices < 0 are left out). ``slots`` [B,P_new] long (optional): each new
+    patch's own index instead (rows adding different numbers of patches; padding at a scratch
+    slot).
     """
 
     write_at: torch.Tensor
     patch_ids: torch.Tensor
     window: int = 1
+    slots: torch.Tensor | None = None
 
     def store(self, buffer: torch.Tensor, new: torch.Tensor) -> None:
         """Write ``new`` [B,P_new,...] to ``buffer`` [B,patches,...] at ``write_at``.."""
@@ -51,7 +54,9 @@ class PatchStep:
         if count == 0:
             return
         rows = torch.arange(new.shape[0], device=new.device)[:, None]
-        slots = self.write_at[:, None] + torch.arange(count, device=new.device)
+        slots = self.slots
+        if slots is None:
+            slots = self.write_at[:, None] + torch.arange(count, device=new.device)
         buffer[rows, slots] = new
 
     def read(self, buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

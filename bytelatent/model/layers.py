@@ -204,8 +204,9 @@ class CacheStep:
     ``positions`` [B,S] long: each new token's position (its cache slot, and the row of the
     module's RoPE table that rotates it). ``start``: the new keys/values go to slots
     start..start+S-1 of every row (a prefill), or, with None, to each row's ``positions[:, 0]``
-    (one-token step). Queries attend the cached keys key_start..key_len-1 under ``mask``
-    (bool [B,1,S,keys]; None: all of them).
+    (one-token step) or, when ``slots`` [B,S] long is set, to each row's own slots (rows that
+    append different numbers of positions: padding goes to a scratch slot). Queries attend the
+    cached keys key_start..key_len-1 under ``mask`` (bool [B,1,S,keys]; None: all of them).
     """
 
     positions: torch.Tensor
@@ -214,6 +215,7 @@ class CacheStep:
     key_len: int
     mask: torch.Tensor | None
     _rotation: torch.Tensor | None = field(default=None, repr=False)
+    slots: torch.Tensor | None = None
 
     def rotation_for(self, freq_cis: torch.Tensor) -> torch.Tensor:
         """The RoPE rows of ``positions`` in ``freq_cis`` [L,D/2,2,2] as cos + i·sin
@@ -226,7 +228,10 @@ class CacheStep:
 
     def write(self, buffer: torch.Tensor, values: torch.Tensor, dim: int = 1) -> None:
         """Store ``values`` [B,S,...] at the step's positions of ``buffer`` (positions on ``dim``)."""
-        if self.start is None:
+        if self.slots is not None:  # per-row slots [B,S] (advanced indices first: [B,S,...])
+            rows = torch.arange(values.shape[0], device=values.device)[:, None]
+            buffer[(rows, *([slice(None)] * (dim - 1)), self.slots)] = values
+        elif self.start is None:
             rows = torch.arange(values.shape[0], device=values.device)
             index = (rows, *([slice(None)] * (dim - 1)), self.positions[:, 0])
             buffer[index] = values[:, 0]

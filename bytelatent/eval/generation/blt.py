@@ -199,10 +199,15 @@ class IncrementalBLT:
         return bisect.bisect_right(self.starts[row], position + 1) - 2
 
     def _decoder_cache(
-        self, layers, write_at: torch.Tensor, patch_ids: torch.Tensor, rows: slice
+        self,
+        layers,
+        write_at: torch.Tensor,
+        patch_ids: torch.Tensor,
+        rows: slice,
+        slots: torch.Tensor | None = None,
     ) -> DecoderCache:
         window = self.args.cross_attn_window_decoder or 1
-        step = PatchStep(write_at, patch_ids, window)
+        step = PatchStep(write_at, patch_ids, window, slots)
         if self.slot_caches is None:
             return DecoderCache(layers, step, patch_states=self.patch_states[rows])
         cross = [SlotCache(keys[rows], values[rows], step) for keys, values in self.slot_caches]
@@ -250,6 +255,104 @@ class IncrementalBLT:
             slice(row, row + 1),
         )
         return self.dec(h, g, None, None, None, cache=cache)[0]
+
+    @torch.no_grad()
+    def prefill_rows(self, rows: list[torch.Tensor]) -> torch.Tensor:
+        """Start every row (1-D prompts, one per cache row) with one ``extend_rows`` -> the next
+        byte's logits [B, V]."""
+        for row in range(len(rows)):
+            self.truncate(row, 0)
+        return torch.stack([logits[-1] for logits in self.extend_rows(range(len(rows)), rows)])
+
+    @torch.no_grad()
+    def extend_rows(self, rows, tokens: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``extend`` several distinct rows at once: row ``rows[i]`` gets the 1-D ``tokens[i]``
+        (any length, 0 included) -> the logits [T_i, V] after each of them.
+
+        The rows lo..hi they span run together, right-padded (a row in between that is not
+        given appends nothing): one entropy-model forward (rows whose entropy window restarts
+        within their bytes run alone), one encoder forward, patch decisions per row on the host,
+        ONE global-transformer call for every patch that closes in any row (right-padded over
+        patches), one decoder forward. Each row computes what ``extend`` computes on it alone.
+        """
+        rows = list(rows)
+        if len(set(rows)) != len(rows) or len(rows) != len(tokens):
+            raise ValueError("extend_rows takes distinct rows, one token tensor each")
+        if len(rows) == 1:
+            return [self.extend(rows[0], tokens[0])]
+        for row in rows:
+            if self.drafted[row]:
+                raise ValueError(f"row {row} holds draft bytes: truncate it before extending")
+        lo, hi = min(rows), max(rows) + 1
+        span = hi - lo
+        new_tokens = {row: t for row, t in zip(rows, tokens)}
+        held = {row: len(self.host_tokens[row]) for row in rows}
+        counts = [new_tokens[r].numel() if r in new_tokens else 0 for r in range(lo, hi)]
+        steps = max(counts)
+        if steps == 0:
+            return [t.new_zeros(0, self.dec.output.out_features) for t in tokens]
+        window = self.model.hash_window
+        # bytes (with the hash n-grams' context, 0 before a row's start), right-padded
+        ids = torch.zeros(span, window - 1 + steps, dtype=torch.long, device=self.device)
+        for row, new in new_tokens.items():
+            n, count = held[row], new.numel()
+            self.tokens[row, n : n + count] = new
+            self.host_tokens[row] += new.tolist()
+            lo_ctx = max(0, n - window + 1)
+            context = window - 1 - (n - lo_ctx)
+            ids[row - lo, context : window - 1 + count] = self.tokens[row, lo_ctx : n + count]
+        if self.patcher.needs_entropies:
+            extended = self.entropy_model.extend_rows(rows, tokens)
+            for row, logits in zip(rows, extended):
+                n, count = held[row], new_tokens[row].numel()
+                if count:
+                    self.entropies[row, n : n + count] = entropy_of(logits).cpu()
+        for row in rows:
+            if new_tokens[row].numel():
+                self._decide_starts(row, held[row] + 1, held[row] + new_tokens[row].numel())
+        new_ids = ids[:, window - 1 :]
+        eos = new_ids == self.args.eos_id
+        embeds = self.model.byte_embeddings(ids)[:, window - 1 :]
+        h = self.enc(embeds, None, cache=self.enc_stack.extend_rows_caches(lo, counts, eos))[-1]
+        first = {row: self.closed[row] for row in rows}
+        new_patches = {row: len(self.starts[row]) - 1 - self.closed[row] for row in rows}
+        most = max(new_patches.values())
+        g = h.new_zeros(span, 0, self.glob.dim)
+        patch_slots = torch.full((span, most), self.scratch, dtype=torch.long)
+        if most:
+            reps = h.new_zeros(span, most, self.args.global_input_dim())
+            patch_eos = torch.zeros(span, most, dtype=torch.bool)
+            patch_counts = [0] * span
+            for row, count in new_patches.items():
+                if count:
+                    reps[row - lo, :count] = self._patch_inputs(row, first[row], count)
+                    patch_eos[row - lo, :count] = torch.tensor(
+                        self._patch_has_eos(row, first[row], count)
+                    )
+                    patch_slots[row - lo, :count] = torch.arange(first[row], first[row] + count)
+                    patch_counts[row - lo] = count
+                    self.closed[row] += count
+            caches = self.glob_stack.extend_rows_caches(
+                lo, patch_counts, patch_eos.to(self.device)
+            )
+            g = self.glob(reps, None, cache=caches)
+            self.global_steps += 1
+        reading = torch.zeros(span, steps, dtype=torch.long)
+        for row in rows:
+            n, count = held[row], new_tokens[row].numel()
+            if count:
+                reading[row - lo, :count] = torch.tensor(
+                    [self._reading_patch(row, p) for p in range(n, n + count)]
+                )
+        cache = self._decoder_cache(
+            self.dec_stack.extend_rows_caches(lo, counts, eos),
+            torch.tensor([first.get(r, 0) for r in range(lo, hi)], device=self.device),
+            reading.to(self.device),
+            slice(lo, hi),
+            slots=patch_slots.to(self.device),
+        )
+        logits = self.dec(h, g, None, None, None, cache=cache)
+        return [logits[row - lo, : new_tokens[row].numel()] for row in rows]
 
     @torch.no_grad()
     def step(

@@ -160,6 +160,54 @@ class CachedStack:
         self.length = list(lengths)
         return self.caches
 
+    def extend_rows_caches(self, lo: int, counts: list[int], is_eos: torch.Tensor) -> list[KVCache]:
+        """Plan one forward that appends ``counts[i]`` positions to row ``lo + i`` of the rows
+        lo..lo+R-1, each at its own length: ``is_eos`` [R,T] bool, right-padded (T = max count;
+        a row may append none). Returns every layer's cache (a view of those rows).
+
+        Each real position gets the mask ``prefill_caches`` would give it (causal, same document,
+        window): it computes what the row appended alone computes. Padding writes its keys (and
+        kept outputs) to the scratch slot past the capacity, uses position 0 for RoPE / learned
+        positions, and attends every key in the slice (finite junk that nobody reads).
+        """
+        rows, steps = len(counts), is_eos.shape[1]
+        starts = self.length[lo : lo + rows]
+        ends = [s + c for s, c in zip(starts, counts)]
+        if any(e > self.capacity for e in ends):
+            raise ValueError(f"cache of {self.capacity} positions is full")
+        key_len = max(ends)
+        if key_len:
+            self._check_positions(key_len - 1)
+        offsets = torch.arange(steps, device=self.device)[None]
+        real = offsets < to_device(counts, self.device)[:, None]
+        at = to_device(starts, self.device)[:, None] + offsets  # [R,T] each new position
+        slots = torch.where(real, at, self.capacity)
+        eos = (is_eos & real).long()
+        held = to_device([len(self.eos_at[lo + i]) for i in range(rows)], self.device)
+        docs = held[:, None] + torch.cumsum(eos, 1) - eos
+        doc = self.doc[lo : lo + rows]
+        doc[torch.arange(rows, device=self.device)[:, None], slots] = docs
+        for i, position in torch.nonzero(eos).tolist():
+            self.eos_at[lo + i].append(starts[i] + position)
+        key_start = 0
+        if self.window is not None:
+            first = min((s for s, c in zip(starts, counts) if c), default=0)
+            key_start = max(0, first - self.window + 1)
+        q_docs = docs if self._documents else None
+        mask = self._mask(at, q_docs, key_start, key_len, doc)
+        mask = mask | ~real[:, None, :, None]  # padding attends every key (no empty row)
+        step = CacheStep(torch.where(real, at, 0), None, key_start, key_len, mask, slots=slots)
+        self.length[lo : lo + rows] = ends
+        return [
+            KVCache(
+                keys[lo : lo + rows],
+                values[lo : lo + rows],
+                step,
+                None if cache.outputs is None else cache.outputs[lo : lo + rows],
+            )
+            for keys, values, cache in zip(self.keys, self.values, self.caches)
+        ]
+
     def step_caches(self, is_eos: list[bool], advance: list[bool]) -> list[KVCache]:
         """Plan one new position per row (is_eos/advance host lists of B bools): every layer's
         cache for the forward that runs it (rows with ``advance`` False do not keep it)."""

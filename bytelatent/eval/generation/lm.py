@@ -102,6 +102,43 @@ class IncrementalLM:
         self.tokens[row] += tokens.tolist()
         return torch.cat(outputs)
 
+    def _restarts_within(self, row: int, count: int) -> bool:
+        """Whether appending ``count`` tokens to ``row`` empties its cache on the way."""
+        if self.restart_every is None or count == 0:
+            return False
+        window, held = self.restart_every, len(self.tokens[row])
+        first = max(window, -(-held // window) * window)  # first restart at or after held
+        return first < held + count
+
+    @torch.no_grad()
+    def extend_rows(self, rows: list[int], tokens: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``extend`` several rows (distinct; 1-D token tensors of any lengths) -> logits [T_i, V]
+        per row. Rows whose cache restarts within their new tokens are extended alone; the
+        others in one forward over the right-padded rows lo..hi (rows in between that are not
+        given append nothing)."""
+        out: dict[int, torch.Tensor] = {}
+        batched = {}
+        for row, new in zip(rows, tokens, strict=True):
+            if self._restarts_within(row, new.numel()):
+                out[row] = self.extend(row, new)
+            else:
+                batched[row] = new
+        if len(batched) == 1:
+            ((row, new),) = batched.items()
+            out[row] = self.extend(row, new)
+        elif batched:
+            lo, hi = min(batched), max(batched) + 1
+            counts = [batched[r].numel() if r in batched else 0 for r in range(lo, hi)]
+            ids = next(iter(batched.values())).new_zeros(hi - lo, max(counts))
+            for r, new in batched.items():
+                ids[r - lo, : new.numel()] = new
+            caches = self.stack.extend_rows_caches(lo, counts, ids == self.eos_id)
+            logits = self.model(ids, cache=caches)
+            for r, new in batched.items():
+                out[r] = logits[r - lo, : new.numel()]
+                self.tokens[r] += new.tolist()
+        return [out[row] for row in rows]
+
     @torch.no_grad()
     def truncate(self, row: int, n_tokens: int) -> None:
         """Roll row ``row`` back to its first ``n_tokens`` tokens."""

@@ -22,9 +22,10 @@ output follows the same distribution as ``Generator.generate_tokens``; greedy ou
 bytes. Stop strings, EOS, ``max_new_bytes`` and the context limit are applied byte by byte with
 the generator's own ``_finish``, and drafts never run past what a row may still produce.
 
-Drafts step all rows of a batch together; verification ``extend``s one row at a time (the
-engine's multi-position append is per row), so a batch of B rows makes up to B global calls
-per round where plain decoding makes one per step for all rows.
+Drafts step all rows of a batch together, and verification checks all open rows together with
+the engine's ``extend_rows`` (one encoder, one global and one decoder call for the batch), so a
+round costs one global call for all rows, as a plain step does (an engine without
+``extend_rows`` is checked one row at a time).
 """
 
 from __future__ import annotations
@@ -129,13 +130,20 @@ class SpeculativeEngine:
             open_rows = [b for b in range(len(rows)) if reasons[b] is None]
             budget = {b: self._budget(rows[b], new[b], args) for b in open_rows}
             drafts, q_logits = self._draft(impl, new, budget, args, generators)
+            fed = {b: len(rows[b]) + len(new[b]) - 1 for b in open_rows}  # last byte: chosen
             for b in open_rows:
-                fed = len(rows[b]) + len(new[b]) - 1  # the row's last byte is chosen, not fed
-                impl.truncate(b, fed)
-                feed = torch.tensor([new[b][-1]] + drafts[b], device=engine.device)
-                p_logits = impl.extend(b, feed)
+                impl.truncate(b, fed[b])
+            feeds = [
+                torch.tensor([new[b][-1]] + drafts[b], device=engine.device) for b in open_rows
+            ]
+            if hasattr(impl, "extend_rows"):  # every row's check in one call (one global step)
+                checked = dict(zip(open_rows, impl.extend_rows(open_rows, feeds)))
+            else:
+                checked = {b: impl.extend(b, feed) for b, feed in zip(open_rows, feeds)}
+            for b in open_rows:
+                p_logits = checked[b]
                 kept, token = self._verify(p_logits, q_logits[b], drafts[b], args, generators[b])
-                impl.truncate(b, fed + 1 + kept)
+                impl.truncate(b, fed[b] + 1 + kept)
                 self.stats.rounds += 1
                 self.stats.drafted += len(drafts[b])
                 self.stats.accepted += kept
