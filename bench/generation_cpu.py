@@ -22,11 +22,14 @@ prompt (the engine's ``global_steps`` counter, else the patches opened while gen
 ``accept``: drafted bytes kept / drafted. ``= cached``: the bytes equal the cached run's (random
 init models loop, where two bytes can tie to ~1e-6).
 Table 2, ``--batches``: cached generation of B prompts of 40..80 bytes, ``--batch-length`` new
-bytes each; bytes/s counts every row's bytes (``--batches`` with no sizes: no table 2).
+bytes each; bytes/s counts every row's bytes (``--batches`` with no sizes: no table 2). With
+``--batch-ks`` (BLT) each batch size also runs self-speculative at those k; ``vs batch`` compares
+a mode with itself at the first batch size.
 
     python bench/generation_cpu.py                          # lm + blt at 256 and 1024 bytes
     python bench/generation_cpu.py --models blt --lengths 1024 --repeats 1 --batches
     python bench/generation_cpu.py --lengths 256 --repeats 1 --batches 1 4 16 --batch-length 64
+    python bench/generation_cpu.py --models blt --lengths 256 --ks 4 --batches 1 4 --batch-ks 4
 """
 
 from __future__ import annotations
@@ -250,15 +253,28 @@ def single_row_table(gen, name: str, lengths, ks, repeats: int) -> list[str]:
     return lines
 
 
-def batch_table(gen, name: str, batches, length: int, repeats: int) -> list[str]:
+def batch_table(gen, name: str, batches, length: int, repeats: int, ks=()) -> list[str]:
     args = GenerationArgs(max_new_bytes=length, stop_at_eos=False)
-    runs = interleaved(gen, {b: (prompts(b), args) for b in batches}, repeats)
-    single = rate(runs[batches[0]], "cpu_s")
-    return [
-        f"| {name} | {b} | {length} | {rate(r, 'cpu_s'):.1f} | {rate(r, 'wall_s'):.1f} | "
-        f"{rate(r, 'cpu_s') / single:.2f}x |"
-        for b, r in runs.items()
-    ]
+    updates = {"cached": {}}
+    if name == "blt":
+        updates.update({f"spec k={k}": {"speculative_k": k} for k in ks})
+    cases = {
+        (b, mode): (prompts(b), args.model_copy(update=u))
+        for b in batches
+        for mode, u in updates.items()
+    }
+    runs = interleaved(gen, cases, repeats)
+    lines = []
+    for (b, mode), r in runs.items():
+        single = rate(runs[(batches[0], mode)], "cpu_s")
+        last = r[-1]
+        steps = "-" if last.global_steps is None else f"{last.global_steps / last.n_bytes:.3f}"
+        same = "yes" if last.tokens == runs[(b, "cached")][-1].tokens else "no"
+        lines.append(
+            f"| {name} | {b} | {mode} | {length} | {rate(r, 'cpu_s'):.1f} | "
+            f"{rate(r, 'wall_s'):.1f} | {rate(r, 'cpu_s') / single:.2f}x | {steps} | {same} |"
+        )
+    return lines
 
 
 def options() -> argparse.Namespace:
@@ -268,6 +284,10 @@ def options() -> argparse.Namespace:
     parser.add_argument("--ks", nargs="+", type=int, default=[2, 4, 8])
     parser.add_argument("--batches", nargs="*", type=int, default=[1, 4, 16])
     parser.add_argument("--batch-length", type=int, default=256)
+    parser.add_argument(
+        "--batch-ks", nargs="*", type=int, default=[],
+        help="table 2 also runs self-speculative generation (BLT) at these k per batch size",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     return parser.parse_args()
@@ -296,11 +316,12 @@ def main() -> None:
     for name in opts.models:
         print("\n".join(single_row_table(gens[name], name, opts.lengths, opts.ks, opts.repeats)))
     if opts.batches:
-        print("\n| model | batch | new bytes/row | CPU B/s | wall B/s | vs batch "
-              f"{opts.batches[0]} |\n|---|---|---|---|---|---|")  # fmt: skip
+        print("\n| model | batch | mode | new bytes/row | CPU B/s | wall B/s | vs batch "
+              f"{opts.batches[0]} | global/B | = cached |\n"
+              "|---|---|---|---|---|---|---|---|---|")  # fmt: skip
         for name in opts.models:
             print("\n".join(batch_table(gens[name], name, opts.batches, opts.batch_length,
-                                        opts.repeats)), flush=True)  # fmt: skip
+                                        opts.repeats, opts.batch_ks)), flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ def test_extend_rows_equals_extending_each_row_alone(variant: str, patcher: str)
     prompt = [1, 40, 13, 25, 7]
     got = batched.prefill_rows([r[:n] for r, n in zip(rows, prompt)])
     for b in range(5):
-        assert_close(got[b], alone.prefill(b, rows[b][:prompt[b]]))
+        assert_close(got[b], alone.prefill(b, rows[b][: prompt[b]]))
     _assert_rows_equal(batched, alone, range(5))
     assert batched.global_steps == 1 and alone.global_steps == 5
     # very different lengths; rows 1 and 3 given out of order, row 4 not given (in the span)

@@ -146,9 +146,9 @@ def _plain_global_steps(gen: Generator, row: list[int], tokens: list[int]) -> in
 
 @pytest.mark.parametrize("patcher", ["byte", "entropy", "space"])
 def test_fewer_global_steps_per_byte_than_plain(patcher: str) -> None:
-    """A round closes all its patches in one global call; but the patches of a rejected tail are
-    closed again next round, so the saving needs drafts longer than the patches (byte patching:
-    every k; longer patches: k = 8)."""
+    """A round closes all its rows' patches in one global call; but the patches of a rejected
+    tail are closed again next round, so the saving needs drafts longer than the patches (byte
+    patching: every k; longer patches: k = 8)."""
     gen = _generator(patcher)
     rows = gen.encode(PROMPTS)
     results = gen.generate(PROMPTS, GenerationArgs(max_new_bytes=40))
@@ -159,9 +159,10 @@ def test_fewer_global_steps_per_byte_than_plain(patcher: str) -> None:
         _assert_same(results, fast)
         per_k[k] = gen.speculative_stats.global_steps
     assert per_k[8] < plain
-    # drafts and checks are per row: one prompt per batch counts the same (stats add up)
+    # one prompt per batch: every row's checks are its own global calls (still fewer than
+    # plain); a batch checks all its open rows in one global call per round
     gen.generate(PROMPTS, GenerationArgs(max_new_bytes=40, speculative_k=8, batch_size=1))
-    assert gen.speculative_stats.global_steps == per_k[8]
+    assert per_k[8] < gen.speculative_stats.global_steps < plain
     assert gen.speculative_stats.new_bytes == sum(len(r.tokens) for r in results)
     if patcher == "byte":
         assert plain == 4 * 39  # one per fed byte

@@ -332,9 +332,7 @@ class IncrementalBLT:
                     patch_slots[row - lo, :count] = torch.arange(first[row], first[row] + count)
                     patch_counts[row - lo] = count
                     self.closed[row] += count
-            caches = self.glob_stack.extend_rows_caches(
-                lo, patch_counts, patch_eos.to(self.device)
-            )
+            caches = self.glob_stack.extend_rows_caches(lo, patch_counts, patch_eos.to(self.device))
             g = self.glob(reps, None, cache=caches)
             self.global_steps += 1
         reading = torch.zeros(span, steps, dtype=torch.long)
