@@ -27,8 +27,15 @@ than the whole-row kernels); greedy bytes and patch starts are identical. With b
 the bound is 3e-2 * max|logit| (measured <= 1.2e-2); greedy bytes may then differ where two
 bytes' logits are within that of each other.
 
+``extend_rows`` appends different numbers of bytes to several rows in one call: the rows run
+right-padded through the encoder and decoder (``CachedStack.extend_rows_caches``: per-row
+positions, masks and write slots; padding writes to scratch slots), patch decisions stay per row
+on the host, and every row's new patches go to the global transformer in one call (padded over
+patches). Each row computes what ``extend`` computes on it alone (tests/generation/
+test_extend_rows.py). The batched prefill (``prefill_rows``) is one ``extend_rows``.
+
 Speculative decoding (``speculative.py``) uses ``step(..., close_patches=False)`` for drafts,
-then ``truncate`` to the accepted prefix and ``extend`` with the accepted bytes.
+then ``truncate`` to the accepted prefix and ``extend_rows`` with every row's bytes to check.
 """
 
 from __future__ import annotations
