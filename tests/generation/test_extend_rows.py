@@ -126,6 +126,11 @@ def test_lm_extend_rows_runs_rows_without_restarts_in_one_forward() -> None:
     assert calls == [(1, 16), (1, 1), (4, 10)]
     for b in range(4):
         assert_close(got[b], lms[1].extend(b, tokens[b]))
+    # a row given no tokens, next to one other row: nothing to run for it
+    empty, more = lms[0].extend_rows([0, 3], [data[0, :0], data[3, 16:19]])
+    assert empty.shape == (0, model.args.vocab_size)
+    assert_close(more, lms[1].extend(3, data[3, 16:19]))
+    assert lms[0].tokens == lms[1].tokens
     handle.remove()
 
 

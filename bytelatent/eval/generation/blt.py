@@ -285,7 +285,7 @@ class IncrementalBLT:
         rows = list(rows)
         if len(set(rows)) != len(rows) or len(rows) != len(tokens):
             raise ValueError("extend_rows takes distinct rows, one token tensor each")
-        if len(rows) == 1:
+        if len(rows) == 1 and tokens[0].numel():
             return [self.extend(rows[0], tokens[0])]
         for row in rows:
             if self.drafted[row]:

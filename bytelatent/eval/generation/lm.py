@@ -119,7 +119,9 @@ class IncrementalLM:
         out: dict[int, torch.Tensor] = {}
         batched = {}
         for row, new in zip(rows, tokens, strict=True):
-            if self._restarts_within(row, new.numel()):
+            if new.numel() == 0:
+                out[row] = torch.zeros(0, self.model.args.vocab_size, device=self.stack.device)
+            elif self._restarts_within(row, new.numel()):
                 out[row] = self.extend(row, new)
             else:
                 batched[row] = new
