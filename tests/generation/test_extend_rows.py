@@ -83,6 +83,11 @@ def test_extend_rows_equals_extending_each_row_alone(variant: str, patcher: str)
             if t.numel():
                 assert_close(out, alone.extend(b, t))
         _assert_rows_equal(batched, alone, range(5))
+    # a row given nothing next to one given two bytes (the entropy model runs that one alone)
+    n = batched.length[1]
+    empty, two = batched.extend_rows([4, 1], [rows[4][:0], rows[1][n : n + 2]])
+    assert empty.shape == (0, two.shape[-1])
+    assert_close(two, alone.extend(1, rows[1][n : n + 2]))
     # the caches hold the same rows: a step of every row after them agrees
     nxt = [int(rows[b][batched.length[b]]) for b in range(5)]
     assert_close(batched.step(nxt, [True] * 5), alone.step(nxt, [True] * 5))
