@@ -40,6 +40,7 @@ from bytelatent.eval.generation import (
 )
 from bytelatent.eval.generation.engines import model_spec
 from bytelatent.eval.tasks import register_task
+from bytelatent.model.patch_utils import first_token_alone
 from bytelatent.model.registry import arch_of
 from bytelatent.tokenizers.constants import BOS_ID, OFFSET
 
@@ -93,8 +94,8 @@ class BytelatentLM(LM):
         if self.patcher is None:
             out = self.model(inputs)
         else:
-            lengths, _ = self.patcher.patch(full, include_next_token=False)  # as in training
-            out = self.model(inputs, lengths)
+            lengths, _ = self.patcher.patch(full, include_next_token=False)
+            out = self.model(inputs, first_token_alone(lengths))  # as in training
         logits = model_spec(self.model).logits(out)  # H-Net's forward also returns its aux
         log_probs = F.log_softmax(logits[0].float(), dim=-1)
         return log_probs.gather(1, full[0, 1:, None])[:, 0], log_probs.argmax(-1) == full[0, 1:]

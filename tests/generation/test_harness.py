@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from bytelatent.data.patcher import Patcher, PatcherArgs
 from bytelatent.errors import ConfigError
+from bytelatent.model.patch_utils import first_token_alone
 from tests.generation.conftest import tiny_blt, tiny_lm
 from tests.generation.test_hnet_generation import STAGES, tiny_hnet
 
@@ -30,12 +31,13 @@ def _direct_logprob(model, patcher, context: str, continuation: str) -> float:
         logits = model(full[:, :-1])
         logits = logits[0] if isinstance(logits, tuple) else logits  # H-Net: (logits, aux)
     else:
-        logits = model(full[:, :-1], patcher.patch(full)[0])
+        # the BLT sees the first token alone, as training's windows (static patching splits it)
+        logits = model(full[:, :-1], first_token_alone(patcher.patch(full)[0]))
     log_probs = F.log_softmax(logits[0].double(), dim=-1)
     return sum(float(log_probs[i - 1, ids[i]]) for i in range(len(ids) - n, len(ids)))
 
 
-@pytest.mark.parametrize("kind", ["lm", "blt_entropy", "blt_space", "hnet"])
+@pytest.mark.parametrize("kind", ["lm", "blt_entropy", "blt_space", "blt_static", "hnet"])
 def test_loglikelihood_equals_logprobs_from_logits(kind: str) -> None:
     patcher_args = entropy_model = None
     if kind == "lm":
@@ -44,8 +46,8 @@ def test_loglikelihood_equals_logprobs_from_logits(kind: str) -> None:
         model = tiny_hnet(STAGES["2stage"], "perturbed")
     else:
         model = tiny_blt()
-        mode = "entropy" if kind == "blt_entropy" else "space"
-        patcher_args = PatcherArgs(patching_mode=mode, threshold=0.3)
+        mode = kind.removeprefix("blt_")
+        patcher_args = PatcherArgs(patching_mode=mode, threshold=0.3, patch_size=3)
         entropy_model = tiny_lm(max_seqlen=32, window=None, seed=3) if mode == "entropy" else None
     lm = BytelatentLM(model, patcher_args, entropy_model)
     got = lm.loglikelihood([SimpleNamespace(args=r) for r in REQUESTS])

@@ -85,6 +85,9 @@ def test_static_cached_and_speculative_equal_full_forward(rule: str) -> None:
     fast = gen.generate(prompts, plain.model_copy(update={"speculative_k": 4}))
     assert [r.tokens for r in fast] == [r.tokens for r in cached]
     assert [r.patch_lengths for r in fast] == [r.patch_lengths for r in cached]
+    recomputed = gen.generate(prompts, plain.model_copy(update={"use_cache": False}))
+    assert [r.tokens for r in recomputed] == [r.tokens for r in cached]
+    assert [r.patch_lengths for r in recomputed] == [r.patch_lengths for r in cached]
 
 
 def test_blt_forward_patches_static_rows_itself() -> None:

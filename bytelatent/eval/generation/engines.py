@@ -12,6 +12,8 @@ from torch import nn
 
 from bytelatent.data.patcher import Patcher, PatcherArgs
 from bytelatent.errors import ConfigError
+from bytelatent.eval.generation.patching import blt_patch_lengths
+from bytelatent.model.patch_utils import first_token_alone
 from bytelatent.model.registry import ArchSpec, arch_of
 
 
@@ -90,8 +92,7 @@ class RecomputeEngine:
         tokens = torch.tensor([row], dtype=torch.long, device=self.device)
         if self.patcher is None:
             return self._forward(tokens)[0, -1]
-        lengths, _ = self.patcher.patch(tokens, include_next_token=True)
-        return self._forward(tokens, lengths)[0, -1]
+        return self._forward(tokens, blt_patch_lengths(self.patcher, tokens))[0, -1]
 
     def _forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         return self.spec.logits(self.model(*inputs))
@@ -117,4 +118,4 @@ class RecomputeEngine:
             return None
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         lengths, _ = self.patcher.patch(ids, include_next_token=False)
-        return [int(x) for x in lengths[0] if x > 0]
+        return [int(x) for x in first_token_alone(lengths)[0] if x > 0]
