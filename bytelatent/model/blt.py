@@ -27,7 +27,11 @@ from bytelatent.model.attention import (
     self_attn_mask,
 )
 from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.hashing import compute_hash_embeddings, hash_table_specs
+from bytelatent.model.hashing import (
+    compute_hash_embeddings,
+    hash_table_specs,
+    last_position_hash_embeddings,
+)
 from bytelatent.model.local_models import GlobalTransformer, LocalDecoder, LocalEncoder
 from bytelatent.model.patch_utils import (
     PatchCrossMask,
@@ -286,7 +290,15 @@ class ByteLatentTransformer(nn.Module):
         them on the whole row."""
         if self.encoder_ngram_embedding is not None:
             raise ConfigError("byte embeddings of one byte need no encoder_ngram_to_size_str")
-        return self.byte_embeddings(recent)[:, -1:]
+        args = self.args
+        return last_position_hash_embeddings(
+            recent,
+            self.local_encoder.tok_embeddings,
+            self.encoder_hash_tok_embedding,
+            args.encoder_hash_byte_group_size,
+            args.encoder_hash_byte_group_nb_functions,
+            args.encoder_hash_byte_group_vocab,
+        )
 
     def byte_embeddings(
         self, tokens: torch.Tensor, ngram_ids: torch.Tensor | None = None

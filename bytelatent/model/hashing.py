@@ -25,6 +25,7 @@ plain ``nn.Embedding`` lookups (``HASH_GRAD_BUFFER = False`` turns the fast path
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -103,6 +104,43 @@ def compute_hash_embeddings(
         # without it (bench/RESULTS_blt_cpu.md, issue 31). HASH_GRAD_BUFFER = False: no break.
         return _hash_lookups_eager(embeds, tokens, hash_embeddings, specs, vocab)
     return _hash_lookups(embeds, tokens, hash_embeddings, specs, vocab)
+
+
+@functools.lru_cache(maxsize=16)
+def _last_position_powers(specs: tuple[tuple[int, int], ...], window: int) -> torch.Tensor:
+    """[n_tables, window] int64: prime**j of each table's n-gram (the exponent 0 on its oldest
+    byte), aligned to the window's end, zeros before the n-gram."""
+    powers = torch.zeros(len(specs), window, dtype=torch.int64)
+    for index, (func_nb, size) in enumerate(specs):
+        powers[index, window - size :] = torch.tensor(
+            _wrapped_prime_powers(HASH_PRIMES[func_nb], size), dtype=torch.int64
+        )
+    return powers
+
+
+def last_position_hash_embeddings(
+    window: torch.Tensor,
+    tok_embeddings: nn.Embedding,
+    hash_embeddings: nn.ModuleList | None,
+    sizes: Sequence[int] | None,
+    nb_functions: int,
+    vocab: int,
+) -> torch.Tensor:
+    """``compute_hash_embeddings(window, ...)[:, -1:]`` for ``window`` [B, W] (W at least the
+    longest n-gram; 0 before a row's start, the n-grams' own padding), with the hash ids of every
+    table from one product: sum_j w_j * prime**j wraps in int64 exactly as ``byte_group_hash``
+    accumulates it (generation embeds one byte per step)."""
+    embeds = tok_embeddings(window[:, -1:])
+    if hash_embeddings is None or not sizes:
+        return embeds
+    specs = tuple(hash_table_specs(sizes, nb_functions))
+    if window.shape[1] < max(size for _, size in specs):
+        raise ValueError(f"a window of {window.shape[1]} bytes is shorter than the longest n-gram")
+    powers = _last_position_powers(specs, window.shape[1]).to(window.device)
+    ids = torch.remainder((window.to(torch.int64)[:, None, :] * powers).sum(-1), vocab)
+    for index, table in enumerate(hash_embeddings):
+        embeds = embeds + table(ids[:, index : index + 1])
+    return embeds
 
 
 def _hash_lookups(

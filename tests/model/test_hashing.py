@@ -134,3 +134,26 @@ def test_grad_buffer_path_is_skipped_for_hooked_or_frozen_tables(monkeypatch) ->
     assert not hashing._use_grad_buffer([t.weight for t in tables])
     with torch.no_grad():
         assert not hashing._use_grad_buffer([tables[1].weight])
+
+
+@pytest.mark.parametrize("nb_functions", [1, 2])
+def test_last_position_embeddings_equal_the_whole_rows_last_position(nb_functions: int) -> None:
+    """Generation's one-byte path (one int64 product for every table) gives exactly the
+    embedding of the last position of ``compute_hash_embeddings``, windows with leading padding
+    (a row's first bytes) and ids up to the full vocabulary included."""
+    sizes, vocab, dim = [3, 4, 5, 6, 7, 8], 4099, 16
+    torch.manual_seed(0)
+    tok = nn.Embedding(260, dim)
+    tables = nn.ModuleList(nn.Embedding(vocab, dim) for _ in hash_table_specs(sizes, nb_functions))
+    rows = torch.randint(0, 260, (5, 30))
+    rows[:, -1] = 259
+    with torch.no_grad():
+        whole = compute_hash_embeddings(rows, tok, tables, sizes, nb_functions, vocab)
+        for end in (1, 4, 8, 9, 30):  # windows of the last 8 bytes, zero-padded at the start
+            window = nn.functional.pad(rows[:, max(0, end - 8) : end], (max(0, 8 - end), 0))
+            got = hashing.last_position_hash_embeddings(
+                window, tok, tables, sizes, nb_functions, vocab
+            )
+            assert torch.equal(got, whole[:, end - 1 : end])
+    with pytest.raises(ValueError, match="shorter than the longest n-gram"):
+        hashing.last_position_hash_embeddings(rows[:, -7:], tok, tables, sizes, nb_functions, vocab)
