@@ -17,7 +17,7 @@ Two ways to compute the same function (see ``patch_utils.PatchCrossMask``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -47,6 +47,7 @@ class PatchStep:
     patch_ids: torch.Tensor
     window: int = 1
     slots: torch.Tensor | None = None
+    _read_index: tuple[torch.Tensor, ...] | None = field(default=None, repr=False)
 
     def store(self, buffer: torch.Tensor, new: torch.Tensor) -> None:
         """Write ``new`` [B,P_new,...] to ``buffer`` [B,patches,...] at ``write_at``.."""
@@ -62,10 +63,13 @@ class PatchStep:
     def read(self, buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each byte's window of patches from ``buffer`` [B,patches,...]: ([B,S,w,...], valid
         [B,S,w] bool)."""
-        offsets = torch.arange(1 - self.window, 1, device=buffer.device)
-        ids = self.patch_ids[:, :, None] + offsets
-        rows = torch.arange(buffer.shape[0], device=buffer.device)[:, None, None]
-        return buffer[rows, ids.clamp(min=0)], ids >= 0
+        if self._read_index is None:  # once per step, for every layer's keys and values
+            offsets = torch.arange(1 - self.window, 1, device=buffer.device)
+            ids = self.patch_ids[:, :, None] + offsets
+            rows = torch.arange(buffer.shape[0], device=buffer.device)[:, None, None]
+            self._read_index = (rows, ids.clamp(min=0), ids >= 0)
+        rows, ids, valid = self._read_index
+        return buffer[rows, ids], valid
 
 
 @dataclass
@@ -144,10 +148,11 @@ class CrossAttention(nn.Module):
         bsz, q_len, _ = x.shape
         slots = cache.keys.shape[2]
         new = kv.shape[1] // slots
-        kv_normed = self.cross_attn_norm_kv(kv)
-        shape = (bsz, new, slots, self.n_kv_heads, self.head_dim)
-        cache.step.store(cache.keys, self.wk(kv_normed).view(shape))
-        cache.step.store(cache.values, self.wv(kv_normed).view(shape))
+        if new:  # patches closed in this step: their slots' keys/values, once
+            kv_normed = self.cross_attn_norm_kv(kv)
+            shape = (bsz, new, slots, self.n_kv_heads, self.head_dim)
+            cache.step.store(cache.keys, self.wk(kv_normed).view(shape))
+            cache.step.store(cache.values, self.wv(kv_normed).view(shape))
         xq = self.wq(self.cross_attn_norm_q(x)).view(bsz, q_len, self.n_heads, self.head_dim)
         keys, valid = cache.step.read(cache.keys)  # [B,S,w,k,Hkv,D]
         values, _ = cache.step.read(cache.values)
@@ -157,8 +162,9 @@ class CrossAttention(nn.Module):
             keys = keys.repeat_interleave(repeats, dim=3)
             values = values.repeat_interleave(repeats, dim=3)
         scores = (xq[:, :, None] * keys).sum(-1).float() * self.head_dim**-0.5  # [B,S,w*k,H]
-        allowed = valid.repeat_interleave(slots, dim=2)[..., None]
-        scores = scores.masked_fill(~allowed, float("-inf"))
+        if cache.step.window > 1:  # a byte's own patch (window 1) is always there
+            allowed = valid.repeat_interleave(slots, dim=2)[..., None]
+            scores = scores.masked_fill(~allowed, float("-inf"))
         probs = torch.softmax(scores, dim=2).to(values.dtype)
         out = (probs[..., None] * values).sum(2)  # [B,S,H,D]
         return x + self.wo(out.reshape(bsz, q_len, self.n_heads * self.head_dim))
