@@ -216,6 +216,7 @@ class CacheStep:
     mask: torch.Tensor | None
     _rotation: torch.Tensor | None = field(default=None, repr=False)
     slots: torch.Tensor | None = None
+    _rows: torch.Tensor | None = field(default=None, repr=False)
 
     def rotation_for(self, freq_cis: torch.Tensor) -> torch.Tensor:
         """The RoPE rows of ``positions`` in ``freq_cis`` [L,D/2,2,2] as cos + i·sin
@@ -232,8 +233,9 @@ class CacheStep:
             rows = torch.arange(values.shape[0], device=values.device)[:, None]
             buffer[(rows, *([slice(None)] * (dim - 1)), self.slots)] = values
         elif self.start is None:
-            rows = torch.arange(values.shape[0], device=values.device)
-            index = (rows, *([slice(None)] * (dim - 1)), self.positions[:, 0])
+            if self._rows is None:  # once per step, for every layer
+                self._rows = torch.arange(values.shape[0], device=values.device)
+            index = (self._rows, *([slice(None)] * (dim - 1)), self.positions[:, 0])
             buffer[index] = values[:, 0]
         else:
             end = self.start + values.shape[1]
