@@ -232,36 +232,7 @@ class IncrementalBLT:
     def extend(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
         """Append the 1-D ``tokens`` (T bytes) to row ``row``, which may hold some already;
         returns the logits [T, V] after each of them (the patcher decides the new starts)."""
-        if self.drafted[row]:
-            raise ValueError(f"row {row} holds draft bytes: truncate it before extending")
-        n, count = len(self.host_tokens[row]), tokens.numel()
-        eos = tokens[None] == self.args.eos_id
-        self.tokens[row, n : n + count] = tokens
-        self.host_tokens[row] += tokens.tolist()
-        if self.patcher.needs_entropies:
-            self.entropies[row, n : n + count] = entropy_of(
-                self.entropy_model.extend(row, tokens)
-            ).cpu()
-        self._decide_starts(row, n + 1, n + count)
-        lo = max(0, n - self.model.hash_window + 1)  # the hash n-grams' context
-        embeds = self.model.byte_embeddings(self.tokens[row : row + 1, lo : n + count])
-        h = self.enc(embeds[:, n - lo :], None, cache=self.enc_stack.prefill_caches(row, eos))[-1]
-        first, new = self.closed[row], len(self.starts[row]) - 1 - self.closed[row]
-        g = h.new_zeros(1, 0, self.glob.dim)
-        if new:
-            reps = self._patch_inputs(row, first, new)[None]
-            patch_eos = torch.tensor([self._patch_has_eos(row, first, new)], device=self.device)
-            g = self.glob(reps, None, cache=self.glob_stack.prefill_caches(row, patch_eos))
-            self.global_steps += 1
-            self.closed[row] += new
-        reading = [self._reading_patch(row, p) for p in range(n, n + count)]
-        cache = self._decoder_cache(
-            self.dec_stack.prefill_caches(row, eos),
-            torch.tensor([first], device=self.device),
-            torch.tensor([reading], device=self.device),
-            slice(row, row + 1),
-        )
-        return self.dec(h, g, None, None, None, cache=cache)[0]
+        return self.extend_rows([row], [tokens])[0]
 
     @torch.no_grad()
     def prefill_rows(self, rows: list[torch.Tensor]) -> torch.Tensor:
@@ -280,84 +251,100 @@ class IncrementalBLT:
         given appends nothing): one entropy-model forward (rows whose entropy window restarts
         within their bytes run alone), one encoder forward, patch decisions per row on the host,
         ONE global-transformer call for every patch that closes in any row (right-padded over
-        patches), one decoder forward. Each row computes what ``extend`` computes on it alone.
+        patches), one decoder forward.
         """
         rows = list(rows)
         if len(set(rows)) != len(rows) or len(rows) != len(tokens):
             raise ValueError("extend_rows takes distinct rows, one token tensor each")
-        if len(rows) == 1 and tokens[0].numel():
-            return [self.extend(rows[0], tokens[0])]
         for row in rows:
             if self.drafted[row]:
                 raise ValueError(f"row {row} holds draft bytes: truncate it before extending")
         lo, hi = min(rows), max(rows) + 1
-        span = hi - lo
-        new_tokens = {row: t for row, t in zip(rows, tokens)}
+        new_tokens = dict(zip(rows, tokens))
         held = {row: len(self.host_tokens[row]) for row in rows}
         counts = [new_tokens[r].numel() if r in new_tokens else 0 for r in range(lo, hi)]
-        steps = max(counts)
-        if steps == 0:
+        if max(counts) == 0:
             return [t.new_zeros(0, self.dec.output.out_features) for t in tokens]
+        ids = self._append_bytes(new_tokens, held, lo, hi, max(counts))
+        self._decide_new_starts(new_tokens, held)
         window = self.model.hash_window
-        # bytes (with the hash n-grams' context, 0 before a row's start), right-padded
-        ids = torch.zeros(span, window - 1 + steps, dtype=torch.long, device=self.device)
-        for row, new in new_tokens.items():
-            n, count = held[row], new.numel()
-            self.tokens[row, n : n + count] = new
-            self.host_tokens[row] += new.tolist()
-            lo_ctx = max(0, n - window + 1)
-            context = window - 1 - (n - lo_ctx)
-            ids[row - lo, context : window - 1 + count] = self.tokens[row, lo_ctx : n + count]
-        if self.patcher.needs_entropies:
-            extended = self.entropy_model.extend_rows(rows, tokens)
-            for row, logits in zip(rows, extended):
-                n, count = held[row], new_tokens[row].numel()
-                if count:
-                    self.entropies[row, n : n + count] = entropy_of(logits).cpu()
-        for row in rows:
-            if new_tokens[row].numel():
-                self._decide_starts(row, held[row] + 1, held[row] + new_tokens[row].numel())
-        new_ids = ids[:, window - 1 :]
-        eos = new_ids == self.args.eos_id
+        eos = ids[:, window - 1 :] == self.args.eos_id
         embeds = self.model.byte_embeddings(ids)[:, window - 1 :]
         h = self.enc(embeds, None, cache=self.enc_stack.extend_rows_caches(lo, counts, eos))[-1]
-        first = {row: self.closed[row] for row in rows}
-        new_patches = {row: len(self.starts[row]) - 1 - self.closed[row] for row in rows}
-        most = max(new_patches.values())
-        g = h.new_zeros(span, 0, self.glob.dim)
-        patch_slots = torch.full((span, most), self.scratch, dtype=torch.long)
-        if most:
-            reps = h.new_zeros(span, most, self.args.global_input_dim())
-            patch_eos = torch.zeros(span, most, dtype=torch.bool)
-            patch_counts = [0] * span
-            for row, count in new_patches.items():
-                if count:
-                    reps[row - lo, :count] = self._patch_inputs(row, first[row], count)
-                    patch_eos[row - lo, :count] = torch.tensor(
-                        self._patch_has_eos(row, first[row], count)
-                    )
-                    patch_slots[row - lo, :count] = torch.arange(first[row], first[row] + count)
-                    patch_counts[row - lo] = count
-                    self.closed[row] += count
-            caches = self.glob_stack.extend_rows_caches(lo, patch_counts, patch_eos.to(self.device))
-            g = self.glob(reps, None, cache=caches)
-            self.global_steps += 1
-        reading = torch.zeros(span, steps, dtype=torch.long)
-        for row in rows:
-            n, count = held[row], new_tokens[row].numel()
-            if count:
-                reading[row - lo, :count] = torch.tensor(
-                    [self._reading_patch(row, p) for p in range(n, n + count)]
-                )
+        first = [self.closed[row] if row in new_tokens else 0 for row in range(lo, hi)]
+        g, patch_slots = self._close_new_patches(rows, lo, hi, h)
+        reading = torch.zeros(hi - lo, max(counts), dtype=torch.long)
+        for row, new in new_tokens.items():
+            n = held[row]
+            positions = range(n, n + new.numel())
+            reading[row - lo, : new.numel()] = torch.tensor(
+                [self._reading_patch(row, p) for p in positions], dtype=torch.long
+            )
         cache = self._decoder_cache(
             self.dec_stack.extend_rows_caches(lo, counts, eos),
-            torch.tensor([first.get(r, 0) for r in range(lo, hi)], device=self.device),
+            torch.tensor(first, device=self.device),
             reading.to(self.device),
             slice(lo, hi),
             slots=patch_slots.to(self.device),
         )
         logits = self.dec(h, g, None, None, None, cache=cache)
         return [logits[row - lo, : new_tokens[row].numel()] for row in rows]
+
+    def _append_bytes(self, new_tokens, held, lo: int, hi: int, steps: int) -> torch.Tensor:
+        """Record each row's new bytes; returns the rows lo..hi's new bytes with the hash
+        n-grams' context before them (0 before a row's start), right-padded: [hi-lo, W-1+steps]."""
+        window = self.model.hash_window
+        ids = torch.zeros(hi - lo, window - 1 + steps, dtype=torch.long, device=self.device)
+        for row, new in new_tokens.items():
+            n, count = held[row], new.numel()
+            self.tokens[row, n : n + count] = new
+            self.host_tokens[row] += new.tolist()
+            start = max(0, n - window + 1)
+            context = window - 1 - (n - start)
+            ids[row - lo, context : window - 1 + count] = self.tokens[row, start : n + count]
+        return ids
+
+    def _decide_new_starts(self, new_tokens, held) -> None:
+        """Entropies of the new bytes (one entropy-model call for all rows) and the patch starts
+        they decide, per row on the host."""
+        rows = list(new_tokens)
+        if self.patcher.needs_entropies:
+            extended = self.entropy_model.extend_rows(rows, list(new_tokens.values()))
+            for row, logits in zip(rows, extended):
+                n, count = held[row], new_tokens[row].numel()
+                if count:
+                    self.entropies[row, n : n + count] = entropy_of(logits).cpu()
+        for row, new in new_tokens.items():
+            if new.numel():
+                self._decide_starts(row, held[row] + 1, held[row] + new.numel())
+
+    def _close_new_patches(
+        self, rows: list[int], lo: int, hi: int, h: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One global call for the patches the new bytes closed in rows lo..hi (right-padded
+        over patches) -> (global states [hi-lo, most, d], each one's patch slot [hi-lo, most];
+        padding at the scratch slot)."""
+        first = {row: self.closed[row] for row in rows}
+        new_patches = {row: len(self.starts[row]) - 1 - self.closed[row] for row in rows}
+        most = max(new_patches.values())
+        patch_slots = torch.full((hi - lo, most), self.scratch, dtype=torch.long)
+        if not most:
+            return h.new_zeros(hi - lo, 0, self.glob.dim), patch_slots
+        reps = h.new_zeros(hi - lo, most, self.args.global_input_dim())
+        patch_eos = torch.zeros(hi - lo, most, dtype=torch.bool)
+        patch_counts = [0] * (hi - lo)
+        for row, count in new_patches.items():
+            if count:
+                reps[row - lo, :count] = self._patch_inputs(row, first[row], count)
+                patch_eos[row - lo, :count] = torch.tensor(
+                    self._patch_has_eos(row, first[row], count)
+                )
+                patch_slots[row - lo, :count] = torch.arange(first[row], first[row] + count)
+                patch_counts[row - lo] = count
+                self.closed[row] += count
+        caches = self.glob_stack.extend_rows_caches(lo, patch_counts, patch_eos.to(self.device))
+        self.global_steps += 1
+        return self.glob(reps, None, cache=caches), patch_slots
 
     @torch.no_grad()
     def step(
