@@ -78,6 +78,18 @@ def hash_table_specs(sizes: Sequence[int], nb_functions: int) -> list[tuple[int,
     return [(func_nb, size) for func_nb in range(nb_functions) for size in sizes]
 
 
+def _table_specs(
+    hash_embeddings: nn.ModuleList, sizes: Sequence[int], nb_functions: int
+) -> list[tuple[int, int]]:
+    """``hash_table_specs``, checked against the tables there are."""
+    specs = hash_table_specs(sizes, nb_functions)
+    if len(specs) != len(hash_embeddings):
+        raise ValueError(
+            f"{len(hash_embeddings)} hash tables for {len(specs)} (function, size) pairs"
+        )
+    return specs
+
+
 def compute_hash_embeddings(
     tokens: torch.Tensor,
     tok_embeddings: nn.Embedding,
@@ -90,11 +102,7 @@ def compute_hash_embeddings(
     embeds = tok_embeddings(tokens)
     if hash_embeddings is None or not sizes:
         return embeds
-    specs = hash_table_specs(sizes, nb_functions)
-    if len(specs) != len(hash_embeddings):
-        raise ValueError(
-            f"{len(hash_embeddings)} hash tables for {len(specs)} (function, size) pairs"
-        )
+    specs = _table_specs(hash_embeddings, sizes, nb_functions)
     if HASH_GRAD_BUFFER and torch.compiler.is_compiling() and tokens.device.type == "cpu":
         # the buffer path writes .grad from backward, which compiled autograd cannot trace: run the
         # lookups eagerly (the compiled BLT forward's one graph break) rather than lose it. The
@@ -133,7 +141,7 @@ def last_position_hash_embeddings(
     embeds = tok_embeddings(window[:, -1:])
     if hash_embeddings is None or not sizes:
         return embeds
-    specs = tuple(hash_table_specs(sizes, nb_functions))
+    specs = tuple(_table_specs(hash_embeddings, sizes, nb_functions))
     if window.shape[1] < max(size for _, size in specs):
         raise ValueError(f"a window of {window.shape[1]} bytes is shorter than the longest n-gram")
     powers = _last_position_powers(specs, window.shape[1]).to(window.device)
