@@ -1,0 +1,35 @@
+"""Device bugs planted on the BLT's per-byte path (scenarios.py ``plant``): the sync check must
+report each at its line here (the tests find the line by its ``# plant:`` marker)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _blocking_copy(self) -> None:
+    torch.tensor(self.length).to(self.device)  # plant: blocking_copy
+
+
+def _pageable_copy(self) -> None:
+    torch.tensor(self.length).to(self.device, non_blocking=True)  # plant: pageable_copy
+
+
+def _item(self) -> None:
+    if self.tokens.sum().item() < 0:  # plant: item
+        raise AssertionError("unreachable")
+
+
+BUGS = {"blocking_copy": _blocking_copy, "pageable_copy": _pageable_copy, "item": _item}
+
+
+def plant(name: str) -> None:
+    """``IncrementalBLT.step`` runs the bug ``name`` before each step."""
+    from bytelatent.eval.generation.blt import IncrementalBLT
+
+    step, bug = IncrementalBLT.step, BUGS[name]
+
+    def planted(self, *args, **kwargs):
+        bug(self)
+        return step(self, *args, **kwargs)
+
+    IncrementalBLT.step = planted
