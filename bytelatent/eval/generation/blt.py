@@ -36,6 +36,18 @@ test_extend_rows.py). The batched prefill (``prefill_rows``) is one ``extend_row
 
 Speculative decoding (``speculative.py``) uses ``step(..., close_patches=False)`` for drafts,
 then ``truncate`` to the accepted prefix and ``extend_rows`` with every row's bytes to check.
+
+Host syncs (tests/generation/test_device_syncs.py counts them on device-tagged tensors): patch
+decisions, EOS flags, patch bounds and cache books come from the host tokens; what the device
+needs goes there by non-blocking copies from pinned memory (``cache.to_device``), and the hash
+n-grams' constants live on the device. The reads that remain:
+
+* ``step``: one per step with entropy patching (the new bytes' entropies, which decide the patch
+  starts); none otherwise, and none in a draft step (``close_patches=False``). The caller's
+  sampling reads the next bytes (one read per step, ``sampling.sample_rows``);
+* ``extend_rows`` (a batched prefill, a speculative verification): one per call with entropy
+  patching (every row's entropies at once); none otherwise. Token tensors are given on the host
+  (a device tensor costs one read each).
 """
 
 from __future__ import annotations
@@ -362,8 +374,9 @@ class IncrementalBLT:
     ) -> torch.Tensor:
         """Append one byte per row (host lists: tokens, advance) -> next-byte logits [B, V].
 
-        One device-to-host copy per step at most (the new entropies, when patching needs them):
-        patch decisions, EOS flags and cache bookkeeping use the host tokens.
+        One device-to-host read per step at most (the new entropies, when patching needs them):
+        patch decisions, EOS flags and cache bookkeeping use the host tokens, and the step's
+        positions, tokens and patch slots reach the device by non-blocking pinned copies.
         ``close_patches=False`` (a draft): no patch start is decided and the global model does
         not run; each byte reads the last closed patch. Roll drafts back with ``truncate``.
         """

@@ -18,6 +18,14 @@ the EMA and start a new document in every cache, as in the model's packed-row fo
 
 The prompt of a row is prefilled in one forward per stage (its chunks in one call of the next
 stage); generation then steps every row by one byte.
+
+Host syncs (tests/generation/test_device_syncs.py counts them on device-tagged tensors): one
+device-to-host read per stage that runs, the new positions' boundary flags (which rows grow a
+chunk: the inner caches' books and the chunk level's width and order come from them). A step
+runs stage 0, and stage s + 1 only when stage s closed a chunk in some row: 1 to ``len(stages)``
+reads per step, besides the caller's read of the sampled bytes (``sampling.sample_rows``); a
+prefill reads as many per row. Document starts, positions and chunk orders reach the device by
+non-blocking pinned copies (``cache.to_device``); prompts are given as host tensors.
 """
 
 from __future__ import annotations

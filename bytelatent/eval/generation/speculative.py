@@ -26,6 +26,12 @@ Drafts step all rows of a batch together, and verification checks all open rows 
 the engine's ``extend_rows`` (one encoder, one global and one decoder call for the batch), so a
 round costs one global call for all rows, as a plain step does (an engine without
 ``extend_rows`` is checked one row at a time).
+
+Host syncs per round of all open rows (tests/generation/test_device_syncs.py): one read per
+draft step (the drafted bytes: ``sample_rows``, or the draft logits when sampling), one in
+``extend_rows`` with entropy patching (the verified bytes' entropies) and one for the check (the
+true logits' argmaxes, or the logits when sampling, of every row at once): ``d + 2`` with ``d``
+draft steps (at most k). Drafts and feeds stay on the host; the engine copies them to the device.
 """
 
 from __future__ import annotations

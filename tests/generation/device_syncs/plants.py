@@ -3,6 +3,8 @@ report each at its line here (the tests find the line by its ``# plant:`` marker
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -22,8 +24,8 @@ def _item(self) -> None:
 BUGS = {"blocking_copy": _blocking_copy, "pageable_copy": _pageable_copy, "item": _item}
 
 
-def plant(name: str) -> None:
-    """``IncrementalBLT.step`` runs the bug ``name`` before each step."""
+def plant(name: str) -> Callable[[], None]:
+    """``IncrementalBLT.step`` runs the bug ``name`` before each step; returns the undo."""
     from bytelatent.eval.generation.blt import IncrementalBLT
 
     step, bug = IncrementalBLT.step, BUGS[name]
@@ -33,3 +35,8 @@ def plant(name: str) -> None:
         return step(self, *args, **kwargs)
 
     IncrementalBLT.step = planted
+
+    def undo() -> None:
+        IncrementalBLT.step = step
+
+    return undo

@@ -1,11 +1,12 @@
 """Generation and validation on tensors tagged as cuda:0, with every host sync counted per phase.
 
-    python scenarios.py SHIM.so '{"scenarios": [...], "plant": null}'
+    python scenarios.py SHIM.so '{"scenarios": [...], "plants": [...]}'
 
 Run in a process of its own: the fake-CUDA shim (device guard, hooks, pinned host allocator) is
 loaded before torch. Tiny random models (tests/generation/conftest.py, test_hnet_generation.py);
 greedy unless a scenario says otherwise. Prints one line ``SYNCS <json>``:
-``{scenario: {"units": {name: count}, "phases": {phase: [[kind, file, line, function, n], ...]}}}``.
+``{scenario: {"units": {name: count}, "phases": {phase: [[kind, file, line, function, n], ...]}}}``
+(``blt-space`` again as ``plant:NAME`` for each of ``plants``).
 
 Scenarios (phase: what runs):
 
@@ -16,11 +17,12 @@ Scenarios (phase: what runs):
   phase ``generate``; units: ``rounds`` (verifications: one ``extend_rows`` for all open rows),
   ``draft_steps``, ``extends`` (every ``extend_rows`` call, the prefill's included);
 * ``hnet``: a 2-stage H-Net through ``CachedEngine``: ``prefill``, ``steps``; units:
-  ``stage_runs`` (stages that ran per step: a stage below a boundary-free one does not);
+  ``prefill_stage_runs``, ``stage_runs`` (stage calls of the steps: a stage runs for a step
+  only when the stage above it closed a chunk in some row);
 * ``lm``: a byte LM through ``CachedEngine``: ``prefill``, ``steps``;
 * ``validation``: ``validation_bpb`` over 3 batches of a tiny BLT.
 
-``plant`` (tests/generation/device_syncs/plants.py) wraps the BLT's ``step`` with a bug first.
+A plant (tests/generation/device_syncs/plants.py) wraps the BLT's ``step`` with a bug first.
 """
 
 from __future__ import annotations
@@ -80,12 +82,14 @@ class _Counted:
 
 def cached_phases(model, patcher, entropy_model, trace, batch: int = 3, counted=()) -> dict:
     """Prefill of a batch, then STEPS cached steps (sampling included), each phase traced;
-    ``counted`` (``_Counted``) count the steps' calls only."""
+    ``counted`` (``_Counted``) count the steps' calls only (their prefill counts are returned
+    as ``prefill_calls``)."""
     rows = [encode_prompt(p) for p in PROMPTS[:batch]]
     engine = CachedEngine(model, patcher, entropy_model, max(map(len, rows)) + STEPS + 2)
     trace.take()
     logits = engine.start(rows)
     prefill = trace.take()
+    prefill_calls = [len(counter.calls) for counter in counted]
     for counter in counted:
         counter.calls.clear()
     generators = [torch.Generator().manual_seed(0) for _ in rows]
@@ -93,19 +97,24 @@ def cached_phases(model, patcher, entropy_model, trace, batch: int = 3, counted=
         picks = sample_rows(logits, GREEDY, generators, list(range(batch)))
         logits = engine.advance([picks[b] for b in range(batch)], [True] * batch)
     sample_rows(logits, GREEDY, generators, list(range(batch)))
-    return {"prefill": _events(prefill), "steps": _events(trace.take())}
+    steps = trace.take()
+    return {"prefill": _events(prefill), "steps": _events(steps), "prefill_calls": prefill_calls}
 
 
 def blt(variant: str, patcher: dict, entropy: bool, plant: str | None) -> dict:
     model = tiny_blt(variant)
     entropy_model = tiny_lm(max_seqlen=32, window=None, seed=3) if entropy else None
-    if plant:
-        plants.plant(plant)
-    with SyncTrace() as trace:
-        tag_module(model)
-        if entropy_model is not None:
-            tag_module(entropy_model)
-        phases = cached_phases(model, PatcherArgs(**patcher), entropy_model, trace)
+    undo = plants.plant(plant) if plant else None
+    try:
+        with SyncTrace() as trace:
+            tag_module(model)
+            if entropy_model is not None:
+                tag_module(entropy_model)
+            phases = cached_phases(model, PatcherArgs(**patcher), entropy_model, trace)
+    finally:
+        if undo is not None:
+            undo()
+    del phases["prefill_calls"]
     return {"units": {"steps": STEPS, "rows": 3}, "phases": phases}
 
 
@@ -144,7 +153,9 @@ def hnet() -> dict:
         tag_module(model)
         with _Counted(IncrementalHNet, "_dechunk") as stages:
             phases = cached_phases(model, None, None, trace, batch=2, counted=[stages])
-    units = {"steps": STEPS, "rows": 2, "stages": len(TWO_STAGES), "stage_runs": len(stages.calls)}
+    (prefill_runs,) = phases.pop("prefill_calls")
+    units = {"steps": STEPS, "rows": 2, "stages": len(TWO_STAGES),
+             "prefill_stage_runs": prefill_runs, "stage_runs": len(stages.calls)}  # fmt: skip
     return {"units": units, "phases": phases}
 
 
@@ -153,6 +164,7 @@ def lm() -> dict:
     with SyncTrace() as trace:
         tag_module(model)
         phases = cached_phases(model, None, None, trace)
+    del phases["prefill_calls"]
     return {"units": {"steps": STEPS, "rows": 3}, "phases": phases}
 
 
@@ -227,8 +239,10 @@ SCENARIOS = {
 
 def main() -> None:
     case = json.loads(sys.argv[2])
-    names = case.get("scenarios") or list(SCENARIOS)
-    out = {name: SCENARIOS[name](case.get("plant")) for name in names}
+    names = case.get("scenarios", list(SCENARIOS))
+    out = {name: SCENARIOS[name](None) for name in names}
+    for plant in case.get("plants", []):
+        out[f"plant:{plant}"] = SCENARIOS["blt-space"](plant)
     print("SYNCS " + json.dumps(out), flush=True)
 
 
