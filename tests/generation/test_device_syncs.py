@@ -44,10 +44,10 @@ def documented(scenario: str, units: dict) -> dict[str, dict[tuple[str, str], in
     """Per phase: {(file, function): reads} as the engines' docstrings state them."""
     steps = units.get("steps")
     if scenario == "blt-entropy":  # IncrementalBLT: per byte the sampled byte and the entropies
-        return {"prefill": {APPEND_ENTROPY: 1}, "steps": {SAMPLED_BYTE: steps + 1,
+        return {"prefill": {APPEND_ENTROPY: 1}, "steps": {SAMPLED_BYTE: steps,
                                                            STEP_ENTROPY: steps}}  # fmt: skip
     if scenario in ("blt-space", "lm") or scenario.startswith("plant:"):
-        return {"prefill": {}, "steps": {SAMPLED_BYTE: steps + 1}}
+        return {"prefill": {}, "steps": {SAMPLED_BYTE: steps}}
     if scenario == "speculative":  # per round: each draft byte, the appends' entropies, the check
         return {"generate": {SAMPLED_BYTE: 1 + units["draft_steps"],
                              APPEND_ENTROPY: units["extends"], VERIFY: units["rounds"]}}  # fmt: skip
@@ -56,7 +56,7 @@ def documented(scenario: str, units: dict) -> dict[str, dict[tuple[str, str], in
                              APPEND_ENTROPY: units["extends"], VERIFY: units["rounds"]}}  # fmt: skip
     if scenario == "hnet":  # IncrementalHNet: per byte the sampled byte, the flags of each stage
         return {"prefill": {BOUNDARY: units["prefill_stage_runs"]},
-                "steps": {SAMPLED_BYTE: steps + 1, BOUNDARY: units["stage_runs"]}}  # fmt: skip
+                "steps": {SAMPLED_BYTE: steps, BOUNDARY: units["stage_runs"]}}  # fmt: skip
     if scenario == "validation":
         return {"validate": {VAL_SUMS: 1}}
     raise AssertionError(f"no documented syncs for {scenario}")

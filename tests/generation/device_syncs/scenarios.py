@@ -12,7 +12,7 @@ Scenarios (phase: what runs):
 
 * ``blt-entropy`` / ``blt-space``: a BLT (entropy patching with its entropy model / space
   patching, windowed local models) through ``CachedEngine``: ``prefill`` (the batch's prompts),
-  ``steps`` (``sample_rows`` + ``advance``, as ``Generator.generate_tokens`` loops);
+  ``steps`` (``sample_rows`` + ``advance`` per step, as ``Generator.generate_tokens`` loops);
 * ``speculative`` / ``speculative-sampled``: ``Generator.generate`` with ``speculative_k``, as
   phase ``generate``; units: ``rounds`` (verifications: one ``extend_rows`` for all open rows),
   ``draft_steps``, ``extends`` (every ``extend_rows`` call, the prefill's included);
@@ -96,7 +96,6 @@ def cached_phases(model, patcher, entropy_model, trace, batch: int = 3, counted=
     for _ in range(STEPS):
         picks = sample_rows(logits, GREEDY, generators, list(range(batch)))
         logits = engine.advance([picks[b] for b in range(batch)], [True] * batch)
-    sample_rows(logits, GREEDY, generators, list(range(batch)))
     steps = trace.take()
     return {"prefill": _events(prefill), "steps": _events(steps), "prefill_calls": prefill_calls}
 

@@ -7,7 +7,8 @@ CPU), factories with ``device="cuda"`` make tagged tensors, and host logic reads
 generation and validation run as on a GPU. FakeTensorMode cannot do this (the host logic reads
 values) and does not see host-to-device copies.
 
-Recorded (each at the innermost frame of this repository outside this file, with its function):
+Recorded (each at the innermost frame of this repository, or of the checkout ``bytelatent`` is
+imported from, outside this file, with its function):
 
 * device-to-host reads: ``.item()``, ``bool()``, ``.tolist()``, ``.numpy()``, ``.cpu()``, a copy
   into a host tensor; ops whose output shape depends on device data (``nonzero``, boolean
@@ -102,13 +103,23 @@ class Site:
         return f"{self.file}:{self.line} ({self.function})"
 
 
-def caller_site() -> Site:
-    """The innermost frame of this repository's code outside this file."""
+def code_roots() -> tuple[str, ...]:
+    """This repository, and the one ``bytelatent`` is imported from (bench/generation_syncs.py
+    traces another checkout with these scenarios)."""
+    roots = {str(REPO) + "/"}
+    package = sys.modules.get("bytelatent")
+    if package is not None and package.__file__:
+        roots.add(str(Path(package.__file__).resolve().parents[1]) + "/")
+    return tuple(sorted(roots, key=len, reverse=True))
+
+
+def caller_site(roots: tuple[str, ...]) -> Site:
+    """The innermost frame of the code under ``roots`` outside this file."""
     frame = sys._getframe(1)
-    root = str(REPO) + "/"
     while frame is not None:
         name = frame.f_code.co_filename
-        if name.startswith(root) and name != _THIS:
+        root = next((r for r in roots if name.startswith(r)), None)
+        if root is not None and name != _THIS:
             return Site(name[len(root) :], frame.f_lineno, frame.f_code.co_qualname)
         frame = frame.f_back
     return Site("?", 0, "?")
@@ -121,9 +132,10 @@ class SyncTrace:
         self.events: collections.Counter = collections.Counter()
         self._dispatch = _DispatchMode(self)
         self._functions = _FunctionMode(self)
+        self._roots = code_roots()
 
     def record(self, kind: str) -> None:
-        self.events[(kind, caller_site())] += 1
+        self.events[(kind, caller_site(self._roots))] += 1
 
     def take(self) -> collections.Counter:
         """The events since the last ``take`` (and forget them)."""
