@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+from bytelatent.archs.blt.model import ByteLatentTransformer
 from bytelatent.errors import ConfigError
-from bytelatent.model.blt import ByteLatentTransformer
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.tokenizers.constants import BOS_ID, EOS_ID
 
 TINY: dict[str, Any] = {
