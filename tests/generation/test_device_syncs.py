@@ -31,12 +31,14 @@ REPO = HERE.parents[2]
 PLANTS = ("blocking_copy", "pageable_copy", "item")
 
 GEN = "bytelatent/eval/generation/"
+BLT = "bytelatent/archs/blt/generation.py"
+HNET = "bytelatent/archs/hnet/generation.py"
 SAMPLED_BYTE = (GEN + "sampling.py", "sample_rows")  # the sampled bytes, one read per step
-STEP_ENTROPY = (GEN + "blt.py", "IncrementalBLT.step")  # entropies that decide patch starts
-APPEND_ENTROPY = (GEN + "blt.py", "IncrementalBLT._decide_new_starts")  # the same, per append
+STEP_ENTROPY = (BLT, "IncrementalBLT.step")  # entropies that decide patch starts
+APPEND_ENTROPY = (BLT, "IncrementalBLT._decide_new_starts")  # the same, per append
 VERIFY = (GEN + "speculative.py", "SpeculativeEngine._read_checks")  # true logits of a round
 DRAFT_SAMPLE = (GEN + "speculative.py", "SpeculativeEngine._draft")  # sampled drafts' logits
-BOUNDARY = (GEN + "hnet.py", "IncrementalHNet._dechunk")  # H-Net's boundary flags, per stage
+BOUNDARY = (HNET, "IncrementalHNet._dechunk")  # H-Net's boundary flags, per stage
 VAL_SUMS = ("bytelatent/eval/validate.py", "validation_bpb")  # the sums, once per validation
 
 

@@ -3,6 +3,7 @@ report each at its line here (the tests find the line by its ``# plant:`` marker
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 import torch
@@ -24,9 +25,19 @@ def _item(self) -> None:
 BUGS = {"blocking_copy": _blocking_copy, "pageable_copy": _pageable_copy, "item": _item}
 
 
+def engine_module(arch: str):
+    """The module of an architecture's generation engine: ``bytelatent.archs.<arch>.generation``,
+    or before the issue-37 layout ``bytelatent.eval.generation.<arch>`` (bench/generation_syncs.py
+    traces older revisions with these scenarios)."""
+    try:
+        return importlib.import_module(f"bytelatent.archs.{arch}.generation")
+    except ModuleNotFoundError:
+        return importlib.import_module(f"bytelatent.eval.generation.{arch}")
+
+
 def plant(name: str) -> Callable[[], None]:
     """``IncrementalBLT.step`` runs the bug ``name`` before each step; returns the undo."""
-    from bytelatent.eval.generation.blt import IncrementalBLT
+    IncrementalBLT = engine_module("blt").IncrementalBLT  # noqa: N806
 
     step, bug = IncrementalBLT.step, BUGS[name]
 

@@ -39,6 +39,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import plants  # noqa: E402
+from plants import engine_module  # noqa: E402
 from tagging import SyncTrace, fake_cuda_is_available, tag_module  # noqa: E402
 
 torch.set_num_threads(1)
@@ -118,7 +119,7 @@ def blt(variant: str, patcher: dict, entropy: bool, plant: str | None) -> dict:
 
 
 def speculative(temperature: float) -> dict:
-    from bytelatent.eval.generation.blt import IncrementalBLT
+    IncrementalBLT = engine_module("blt").IncrementalBLT  # noqa: N806
 
     model = tiny_blt("released_flags")
     entropy_model = tiny_lm(max_seqlen=32, window=None, seed=3)
@@ -144,7 +145,7 @@ def speculative(temperature: float) -> dict:
 
 
 def hnet() -> dict:
-    from bytelatent.eval.generation.hnet import IncrementalHNet
+    IncrementalHNet = engine_module("hnet").IncrementalHNet  # noqa: N806
     from tests.generation.test_hnet_generation import TWO_STAGES, tiny_hnet
 
     model = tiny_hnet(TWO_STAGES, "perturbed")
