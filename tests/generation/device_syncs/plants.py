@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -29,10 +30,14 @@ def engine_module(arch: str):
     """The module of an architecture's generation engine: ``bytelatent.archs.<arch>.generation``,
     or before the issue-37 layout ``bytelatent.eval.generation.<arch>`` (bench/generation_syncs.py
     traces older revisions with these scenarios)."""
-    try:
+    import bytelatent
+
+    # by file, not by trying the import: an editable install may resolve a missing submodule
+    # from another checkout
+    root = Path(bytelatent.__file__).parent
+    if (root / "archs" / arch / "generation.py").exists():
         return importlib.import_module(f"bytelatent.archs.{arch}.generation")
-    except ModuleNotFoundError:
-        return importlib.import_module(f"bytelatent.eval.generation.{arch}")
+    return importlib.import_module(f"bytelatent.eval.generation.{arch}")
 
 
 def plant(name: str) -> Callable[[], None]:
