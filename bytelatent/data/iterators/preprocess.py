@@ -43,8 +43,10 @@ class _NoTokens(Exception):
 
 @dataclass
 class TokenizedDocument:
-    tokens: np.ndarray  # int64 [n]
+    tokens: np.ndarray  # [n], the tokenizer's compact dtype (token_dtype)
     patch_lengths: np.ndarray | None  # int64 [p], sums to n; None when not patching
+    path: str = ""  # where it was read (for errors)
+    row: int = -1
 
 
 class PreprocessIteratorState(IteratorState):
@@ -116,7 +118,7 @@ class PreprocessIterator(StatefulIterator[TokenizedDocument]):
             raise _NoTokens
         args = self.patcher_args
         if args is None:
-            return TokenizedDocument(tokens=tokens, patch_lengths=None)
+            return TokenizedDocument(tokens, None, doc.path, doc.row)
         entropies = None
         if args.patching_mode == PatchingMode.entropy:
             entropies = self._entropies(doc, len(tokens))
@@ -124,7 +126,7 @@ class PreprocessIterator(StatefulIterator[TokenizedDocument]):
             patch_lengths = patch_document(args, tokens, entropies)
         else:
             patch_lengths = self.patcher.patch_document(tokens, entropies)
-        return TokenizedDocument(tokens=tokens, patch_lengths=patch_lengths)
+        return TokenizedDocument(tokens, patch_lengths, doc.path, doc.row)
 
     def _entropies(self, doc: Document, n_tokens: int) -> np.ndarray | None:
         if doc.entropies is None:

@@ -227,6 +227,14 @@ def open_errors(path: str):
         raise DataError(f"{path}: cannot open ({exc.strerror or exc})") from exc
 
 
+def changed_file_error(path: str, detail: str) -> DataError:
+    """The one-line error for a saved position that does not fit the file any more."""
+    return DataError(
+        f"{path}: {detail}: the file changed since the data state was saved; restore it, or start "
+        "a new run with checkpoint.init_ckpt_path=<the checkpoint> to read the data from its start"
+    )
+
+
 def text_keys(text_field: str) -> tuple[str, ...]:
     """Record keys that hold the text: `text` (or `content`), else exactly `text_field`."""
     return TEXT_KEYS if text_field == "text" else (text_field,)

@@ -30,6 +30,7 @@ from bytelatent.data.readers.base import (
     ReadOptions,
     RecordError,
     Shard,
+    changed_file_error,
     document,
     open_errors,
     open_fs,
@@ -88,6 +89,12 @@ class JsonlReader(_LineReader):
         fs, fs_path = open_fs(self.path, options.storage_options)
         with open_errors(self.path):
             self.file = fs.open(fs_path, "rb")
+            size = fs.size(fs_path) if position.byte_offset else 0
+        if position.byte_offset > size:
+            self.file.close()
+            raise changed_file_error(
+                self.path, f"{size} bytes, but the saved position is byte {position.byte_offset}"
+            )
         if position.byte_offset:
             self.file.seek(position.byte_offset)
         self._readline = self.file.readline
@@ -148,7 +155,11 @@ class CompressedLines:
         while self.buf_start + len(self.buf) < byte_offset:
             self._consume(len(self.buf) - self.pos)  # skip what lies before the offset
             if not self._fill():
-                raise BadFile(f"ends before the resume offset {byte_offset} (file changed?)")
+                self.file.close()
+                raise changed_file_error(
+                    path,
+                    f"{self.offset} bytes uncompressed, but the saved position is byte {byte_offset}",
+                )
         self._consume(byte_offset - self.buf_start - self.pos)
 
     @property
