@@ -63,7 +63,7 @@ def test_shortened_file_resume_names_the_file(tmp_path):
     saved = read_some(path, 12)
     assert saved.fingerprint is not None and saved.position["row"] == 12
     shorten_to_first_line(path)
-    with deadline(20), pytest.raises(DataError) as err:
+    with deadline(int(hang_limit(20))), pytest.raises(DataError) as err:
         next(load_state(saved.model_dump_json()).build())
     line = err.value.one_line()
     assert line.startswith(f"data error: {path}: it has ") and "changed since" in line
@@ -96,7 +96,10 @@ def test_old_state_past_the_end_of_a_shortened_file_is_one_error(tmp_path):
     old = json.loads(read_some(path, 12).model_dump_json())
     del old["fingerprint"]
     shorten_to_first_line(path)
-    with deadline(20), pytest.raises(DataError, match="but the saved position is byte"):
+    with (
+        deadline(int(hang_limit(20))),
+        pytest.raises(DataError, match="but the saved position is byte"),
+    ):
         next(load_state(old).build())
 
 
@@ -114,7 +117,10 @@ def test_position_past_a_documents_end_is_bounded(tmp_path, mode):
         ),
         doc_offset=10**6,
     )
-    with deadline(20), pytest.raises(DataError, match="row 0 has .* tokens, but the saved"):
+    with (
+        deadline(int(hang_limit(20))),
+        pytest.raises(DataError, match="row 0 has .* tokens, but the saved"),
+    ):
         next(state.build())
 
 
@@ -187,3 +193,55 @@ def test_worker_never_outlives_its_trainer(tmp_path):
         trainer.kill()
         if worker is not None and _alive(worker):
             os.kill(worker, signal.SIGKILL)
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Processes whose environment holds `marker` (a trainer's, its fork server's, its workers')."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and entry.name != str(os.getpid()):
+            try:
+                if marker.encode() in (entry / "environ").read_bytes() and _alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_training_resume_after_a_file_got_shorter(tmp_path):
+    """The issue's case end to end: train with a checkpoint, cut a data file to its first line,
+    run the same command again: one `data error:` line naming the file, rc != 0, no process left."""
+    from tests.tiny import BLT_CONFIG, TINY_BLT_MODEL
+
+    root = tmp_path / "data"
+    for chunk in range(2):
+        write_jsonl(
+            root / "s" / f"s.chunk.{chunk:02d}.jsonl", "s", range(chunk * 80, chunk * 80 + 80)
+        )
+    marker = f"BYTELATENT_TEST_MARK_{os.getpid()}_{time.monotonic_ns()}"
+    env = os.environ | {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", marker: "1"}
+    command = [
+        sys.executable, "-m", "bytelatent.train", f"config={BLT_CONFIG}", *TINY_BLT_MODEL,
+        f"data.root_dir={root}", "data.sources={s: 1.0}", f"dump_dir={tmp_path / 'run'}",
+        "distributed.model_dtype=fp32", "data.seq_len=16", "checkpoint.dump.every=6",
+    ]  # fmt: skip
+    first = subprocess.run(
+        [*command, "steps=6"], env=env, capture_output=True, text=True, timeout=hang_limit(120)
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    shortened = root / "s" / "s.chunk.00.jsonl"
+    shorten_to_first_line(shortened)
+    second = subprocess.run(
+        [*command, "steps=12"], env=env, capture_output=True, text=True, timeout=hang_limit(60)
+    )
+    out = second.stdout + second.stderr
+    assert second.returncode != 0, out[-3000:]
+    errors = [line for line in out.splitlines() if "data error:" in line]
+    assert len(errors) == 1 and errors[0].startswith(f"data error: {shortened}: "), out[-3000:]
+    assert "Traceback" not in out
+    deadline_at = time.monotonic() + hang_limit(10)
+    while _processes_with(marker) and time.monotonic() < deadline_at:
+        time.sleep(0.2)
+    assert _processes_with(marker) == [], "a process of the run outlived it"
