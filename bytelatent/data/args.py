@@ -30,6 +30,7 @@ from bytelatent.data.iterators.sequence import SequenceArgs, SequenceIteratorSta
 from bytelatent.data.iterators.states import load_state
 from bytelatent.data.patcher_args import PatcherArgs, PatchingMode
 from bytelatent.data.readers import formats
+from bytelatent.data.readers.base import DEFAULT_MAX_DOCUMENT_BYTES
 from bytelatent.data.sources import file_formats, source_files
 from bytelatent.errors import ConfigError
 from bytelatent.tokenizers.args import TokenizerArgs
@@ -134,6 +135,13 @@ class DataArgs(BaseModel):
     skip_bad_records: bool = Field(
         False, description="skip (and count) unreadable records instead of failing"
     )
+    max_document_bytes: int | None = Field(
+        DEFAULT_MAX_DOCUMENT_BYTES,
+        ge=1,
+        description="a record (JSONL line, table text) longer than this is a bad record: one "
+        "error naming it, or skipped and counted with skip_bad_records; read without holding it "
+        "whole; null: no limit (docs/data.md)",
+    )
 
     @field_validator("file_format")
     @classmethod
@@ -222,6 +230,7 @@ class DataArgs(BaseModel):
             storage_options=self.fsspec_options() or None,
             arrow_batch_size=self.arrow_batch_size,
             skip_bad_records=self.skip_bad_records,
+            max_document_bytes=self.max_document_bytes,
             text_field=self.text_field,
             open_files=self.open_files,
             order_seed=self.seed if self.shuffle_files else None,
@@ -306,6 +315,7 @@ class DataArgs(BaseModel):
             storage_options=options or None,
             arrow_batch_size=self.arrow_batch_size,
             skip_bad_records=self.skip_bad_records,
+            max_document_bytes=self.max_document_bytes,
             text_field=self.text_field,
         )
         patches = self.packing_mode == "patches"

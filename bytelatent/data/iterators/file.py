@@ -52,7 +52,7 @@ from bytelatent.data.readers import (
     get_format,
     text_keys,
 )
-from bytelatent.data.readers.base import LEGACY_CURSOR
+from bytelatent.data.readers.base import DEFAULT_MAX_DOCUMENT_BYTES, LEGACY_CURSOR
 from bytelatent.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -181,6 +181,9 @@ class FileIteratorState(IteratorState):
     storage_options: dict[str, Any] | None = None
     arrow_batch_size: int = Field(20, ge=1, description="Arrow rows converted to Python at a time")
     skip_bad_records: bool = False
+    max_document_bytes: int | None = Field(
+        DEFAULT_MAX_DOCUMENT_BYTES, ge=1, description="a longer record is a bad record"
+    )
     n_skipped: int = 0
 
     @model_validator(mode="before")
@@ -264,6 +267,7 @@ class FileIterator(StatefulIterator[Document]):
             text_keys=text_keys(state.text_field),
             storage_options=state.storage_options,
             arrow_batch_size=state.arrow_batch_size,
+            max_document_bytes=state.max_document_bytes,
         )
         self.current = self._slot(state.shard_index, state.position, state.fingerprint)
         self.others = [self._slot(c.shard_index, c.position, c.fingerprint) for c in state.others]

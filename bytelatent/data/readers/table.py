@@ -150,6 +150,7 @@ class _TableReader:
     def __init__(self, shard: Shard, unit: int, unit_start: int, row: int, options: ReadOptions):
         self.path, self.stride, self.offset = shard.path, shard.stride, shard.offset
         self.keys, self.chunk_rows = options.text_keys, options.arrow_batch_size
+        self.max_bytes = options.max_document_bytes
         self.row, self.unit, self.unit_start = row, unit, unit_start
         self._batch: pa.RecordBatch | None = None
         self._columns: ArrowColumns | None = None
@@ -180,7 +181,7 @@ class _TableReader:
                 columns = ArrowColumns(batch, local, self.chunk_rows, self.path, self.keys)
                 self._columns = columns
             try:
-                return document(columns.record(local), self.path, row, self.keys)
+                return document(columns.record(local), self.path, row, self.keys, self.max_bytes)
             except RecordError as exc:
                 raise BadRecord(row, str(exc)) from exc
 
