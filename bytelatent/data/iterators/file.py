@@ -404,6 +404,30 @@ class FileIterator(StatefulIterator[Document]):
             self._close(slot)
 
 
+def nothing_to_read(state: FileIteratorState) -> str:
+    """Why a pass over `state`'s shards found no document: the files hold none, or (only when
+    the files do hold some) this stream's share of their rows is empty."""
+    paths = [shard.path for shard in state.shards]
+    if not paths:
+        return "no data files for this data stream; check data.sources / data.dataset_files"
+    shared = [s for s in state.shards if s.stride > 1]
+    if shared:  # rows split between streams: do the whole files hold a document?
+        whole = [s.model_copy(update={"stride": 1, "offset": 0}) for s in state.shards]
+        everything = state.rewound().model_copy(update={"shards": whole, "skip_bad_records": True})
+        files = everything.build()
+        try:
+            if next(files, None) is not None:
+                s = shared[0]
+                return (
+                    f"{paths}: the rows this data stream reads (row % {s.stride} == {s.offset}) "
+                    "hold no readable document; use fewer data-parallel ranks than the files "
+                    "have rows"
+                )
+        finally:
+            files.close()
+    return f"{paths}: no readable documents (empty, or every record unusable); check the files"
+
+
 class LoopingIteratorState(IteratorState):
     """Reads the files again and again; `epoch` counts completed passes."""
 
@@ -436,11 +460,7 @@ class LoopingIterator(StatefulIterator[Document]):
             state = self.files.get_state()
             if self.yielded_in_epoch == 0:
                 # Looping over nothing would spin forever; fail instead.
-                paths = [shard.path for shard in state.shards]
-                raise DataError(
-                    f"no readable documents for this rank in {paths or 'an empty file list'}; "
-                    "check the files (or use fewer data-parallel ranks than rows)"
-                ) from None
+                raise DataError(nothing_to_read(state)) from None
             self.files.close()
             self.epoch += 1
             self.yielded_in_epoch = 0
