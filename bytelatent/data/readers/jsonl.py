@@ -20,6 +20,7 @@ from __future__ import annotations
 import zlib
 
 import fsspec
+from fsspec.spec import AbstractBufferedFile
 
 from bytelatent.data.readers.base import (
     BadFile,
@@ -126,14 +127,31 @@ class JsonlReader(_LineReader):
     def _readline(self) -> bytes:
         if self.limit is None:
             return self.file.readline()
-        line = self.file.readline(self.limit + 1)
+        line = self._readline_upto(self.limit + 1)
         if len(line) <= self.limit or line.endswith(b"\n"):
             return line
         size = len(line)
         while line and not line.endswith(b"\n"):  # pass the rest of it, a bounded piece at a time
-            line = self.file.readline(READ_CHUNK)
+            line = self._readline_upto(READ_CHUNK)
             size += len(line)
         raise LongLine(size)
+
+    def _readline_upto(self, size: int) -> bytes:
+        """The next line, or its first `size` bytes. Local files take the bound themselves;
+        fsspec's remote files read until the newline, so they are read and sought back."""
+        if not isinstance(self.file, AbstractBufferedFile):
+            return self.file.readline(size)
+        start, parts, got = self.file.tell(), [], 0
+        while got < size and (chunk := self.file.read(min(READ_CHUNK, size - got))):
+            end = chunk.find(b"\n")
+            if end >= 0:
+                parts.append(chunk[: end + 1])
+                got += end + 1
+                self.file.seek(start + got)
+                break
+            parts.append(chunk)
+            got += len(chunk)
+        return b"".join(parts)
 
     def position(self) -> dict[str, int]:
         return {"row": self.row, "byte_offset": self.byte_offset}
