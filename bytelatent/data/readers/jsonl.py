@@ -33,10 +33,10 @@ from bytelatent.data.readers.base import (
     Shard,
     changed_file_error,
     document,
-    too_long,
     open_errors,
     open_fs,
     record_from_json,
+    too_long,
 )
 
 READ_CHUNK = 1 << 20  # compressed bytes read at a time
