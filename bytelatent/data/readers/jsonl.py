@@ -20,6 +20,7 @@ from __future__ import annotations
 import zlib
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractBufferedFile
 
 from bytelatent.data.readers.base import (
@@ -38,6 +39,7 @@ from bytelatent.data.readers.base import (
     record_from_json,
     too_long,
 )
+from bytelatent.data.readers.zstd_frames import warn_trailing_garbage
 
 READ_CHUNK = 1 << 20  # compressed bytes read at a time
 # Output bounds of one decompression call, so that a line is never held past the document limit
@@ -314,6 +316,8 @@ class CompressedJsonlReader(_LineReader):
         super().__init__(shard, position, options)
         fs, fs_path = open_fs(self.path, options.storage_options)
         p = position
+        if kind == "zst" and isinstance(fs, LocalFileSystem):
+            warn_trailing_garbage(fs_path)
         with open_errors(self.path):
             self.lines = CompressedLines(
                 self.path, kind, fs, fs_path, p.frame_offset, p.frame_start, p.byte_offset
