@@ -15,7 +15,10 @@ Position
     row, a frame boundary, ...), and the same pair for every other open file (`others`), so a
     resume seeks straight to the next row without replaying a file. States written before the
     readers had one set of position fields shared by all formats; they load unchanged
-    (`_legacy_cursor`) and continue at the same row.
+    (`_legacy_cursor`) and continue at the same row. Each cursor also holds its file's
+    fingerprint (`data/fingerprint.py`), taken when the file enters the iterator: a resume opens
+    a file only if it is unchanged (one DataError naming it otherwise); None (older states):
+    nothing to compare.
 
 Bad records (a reader's BadRecord) raise one DataError naming the file and row, or are skipped
 and counted when `skip_bad_records` is true. A file whose rest cannot be read (BadFile: no
