@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -245,3 +246,30 @@ def test_training_resume_after_a_file_got_shorter(tmp_path):
     while _processes_with(marker) and time.monotonic() < deadline_at:
         time.sleep(0.2)
     assert _processes_with(marker) == [], "a process of the run outlived it"
+
+
+def test_preflight_finds_the_changed_file_in_a_saved_pipeline_state(tmp_path):
+    """What `python -m bytelatent.train` checks before it builds the model on a resume."""
+    from bytelatent.data.args import DataArgs
+    from bytelatent.data.fingerprint import changed_files
+
+    files = [write_jsonl(tmp_path / f"d{i}.jsonl", "d", range(i * 40, i * 40 + 40)) for i in (0, 1)]
+    args = DataArgs(
+        dataset_files=[str(p) for p in files],
+        batch_size=2,
+        seq_len=8,
+        max_encoder_seq_length=32,
+        load_async=False,
+        patcher_args={"patching_mode": "space"},
+    )
+    it = args.build_from_rank(0, 1)
+    for _ in range(6):
+        next(it)
+    saved = json.loads(it.get_state().model_dump_json())
+    assert changed_files(saved) is None
+    shorten_to_first_line(files[1])
+    shorten_to_first_line(files[0])
+    error = changed_files(saved)
+    assert isinstance(error, DataError)
+    assert error.one_line().startswith("data error: ")
+    assert re.search(r"d[01]\.jsonl: it has \d+ bytes", str(error))
