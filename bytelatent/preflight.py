@@ -17,8 +17,8 @@ import json
 from bytelatent.args import TrainArgs
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.checkpoint.layout import FolderStore, train_state_name
+from bytelatent.data.changed_files import changed_files
 from bytelatent.data.elastic import check_layout, packing_base
-from bytelatent.data.fingerprint import changed_files
 from bytelatent.data.iterators.streams import StreamsIteratorState
 from bytelatent.distributed.world import launch_ranks, resolve_layout
 from bytelatent.errors import CheckpointError, DataError

@@ -17,12 +17,10 @@ import zlib
 from typing import Any
 
 from bytelatent.data.readers.base import changed_file_error, open_errors, open_fs
-from bytelatent.errors import DataError
 
 __all__ = [
     "TAIL_BYTES",
     "changed_file_error",
-    "changed_files",
     "describe_change",
     "file_fingerprint",
 ]
@@ -49,42 +47,3 @@ def describe_change(saved: str, now: str) -> str:
     if saved_size != now_size:
         return f"it has {now_size} bytes, {saved_size} when the position was saved"
     return f"its last {TAIL_BYTES} bytes differ (same size, {now_size} bytes)"
-
-
-def changed_files(
-    data_state: Any, storage_options: dict[str, Any] | None = None
-) -> DataError | None:
-    """The error for the first file a saved data state (its JSON dict) refers to that changed
-    since; None when all match: what a resume would find when it opens them."""
-    from bytelatent.data.iterators.file import FileIteratorState, shard_order  # noqa: PLC0415
-
-    for node in _file_states(data_state):
-        try:
-            state = FileIteratorState.model_validate(node)
-        except ValueError:
-            continue  # the resume reports a damaged state
-        order = shard_order(state.shards, state.order_seed, state.epoch)
-        for cursor in [state.cursor(), *state.others]:
-            if cursor.fingerprint is None or cursor.shard_index >= len(order):
-                continue
-            path = state.shards[order[cursor.shard_index]].path
-            try:
-                now = file_fingerprint(path, storage_options or state.storage_options)
-            except DataError:
-                continue  # missing or unreadable: the resume says so where it reads it
-            if now != cursor.fingerprint:
-                return changed_file_error(path, describe_change(cursor.fingerprint, now))
-    return None
-
-
-def _file_states(node: Any):
-    """Every `"type": "file"` dict nested in a state's JSON."""
-    if isinstance(node, dict):
-        if node.get("type") == "file":
-            yield node
-            return
-        for value in node.values():
-            yield from _file_states(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _file_states(value)

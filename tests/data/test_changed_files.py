@@ -251,7 +251,7 @@ def test_training_resume_after_a_file_got_shorter(tmp_path):
 def test_preflight_finds_the_changed_file_in_a_saved_pipeline_state(tmp_path):
     """What `python -m bytelatent.train` checks before it builds the model on a resume."""
     from bytelatent.data.args import DataArgs
-    from bytelatent.data.fingerprint import changed_files
+    from bytelatent.data.changed_files import changed_files
 
     files = [write_jsonl(tmp_path / f"d{i}.jsonl", "d", range(i * 40, i * 40 + 40)) for i in (0, 1)]
     args = DataArgs(
