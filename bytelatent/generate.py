@@ -9,8 +9,10 @@ holds one JSON object per line with a ``prompt`` (or ``text``) string; the outpu
 object per prompt: ``prompt``, ``continuation``, ``finish_reason``, ``n_bytes``. Other keys:
 ``entropy_ckpt`` (entropy model for entropy-patched BLTs only; defaults to the checkpoint's
 ``entropy_model_checkpoint_dir`` or a sibling ``entropy_model/``), ``patcher.*`` overrides,
-``device``, ``progress`` (tqdm; default: only on a terminal) and every ``GenerationArgs`` field
-(``top_k``, ``top_p``, ``seed``, ``stop=[...]``, ``batch_size``, ``use_cache``).
+``device``, ``progress`` (tqdm; default: only on a terminal), ``allow_arch_import`` (import the
+module a ``"pkg.module:name"`` arch in params.json names; off: a checkpoint runs no code) and
+every ``GenerationArgs`` field (``top_k``, ``top_p``, ``seed``, ``stop=[...]``, ``batch_size``,
+``use_cache``).
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ class GenerateArgs(GenerationArgs):
     device: str = Field("cpu", description="torch device, e.g. cpu, cuda, cuda:1")
     progress: bool | None = Field(
         None, description="tqdm bar over a prompts_file; null: only on a terminal"
+    )
+    allow_arch_import: bool = Field(
+        False,
+        description="import the module an arch 'pkg.module:name' in the checkpoint's params.json "
+        "names (runs its code: only for a checkpoint you trust)",
     )
 
     def check_source(self) -> None:
@@ -101,7 +108,10 @@ def run(args: GenerateArgs) -> int:
     for index, prompt in enumerate(prompts):  # before the (slow) checkpoint load
         if prompt == "":
             raise DataError(f"prompt {index} is empty; give at least one byte")
-    generator = load_generator(args.ckpt, args.device, args.entropy_ckpt, args.patcher or None)
+    generator = load_generator(
+        args.ckpt, args.device, args.entropy_ckpt, args.patcher or None,
+        allow_arch_import=args.allow_arch_import,
+    )  # fmt: skip
     generator.encode(prompts)  # every prompt checked before any generation starts
     gen_args = args.generation_args()
     bar = _progress(len(prompts), args.progress if args.prompts_file else False)

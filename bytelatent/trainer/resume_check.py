@@ -95,7 +95,7 @@ def refuse_shape_changes(args: TrainArgs, saved: dict, check: ResumeCheck) -> No
     if not model_keys:
         return
     try:
-        saved_args = TrainArgs.model_validate(saved)
+        saved_args = TrainArgs.from_saved(saved)
     except pydantic.ValidationError:
         return  # a config of another version: the checkpoint load reports what does not fit
     if _parameter_shapes(saved_args) == _parameter_shapes(args):
