@@ -1,7 +1,8 @@
 """`python -m bytelatent.checkpoint consolidate DIR [--out OUT] [--with-optim] [--s3-profile P]
 [--progress auto|on|off] [--format pth|safetensors]`.
 
-Also `export-hf CKPT OUT [--entropy-model DIR] [--allow-window-mismatch] [--allow-arch-import]` (a folder for transformers' BltForCausalLM),
+Also `export-hf CKPT OUT [--entropy-model DIR] [--allow-window-mismatch] [--allow-arch-import]`
+(a folder for transformers' BltForCausalLM),
 `import-hf HFDIR OUT` (back to our consolidated layout) and `verify DIR [--sizes-only]` (check
 a step folder, or every step folder under DIR, against its manifests).
 """

@@ -188,10 +188,10 @@ def load_pretrained(
 
     `kind="auto"` picks the architecture params.json names (`arch`; from before `arch`: the
     entropy model when it says `train_entropy_model: true` or has no `model` section, else the
-    BLT). Reference fields with no effect here are counted in one
-    short warning line (listed with reasons at DEBUG level). An arch `"pkg.module:name"` is
-    imported only with `allow_arch_import=True` (else it must already be imported). `model(tokens)` (entropy model) / `model(tokens, patch_lengths=...)` (BLT) give logits
-    `[batch, length, vocab]`.
+    BLT). Reference fields with no effect here are counted in one short warning line (listed
+    with reasons at DEBUG level). An arch `"pkg.module:name"` is imported only with
+    `allow_arch_import=True` (else it must already be imported). `model(tokens)` (entropy model)
+    / `model(tokens, patch_lengths=...)` (BLT) give logits `[batch, length, vocab]`.
     """
     model, args, _ = load_any_checkpoint(path, device, kind, allow_arch_import)
     return model, args

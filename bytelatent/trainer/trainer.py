@@ -45,7 +45,7 @@ from bytelatent.trainer.optim import build_optimizer
 from bytelatent.trainer.probe import build_probe
 from bytelatent.trainer.profiling import build_profiler
 from bytelatent.trainer.resume_check import complete_line
-from bytelatent.trainer.resume_rules import apply_source_weights
+from bytelatent.trainer.resume_rules import apply_skip_bad_records, apply_source_weights
 from bytelatent.trainer.run_files import (
     REPLAYED_METRICS,
     raise_log_file_error,
@@ -168,6 +168,9 @@ class Trainer:
             # its "config differs" line says the weights are applied)
             self.state.data_state, _ = apply_source_weights(
                 self.state.data_state, self.args.data.source_weights()
+            )
+            self.state.data_state = apply_skip_bad_records(
+                self.state.data_state, self.args.data.skip_bad_records
             )
             self.scheduler.load_state_dict(self.state.scheduler)  # + the config's lr, AdamW values
             self.actions.load_state_dict(self.state.actions)

@@ -35,6 +35,7 @@ from bytelatent.data.readers.base import (
     open_fs,
     record_from_json,
 )
+from bytelatent.errors import DataError
 
 READ_CHUNK = 1 << 20  # compressed bytes read at a time
 
@@ -47,6 +48,17 @@ class CompressedPosition(Position):
     byte_offset: int = 0  # uncompressed byte offset of `row`
     frame_offset: int = 0  # compressed offset of the last frame boundary before `row`
     frame_start: int = 0  # uncompressed offset of that boundary
+
+
+def mid_line(path: str, position: Position) -> DataError:
+    """A saved position must be the start of a line (the offset after a newline): one that is not
+    says the position is wrong, not the file (a JSON error there would blame a good file)."""
+    return DataError(
+        f"{path}: the saved read position (row {position.row}, byte "
+        f"{getattr(position, 'byte_offset', 0)}) is not at the start of a line: the file changed "
+        "since the checkpoint was saved, or the checkpoint's data state is damaged; restore the "
+        "file, or resume from an earlier checkpoint (checkpoint.load_path)"
+    )
 
 
 class _LineReader:
@@ -89,7 +101,11 @@ class JsonlReader(_LineReader):
         with open_errors(self.path):
             self.file = fs.open(fs_path, "rb")
         if position.byte_offset:
-            self.file.seek(position.byte_offset)
+            self.file.seek(position.byte_offset - 1)
+            before = self.file.read(1)  # b"" past the end of the file
+            if before and before != b"\n":
+                self.file.close()
+                raise mid_line(self.path, position)
         self._readline = self.file.readline
 
     def position(self) -> dict[str, int]:
@@ -221,6 +237,10 @@ class CompressedJsonlReader(_LineReader):
             self.lines = CompressedLines(
                 self.path, kind, fs, fs_path, p.frame_offset, p.frame_start, p.byte_offset
             )
+        lines = self.lines  # the byte before the offset, when it is in the decompressed buffer
+        if p.byte_offset and lines.pos > 0 and lines.buf[lines.pos - 1 : lines.pos] != b"\n":
+            lines.close()
+            raise mid_line(self.path, p)
         self._readline = self.lines.readline
 
     def position(self) -> dict[str, int]:
