@@ -28,10 +28,10 @@ def read_record(path: Path, keys: tuple[str, ...], redo: str) -> dict:
     try:
         record = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path}: unreadable ({exc}); delete it to {redo}") from None
+        raise DataError(f"{path}: unreadable ({exc}); delete it to {redo}") from None
     missing = [k for k in keys if not isinstance(record, dict) or k not in record]
     if missing:
-        raise UserError(f"{path}: damaged (no {missing[0]!r}); delete it to {redo}")
+        raise DataError(f"{path}: damaged (no {missing[0]!r}); delete it to {redo}")
     return record
 
 
@@ -42,7 +42,7 @@ def checked_threshold(value: object, where: str, redo: str) -> float:
     except (TypeError, ValueError):
         threshold = float("nan")
     if not (math.isfinite(threshold) and threshold >= 0):
-        raise UserError(f"{where}: threshold {value!r} is not a finite number >= 0; {redo}")
+        raise DataError(f"{where}: threshold {value!r} is not a finite number >= 0; {redo}")
     return threshold
 
 
@@ -75,7 +75,7 @@ def train(name: str, argv: list[str], dump_dir: Path, threads: int) -> tuple[flo
             )
         wall_s = record["wall_s"]
         if not isinstance(wall_s, int | float) or not math.isfinite(wall_s) or wall_s < 0:
-            raise UserError(f"{done}: damaged (wall_s={wall_s!r}); delete it to train {name} again")
+            raise DataError(f"{done}: damaged (wall_s={wall_s!r}); delete it to train {name} again")
         return float(wall_s), False
     print(f"compare: training {name} ({dump_dir / 'train.out'})", flush=True)
     cmd = [sys.executable, "-m", "bytelatent.train", *argv]
