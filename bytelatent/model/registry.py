@@ -71,6 +71,8 @@ class ArchSpec:
     - `hf_export` / `hf_import`: the Hugging Face adapters (`python -m bytelatent.checkpoint`).
     - `generation_engine`: a class with `for_engine(model, patcher_args, entropy_model, batch,
       capacity)`, `prefill_last(row, tokens)`, `step(tokens, active)`, `patch_lengths(row, n)`.
+    - `actions`: `(train_args, rank) -> list[Action]` the trainer runs at every log step next to
+      the configured ones (`trainer/actions.py`; H-Net: the router collapse warning).
     """
 
     name: str
@@ -98,6 +100,7 @@ class ArchSpec:
     hf_export: Ref = None
     hf_import: Ref = None
     generation_engine: Ref = None
+    actions: Ref = None
     aliases: tuple[str, ...] = ()
     description: str = ""
     _cache: dict = field(default_factory=dict, compare=False, repr=False)

@@ -63,6 +63,9 @@ class Action:
 
     kind: str = ""
 
+    def observe(self, step: int, metrics: dict[str, Any]) -> None:
+        """Before the log step's record is written: may add entries to it (an event)."""
+
     def run(self, step: int, metrics: dict[str, Any]) -> Stop | None:
         raise NotImplementedError
 
@@ -120,7 +123,9 @@ class NonFiniteStop(Action):
 
     def __init__(self, args: NonFiniteStopArgs):
         self.args = args
-        self.resumed: tuple[str, int] | None = None  # (checkpoint folder, step) this run resumed from
+        self.resumed: tuple[str, int] | None = (
+            None  # (checkpoint folder, step) this run resumed from
+        )
 
     def note_resume(self, path: str, step: int) -> None:
         self.resumed = (path, step)
@@ -184,6 +189,10 @@ class Actions:
         for action in self.actions:
             if hasattr(action, "note_resume"):
                 action.note_resume(path, step)
+
+    def observe(self, step: int, metrics: dict[str, Any]) -> None:
+        for action in self.actions:
+            action.observe(step, metrics)
 
     def run(self, step: int, metrics: dict[str, Any]) -> Stop | None:
         for action in self.actions:

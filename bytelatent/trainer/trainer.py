@@ -106,6 +106,9 @@ class Trainer:
         self.actions = Actions.build(
             with_nonfinite_stop(args.actions, args.optim.max_skipped_steps)
         )
+        if (arch_actions := get_arch(args.arch).resolve("actions")) is not None:
+            for action in arch_actions(args, env.rank):  # e.g. H-Net's router collapse warning
+                self.actions.add(action)
         self.guard = NonFiniteGuard(self.optimizer, self.device)  # skips non-finite updates
         self.exit_code = 0  # set by an action that stops the run with an error
         self._resume_or_warm_start()
@@ -360,6 +363,7 @@ class Trainer:
             tokens_seen=self.state.tokens_seen,
             **self.guard.read(),
         )
+        self.actions.observe(self.state.step, self.last)  # events into this step's record
         self.metrics.log(self.last)
         raise_log_file_error()  # train.log could not be written: end the run with that line
         return self.last
