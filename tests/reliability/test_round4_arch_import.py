@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bytelatent.archs.lm.model import LMTransformer
 from bytelatent.args import TrainArgs
 from bytelatent.checkpoint.__main__ import main as checkpoint_cli
 from bytelatent.checkpoint.args import CheckpointArgs
@@ -30,7 +31,6 @@ from bytelatent.eval.__main__ import main as eval_cli
 from bytelatent.generate import main as generate_cli
 from bytelatent.model.args import LMTransformerArgs
 from bytelatent.model.registry import unregister_arch
-from bytelatent.model.transformer import LMTransformer
 from bytelatent.trainer.resume_check import check_resume
 from tests.conftest import TINY_ENTROPY
 from tests.tiny import ENTROPY_CONFIG

@@ -9,13 +9,13 @@ import logging
 import pytest
 import torch
 
+from bytelatent.archs.hnet.dc import monitor
+from bytelatent.archs.hnet.dc.monitor import RouterCollapseMonitor, collapse_side
+from bytelatent.archs.hnet.dc.routing import RoutingModule
 from bytelatent.args import TrainArgs
 from bytelatent.config import parse_args
 from bytelatent.distributed.env import detect_env
 from bytelatent.errors import ConfigError
-from bytelatent.model.hnet import monitor
-from bytelatent.model.hnet.monitor import RouterCollapseMonitor, collapse_side
-from bytelatent.model.hnet.routing import RoutingModule
 from bytelatent.trainer.trainer import Trainer
 from tests.paths import REPO
 

@@ -16,13 +16,13 @@ import torch
 from apps.compare.__main__ import main as compare_main
 from apps.compare.args import CompareArgs
 from apps.compare.runs import DONE, pick_threshold, train
+from bytelatent.archs.lm.model import LMTransformer
 from bytelatent.checkpoint.args import CheckpointArgs
 from bytelatent.checkpoint.manager import CheckpointManager
 from bytelatent.config import parse_args
 from bytelatent.errors import UserError
 from bytelatent.generate import main as generate_cli
 from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.transformer import LMTransformer
 from tests.apps.test_compare import CONFIG, TINY
 from tests.limits import hang_limit
 from tests.paths import REPO
