@@ -2,6 +2,8 @@
 
 An action looks at the step and the metrics just produced and may ask the loop to stop
 (`Stop`): early stopping saves and exits 0; a guard may stop without saving and exit non-zero.
+`observe` sees a log step's record before it is written and may add an event to it (H-Net's
+router collapse warning, `bytelatent/archs/hnet/dc/monitor.py`, an action of its spec).
 Each action's state (best value, patience left, ...) is JSON in `TrainState.actions`, so it
 survives a resume. To add one: an args class with a unique `kind` literal (add it to
 `ActionArgs`), an `Action` subclass, and one line in `_ACTION_TYPES`.
