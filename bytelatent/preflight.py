@@ -38,6 +38,8 @@ def preflight(args: TrainArgs) -> None:
     resume = resume_folder(args)
     if args.dry_run:
         return  # a dry run reads no data, no checkpoint and no pretrained weights
+    if args.checkpoint.load_path:
+        check_load_path(args.checkpoint.load_path, args.checkpoint.s3_profile)
     if resume is not None and _already_complete(args, resume):
         return  # nothing to do: the run says so in one line, whatever its data or config now
     if resume is not None:
@@ -64,6 +66,22 @@ def resume_folder(args: TrainArgs) -> str | None:
         return None
     complete = FolderStore(fs, path).complete()
     return complete[-1].path if complete else None
+
+
+def check_load_path(path: str, s3_profile: str | None = None) -> None:
+    """`checkpoint.load_path` is a folder (a step folder the resume loads), checked before the
+    model is built and before anything is written to dump_dir."""
+    fs = cfs.get_fs(path, s3_profile)
+    if not cfs.exists(fs, path):
+        what = "does not exist"
+    elif not cfs.isdir(fs, path):
+        what = "is a file, not a step folder"
+    else:
+        return
+    raise CheckpointError(
+        f"checkpoint.load_path {path}: {what}; point it at a step folder "
+        "(e.g. runs/x/checkpoints/0000001000), or unset it to resume from dump_dir"
+    )
 
 
 def _already_complete(args: TrainArgs, folder: str) -> bool:

@@ -38,6 +38,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ValidationError,
     field_serializer,
     field_validator,
     model_validator,
@@ -283,8 +284,18 @@ class FileIterator(StatefulIterator[Document]):
         """A saved cursor, its position checked (and an old state's cursor converted) by the
         format of its file."""
         if saved and shard_index < len(self.shards):
-            fmt = self.formats[self.shards[shard_index].format]
-            saved = fmt.position.load(saved).model_dump()
+            shard = self.shards[shard_index]
+            try:
+                saved = self.formats[shard.format].position.load(saved).model_dump()
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                where = "".join(f"{p}: " for p in err["loc"])
+                why = err["msg"].removeprefix("Value error, ")
+                raise DataError(
+                    f"{shard.path}: the saved read position {saved} is not valid ({where}{why}): "
+                    "the checkpoint's data state is damaged; resume from an earlier checkpoint "
+                    "(checkpoint.load_path)"
+                ) from None
         if fingerprint is None:  # a fresh start, or a state of an older version: nothing to check
             return self._new_slot(shard_index, saved)
         return _Slot(shard_index, saved, fingerprint, verify=True)

@@ -78,7 +78,7 @@ class SequenceIteratorState(IteratorState):
     type: Literal["sequence"] = "sequence"
     args: SequenceArgs
     source: PreprocessIteratorState  # positioned at the document holding the buffer's first token
-    doc_offset: int = 0  # index of that token within the document
+    doc_offset: int = Field(0, ge=0)  # index of that token within the document
     rng_state: dict | None = None  # numpy bit-generator state before the buffer's permutation
     n_taken: int = 0  # windows of the current buffer already yielded
 

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import fsspec
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from bytelatent.errors import DataError
 
@@ -69,6 +69,14 @@ class Position(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     row: int = 0
+
+    @model_validator(mode="after")
+    def _non_negative(self) -> Position:
+        """Every field is a row, byte or frame count: a negative one is a damaged state."""
+        for name, value in self:
+            if isinstance(value, int) and value < 0:
+                raise ValueError(f"{name}={value} is negative")
+        return self
 
     @classmethod
     def load(cls, saved: dict[str, Any]):

@@ -40,6 +40,7 @@ from bytelatent.data.readers.base import (
     too_long,
 )
 from bytelatent.data.readers.zstd_frames import warn_trailing_garbage
+from bytelatent.errors import DataError
 
 READ_CHUNK = 1 << 20  # compressed bytes read at a time
 # Output bounds of one decompression call, so that a line is never held past the document limit
@@ -66,6 +67,17 @@ class CompressedPosition(Position):
     byte_offset: int = 0  # uncompressed byte offset of `row`
     frame_offset: int = 0  # compressed offset of the last frame boundary before `row`
     frame_start: int = 0  # uncompressed offset of that boundary
+
+
+def mid_line(path: str, position: Position) -> DataError:
+    """A saved position must be the start of a line (the offset after a newline): one that is not
+    says the position is wrong, not the file (a JSON error there would blame a good file)."""
+    return DataError(
+        f"{path}: the saved read position (row {position.row}, byte "
+        f"{getattr(position, 'byte_offset', 0)}) is not at the start of a line: the file changed "
+        "since the checkpoint was saved, or the checkpoint's data state is damaged; restore the "
+        "file, or resume from an earlier checkpoint (checkpoint.load_path)"
+    )
 
 
 class _LineReader:
@@ -124,7 +136,11 @@ class JsonlReader(_LineReader):
                 self.path, f"{size} bytes, but the saved position is byte {position.byte_offset}"
             )
         if position.byte_offset:
-            self.file.seek(position.byte_offset)
+            self.file.seek(position.byte_offset - 1)
+            before = self.file.read(1)  # b"" past the end of the file
+            if before and before != b"\n":
+                self.file.close()
+                raise mid_line(self.path, position)
 
     def _readline(self) -> bytes:
         if self.limit is None:
@@ -322,6 +338,10 @@ class CompressedJsonlReader(_LineReader):
             self.lines = CompressedLines(
                 self.path, kind, fs, fs_path, p.frame_offset, p.frame_start, p.byte_offset
             )
+        lines = self.lines  # the byte before the offset, when it is in the decompressed buffer
+        if p.byte_offset and lines.pos > 0 and lines.buf[lines.pos - 1 : lines.pos] != b"\n":
+            lines.close()
+            raise mid_line(self.path, p)
 
     def _readline(self) -> bytes:
         return self.lines.readline(self.limit)
