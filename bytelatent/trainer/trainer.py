@@ -121,8 +121,9 @@ class Trainer:
             self._set_aside_replayed_metrics()
         config = {**redacted_dump(args), "n_params": self.n_params}
         self.metrics = MetricLogger.build(
-            args.logging, args.dump_dir, env.rank, args.name, config, start_step=self.state.step
-        )
+            args.logging, args.dump_dir, env.rank, args.name, config, start_step=self.state.step,
+            health=get_arch(args.arch).aux_metrics,  # the architecture's own numbers, on the console
+        )  # fmt: skip
         self.metrics.set_summary({"n_params": self.n_params})
         self.interval = IntervalMetrics.for_run(args, env, self.dp_size, self._dp_group)
         self.timings = self.interval.timings  # eval and saves add `with self.timings.measure(...)`
