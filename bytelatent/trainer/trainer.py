@@ -192,7 +192,11 @@ class Trainer:
             os.path.join(self.args.dump_dir, "metrics.jsonl"), self.state.step, aside
         )
         if moved:
-            before = "this resume" if self.state.step else "this start: an earlier attempt saved no checkpoint"
+            before = (
+                "this resume"
+                if self.state.step
+                else "this start: an earlier attempt saved no checkpoint"
+            )
             logger.info(
                 "metrics.jsonl: %d records after step %d (logged before %s) moved to %s",
                 moved, self.state.step, before, aside,

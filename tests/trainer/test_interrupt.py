@@ -49,9 +49,10 @@ def test_ctrl_c_saves_in_one_line_and_a_dead_attempts_metrics_move_aside(tmp_pat
     )  # fmt: skip
     try:
         deadline = time.monotonic() + hang_limit(120)
-        while not (dump / "metrics.replayed.jsonl").exists() or len(
-            _steps(dump / "metrics.jsonl")
-        ) < 3:
+        while (
+            not (dump / "metrics.replayed.jsonl").exists()
+            or len(_steps(dump / "metrics.jsonl")) < 3
+        ):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.1)
         os.killpg(proc.pid, signal.SIGINT)
@@ -97,10 +98,13 @@ def test_second_ctrl_c_stops_at_once_without_a_traceback():
     )  # fmt: skip
     assert res.returncode == 130, res.stderr
     assert res.stdout == "first kept\n"
-    assert res.stderr.split() == (
-        "bytelatent: Ctrl-C: saving at the next step boundary (Ctrl-C again to stop now) "
-        "bytelatent: second Ctrl-C: stopping now, without saving"
-    ).split()
+    assert (
+        res.stderr.split()
+        == (
+            "bytelatent: Ctrl-C: saving at the next step boundary (Ctrl-C again to stop now) "
+            "bytelatent: second Ctrl-C: stopping now, without saving"
+        ).split()
+    )
 
 
 IGNORED = """
