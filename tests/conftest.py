@@ -153,16 +153,12 @@ def s3_env(moto_server, monkeypatch):
 
 
 # Tiny trained runs shared by evaluation, generation and export tests (built once per session).
-# eval.every=0: the debug configs validate every 100 steps; tests ask for validation when they
-# test it (their own data roots have no *.val.jsonl)
-TINY_BLT = [*TINY_BLT_MODEL, "data.seq_len=48", "data.batch_size=2", "data.load_async=false",
-            "eval.every=0"]  # fmt: skip
+TINY_BLT = [*TINY_BLT_MODEL, "data.seq_len=48", "data.batch_size=2", "data.load_async=false"]
 TINY_ENTROPY = [
     *TINY_ENTROPY_MODEL,
     "data.seq_len=128",
     "data.batch_size=2",
     "data.load_async=false",
-    "eval.every=0",
 ]
 
 
