@@ -17,13 +17,16 @@ every ``GenerationArgs`` field (``top_k``, ``top_p``, ``seed``, ``stop=[...]``, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import ConfigDict, Field
 
+from bytelatent.distributed.threads import set_tool_cpu_threads
 from bytelatent.errors import ConfigError, DataError, UserError
 from bytelatent.eval.generation.sampling import GenerationArgs
 
@@ -52,6 +55,12 @@ class GenerateArgs(GenerationArgs):
         {}, description="patcher_args overrides over the checkpoint's, e.g. patcher.threshold=3"
     )
     device: str = Field("cpu", description="torch device, e.g. cpu, cuda, cuda:1")
+    num_threads: int | None = Field(
+        None,
+        ge=1,
+        description="CPU threads; null: $OMP_NUM_THREADS when set, else the cores less one "
+        "(as the trainer chooses: a shared machine does not collapse)",
+    )
     progress: bool | None = Field(
         None, description="tqdm bar over a prompts_file; null: only on a terminal"
     )
@@ -127,6 +136,7 @@ def run(args: GenerateArgs) -> int:
         if prompt == "":
             raise DataError(f"prompt {index} is empty; give at least one byte")
         check_utf8(prompt, f"prompt {index}")
+    set_tool_cpu_threads(args.device.split(":")[0], args.num_threads)
     generator = load_generator(
         args.ckpt, args.device, args.entropy_ckpt, args.patcher or None,
         allow_arch_import=args.allow_arch_import,
@@ -135,10 +145,13 @@ def run(args: GenerateArgs) -> int:
     gen_args = args.generation_args()
     bar = _progress(len(prompts), args.progress if args.prompts_file else False)
     out = open(args.output, "w", encoding="utf-8") if args.output else None
+    speed = GenerationSpeed()
     try:
         for first in range(0, len(prompts), gen_args.batch_size):
             batch = prompts[first : first + gen_args.batch_size]
-            for prompt, result in zip(batch, generator.generate(batch, gen_args)):
+            with speed.measure(generator) as results:
+                results += generator.generate(batch, gen_args)
+            for prompt, result in zip(batch, results):
                 record = {
                     "prompt": prompt,
                     "continuation": result.text,
@@ -157,7 +170,50 @@ def run(args: GenerateArgs) -> int:
             out.close()
         if bar is not None:
             bar.close()
+    print(speed.line(torch_threads()), file=sys.stderr, flush=True)
     return 0
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+class GenerationSpeed:
+    """Bytes generated over the seconds spent generating them (loading and prompts' encoding
+    excluded), and the speculative acceptance over every batch, for the closing line."""
+
+    def __init__(self):
+        self.n_bytes = 0
+        self.seconds = 0.0
+        self.drafted = 0
+        self.accepted = 0
+        self.speculative = False
+
+    @contextlib.contextmanager
+    def measure(self, generator):
+        results: list = []
+        start = time.perf_counter()
+        yield results
+        self.seconds += time.perf_counter() - start
+        self.n_bytes += sum(len(r.data) for r in results)
+        stats = getattr(generator, "speculative_stats", None)
+        if stats is not None:  # reset by every `generate` call: added up here
+            self.speculative = True
+            self.drafted += stats.drafted
+            self.accepted += stats.accepted
+
+    def line(self, threads: int) -> str:
+        rate = self.n_bytes / self.seconds if self.seconds > 0 else float("nan")
+        line = (
+            f"generated {self.n_bytes} bytes in {self.seconds:.2f} s: {rate:.1f} bytes/s "
+            f"({threads} thread{'s' if threads != 1 else ''})"
+        )
+        if self.speculative:
+            accepted = self.accepted / self.drafted if self.drafted else float("nan")
+            line += f"; speculative acceptance {accepted:.1%} ({self.accepted}/{self.drafted} drafted bytes)"
+        return line
 
 
 USAGE = "usage: python -m bytelatent.generate ckpt=DIR prompt=TEXT [key=value ...]"
