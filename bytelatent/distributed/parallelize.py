@@ -212,6 +212,7 @@ _OPTIONAL_SAVE_OPS = (
     ("xformers", "efficient_attention_forward_ck"),
     ("xformers_flash", "flash_fwd"),
     ("xformers_flash3", "flash_fwd"),
+    ("bytelatent", "chunked_attention"),  # the CPU chunk plan's op (model/attention/chunked.py)
 )
 
 
