@@ -362,7 +362,7 @@ def _patch_cross_cases(ctx: Ctx, backends, tol, failures) -> list[dict]:
     from per-query key bounds), encoder and decoder side, with padded patches (empty rows)."""
     import torch
 
-    from bytelatent.model import patch_utils as PU
+    from bytelatent.archs.blt import patch_utils as PU
 
     n_bytes, k = (200, 2) if ctx.quick else (4096, 2)
     gen = torch.Generator().manual_seed(n_bytes)
@@ -985,8 +985,8 @@ def _generation_hnet(max_bytes: int):
     sys.path.insert(0, str(REPO / "bench"))
     import generation_cpu as g
 
-    from bytelatent.model.hnet_args import HNetArgs
-    from bytelatent.model.hnet_model import HNet
+    from bytelatent.archs.hnet.args import HNetArgs
+    from bytelatent.archs.hnet.model import HNet
 
     stage = dict(dim=64, n_heads=4, n_layers_encoder=1, n_layers_decoder=1, sliding_window=64,
                  target_ratio=4.0)  # fmt: skip
@@ -1034,7 +1034,7 @@ def step_hnet_flex(ctx: Ctx) -> dict:
     from torch._dynamo.utils import counters
 
     from bytelatent.model.attention import flex
-    from bytelatent.model.hnet import chunking
+    from bytelatent.archs.hnet.dc import chunking
 
     argv = ["config=configs/hnet_debug.yaml", "arch_args.attn_impl=flex_attention"]
     argv += ["data.batch_size=2", "data.seq_len=128"] if ctx.quick else []
