@@ -1033,8 +1033,8 @@ def step_hnet_flex(ctx: Ctx) -> dict:
     import torch
     from torch._dynamo.utils import counters
 
-    from bytelatent.model.attention import flex
     from bytelatent.archs.hnet.dc import chunking
+    from bytelatent.model.attention import flex
 
     argv = ["config=configs/hnet_debug.yaml", "arch_args.attn_impl=flex_attention"]
     argv += ["data.batch_size=2", "data.seq_len=128"] if ctx.quick else []

@@ -13,10 +13,10 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
-from bytelatent.model.attention import flex
-from bytelatent.archs.hnet.dc import chunking
 from bytelatent.archs.hnet.args import HNetArgs
+from bytelatent.archs.hnet.dc import chunking
 from bytelatent.archs.hnet.model import HNet
+from bytelatent.model.attention import flex
 
 STAGES = [
     dict(dim=32, n_heads=2, sliding_window=16, target_ratio=3.0),
