@@ -68,6 +68,7 @@ def widths_seen(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return seen
 
 
+@pytest.mark.slow  # ~5 s of CPU (14 H-Net forwards, 3 flex compiles): over a minute under load
 def test_hnet_flex_compiles_a_bounded_number_of_times(flex_on_cpu, monkeypatch) -> None:
     """12 batches of changing inner widths, then a validation length and a short last batch:
     a few graphs in all (one per head layout, static then dynamic), no eager flex call, and the
