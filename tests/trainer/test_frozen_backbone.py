@@ -1,5 +1,7 @@
 """Byteify stage 1: `optim.groups` with `frozen: true` keeps the global transformer bitwise
-unchanged for the whole run (an in-process tiny BLT) while the local models train."""
+unchanged for the whole run (an in-process tiny BLT) while the local models train; stage 2, a
+new run warm-started from stage 1's checkpoint, starts from exactly those weights and moves the
+backbone at its lower learning rate."""
 
 from __future__ import annotations
 
@@ -20,20 +22,24 @@ def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def test_frozen_backbone_is_bitwise_unchanged_after_stage_1_steps(tmp_path, corpus_root):
-    args = parse_args(
+def stage_args(dump, corpus_root, group: str, *extra: str) -> TrainArgs:
+    return parse_args(
         TrainArgs,
         [
             *TINY_BLT,
-            f"optim.groups=[{{params: '{BACKBONE}', frozen: true}}]",
-            f"dump_dir={tmp_path / 'run'}",
+            f"optim.groups=[{{params: '{BACKBONE}', {group}}}]",
+            f"dump_dir={dump}",
             f"data.root_dir={corpus_root}",
             "distributed.model_dtype=fp32",
             "steps=4",
             "checkpoint.dump.every=0",
+            *extra,
         ],
     )
-    trainer = Trainer(args, detect_env())
+
+
+def test_frozen_backbone_is_bitwise_unchanged_after_stage_1_steps(tmp_path, corpus_root):
+    trainer = Trainer(stage_args(tmp_path / "stage1", corpus_root, "frozen: true"), detect_env())
     try:
         before = snapshot(trainer.model)
         trainer.train()
@@ -50,6 +56,23 @@ def test_frozen_backbone_is_bitwise_unchanged_after_stage_1_steps(tmp_path, corp
         assert trainer.state.step == 4
     finally:
         trainer.close()
+
+    # stage 2: a new run from stage 1's final checkpoint, everything trains, the backbone at 0.1x
+    (ckpt,) = sorted((tmp_path / "stage1" / "checkpoints").glob("0*"))
+    args = stage_args(
+        tmp_path / "stage2", corpus_root, "lr_scale: 0.1", f"checkpoint.init_ckpt_path={ckpt}"
+    )
+    stage2 = Trainer(args, detect_env())
+    try:
+        start = snapshot(stage2.model)
+        assert start.keys() == after.keys()
+        for name in after:
+            assert torch.equal(start[name], after[name]), name  # stage 1's weights, bitwise
+        stage2.train()
+        end = snapshot(stage2.model)
+        assert all(not torch.equal(start[n], end[n]) for n in backbone), "backbone must train"
+    finally:
+        stage2.close()
 
 
 def test_frozen_and_freeze_until_step_together_is_a_config_error():
