@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from bytelatent.errors import DataError
-from bytelatent.model.attention import AttnMask, flex_interval_block_mask
+from bytelatent.model.attention import AttnMask, FlexMask, flex_interval_block_mask
 
 _POOL_REDUCE = {"avg": "mean", "min": "amin", "max": "amax"}
 
@@ -245,8 +245,4 @@ def _flex_cross_mask(
 ) -> AttnMask:
     lo, hi = cross_attn_key_bounds(side, patch_ids, num_patches, k, window)
     kv_len = patch_ids.shape[1] if side == "encoder" else num_patches * k
-    return AttnMask(
-        block_mask=flex_interval_block_mask(lo, hi, kv_len),
-        query_has_key=(hi > lo)[:, None, :, None],
-        backend="flex_attention",
-    )
+    return FlexMask(flex_interval_block_mask(lo, hi, kv_len), (hi > lo)[:, None, :, None])
