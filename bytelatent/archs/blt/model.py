@@ -24,7 +24,7 @@ from bytelatent.archs.blt.hashing import (
     hash_table_specs,
     last_position_hash_embeddings,
 )
-from bytelatent.archs.blt.local_models import GlobalTransformer, LocalDecoder, LocalEncoder
+from bytelatent.archs.blt.local_models import LocalDecoder, LocalEncoder
 from bytelatent.archs.blt.patch_utils import (
     PatchCrossMask,
     build_cross_mask,
@@ -44,6 +44,7 @@ from bytelatent.model.attention import (
     resolve_backend,
     self_attn_mask,
 )
+from bytelatent.model.global_transformer import GlobalTransformer
 from bytelatent.tokenizers.constants import OFFSET
 
 # ByteLatentTransformerArgs lives in blt_args.py; importing it from here keeps working
@@ -89,7 +90,9 @@ class ByteLatentTransformer(nn.Module):
         # False forces the dense-mask cross-attention path (same function; used by tests/benchmarks)
         self.structured_cross_attn = True
         self.local_encoder = LocalEncoder(args)
-        self.global_transformer = GlobalTransformer(args)
+        self.global_transformer = GlobalTransformer(
+            args.global_block_args(), args.global_input_dim(), args.eos_id, args.dropout
+        )
         self.local_decoder = LocalDecoder(args)
         dim_enc = args.dim_local_encoder
         self.encoder_hash_tok_embedding = None

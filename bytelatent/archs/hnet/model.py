@@ -22,12 +22,9 @@ chunk of stage s).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-from bytelatent.archs.blt.local_models import GlobalTransformer
 from bytelatent.archs.hnet.args import HNetArgs
 from bytelatent.archs.hnet.dc.chunking import ChunkLayer, boundaries_first, dechunk
 from bytelatent.archs.hnet.dc.ratio_loss import loss_from_statistics
@@ -35,6 +32,7 @@ from bytelatent.archs.hnet.dc.residual import ResidualProjection, merge_residual
 from bytelatent.archs.hnet.dc.routing import RoutingModule
 from bytelatent.distributed.tp_plan import TPPlan
 from bytelatent.model.attention import resolve_backend, self_attn_mask
+from bytelatent.model.global_transformer import GlobalTransformer
 from bytelatent.model.layers import (
     KVCache,
     RMSNorm,
@@ -45,22 +43,6 @@ from bytelatent.model.layers import (
 
 _KERNEL_DTYPES = {None: None, "fp32": torch.float32, "bf16": torch.bfloat16}
 NO_EOS = -1  # a token id no position holds (chunk-level document ends are marked eos_id)
-
-
-@dataclass
-class _GlobalShape:
-    """What GlobalTransformer reads of a ByteLatentTransformerArgs: the H-Net's main network is
-    the BLT's global transformer class (same parameter names, `global_transformer.layers.*`)."""
-
-    block_args: object
-    eos_id: int
-    dropout: float = 0.0
-
-    def global_block_args(self) -> object:
-        return self.block_args
-
-    def global_input_dim(self) -> int:
-        return self.block_args.dim  # the stage pads its chunks to this width
 
 
 class HNetStage(nn.Module):
@@ -142,9 +124,9 @@ class HNet(nn.Module):
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.stages[0].dim)
         self.stages = nn.ModuleList(HNetStage(args, i) for i in range(len(args.stages)))
-        self.global_transformer = GlobalTransformer(
-            _GlobalShape(args.global_block_args(), args.eos_id)
-        )
+        # the stage pads its chunks to the global width: no input projection
+        block_args = args.global_block_args()
+        self.global_transformer = GlobalTransformer(block_args, block_args.dim, args.eos_id)
         self.norm = RMSNorm(args.stages[0].dim, eps=args.norm_eps)
         self.output = nn.Linear(args.stages[0].dim, args.vocab_size, bias=False)
 
