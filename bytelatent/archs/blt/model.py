@@ -31,7 +31,6 @@ from bytelatent.archs.blt.patch_utils import (
     check_patch_lengths,
     concat_patches,
     decoder_patch_ids_from_lengths,
-    first_token_alone,
     host_patch_has_eos,
     patch_ids_from_lengths,
     pool_patches,
@@ -45,6 +44,7 @@ from bytelatent.model.attention import (
     self_attn_mask,
 )
 from bytelatent.model.global_transformer import GlobalTransformer
+from bytelatent.model.patch_lengths import first_token_alone
 from bytelatent.tokenizers.constants import OFFSET
 
 # ByteLatentTransformerArgs lives in blt_args.py; importing it from here keeps working

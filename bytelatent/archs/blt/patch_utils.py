@@ -65,21 +65,6 @@ def host_patch_has_eos(tokens: np.ndarray, patch_lengths: np.ndarray, eos_id: in
     return has_eos
 
 
-def first_token_alone(lengths: torch.Tensor) -> torch.Tensor:
-    """Patch lengths [B, P] with each row's first patch split into its first token and the rest,
-    as training's patches mode splits a window's first patch (a no-op where it is 1 already)."""
-    if lengths.shape[1] == 0 or bool((lengths[:, 0] <= 1).all()):
-        return lengths
-    first = lengths[:, :1]
-    head = torch.minimum(first, torch.ones_like(first))
-    rest = first - head
-    out = torch.cat([head, rest, lengths[:, 1:]], dim=1)
-    # rows whose first patch was 1 now hold a 0: move it to the end (right padding)
-    order = torch.argsort((out == 0).to(torch.int8), dim=1, stable=True)
-    out = torch.gather(out, 1, order)
-    return out[:, : int((out != 0).sum(dim=1).max())]
-
-
 def check_patch_lengths(patch_lengths: torch.Tensor, seq_len: int) -> None:
     """Raise DataError unless patch_lengths [B,P] fits the contract for seq_len bytes."""
     if patch_lengths.dim() != 2:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import torch
 
-from bytelatent.archs.blt.patch_utils import first_token_alone
 from bytelatent.data.patch_rules import (
     bpe_delim_patch_starts,
     entropy_patch_starts,
@@ -27,6 +26,7 @@ from bytelatent.data.patch_rules import (
 )
 from bytelatent.data.patcher import Patcher, PatcherArgs, PatchingMode
 from bytelatent.errors import ConfigError
+from bytelatent.model.patch_lengths import first_token_alone
 
 TAIL = 4  # tail positions handed to the patcher functions; position TAIL is the one decided
 
