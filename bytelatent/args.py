@@ -196,7 +196,7 @@ class TrainArgs(BaseModel):
                 f"eval.async_launch.mode={self.eval.async_launch.mode}: evaluates checkpoint.eval "
                 "saves, but checkpoint.eval.every=0; set it > 0"
             )
-        check_run = get_arch(self.arch).resolve("check_run")
+        check_run = get_arch(self.arch).check_run
         if check_run is not None:
             check_run(self)
         return self

@@ -85,9 +85,11 @@ def flops_and_params(train: TrainArgs, row_bytes: int, bytes_per_patch: float):
     import torch
 
     spec = get_arch(train.arch)
-    factory = spec.resolve("flops")
+    factory = spec.sizes.flops
     if factory is None:
-        raise ConfigError(f"arch {train.arch}: no FLOPs counter (ArchSpec.flops); cannot size it")
+        raise ConfigError(
+            f"arch {train.arch}: no FLOPs counter (its spec's Sizes.flops); cannot size it"
+        )
     count = factory(train.active_model_args(), train.data)
     patches = row_bytes / bytes_per_patch if spec.patched else 0
     with torch.device("meta"):

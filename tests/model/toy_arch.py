@@ -2,8 +2,8 @@
 
 Importing this module registers `toy`; a config selects it with
 `arch: tests.model.toy_arch:toy` (the trainer imports the module, which registers the spec) and
-puts its args under `arch_args:`. The module stays torch-free, like the built-in specs: the model
-class is a lazy reference, so a config error answers without importing torch.
+puts its args under `arch_args:`. The module stays torch-free, like the built-in specs: its hooks
+import the model module when called, so a config error answers without importing torch.
 
 The toy's forward returns an auxiliary loss term (`act_l2`, the mean square of its hidden
 state), which the trainer adds with weight `AUX_WEIGHT` and logs as `aux/act_l2`, apart from the
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bytelatent.model.registry import ArchSpec, AuxLoss, register_arch
+from bytelatent.model.registry import ArchSpec, AuxLoss, Forward, Sizes, register_arch
 
 AUX_WEIGHT = 0.5
 
@@ -36,15 +36,27 @@ def check_toy_run(args) -> None:  # a TrainArgs
         )
 
 
+def _model() -> type:
+    from tests.model.toy_model import ToyByteLM
+
+    return ToyByteLM
+
+
+def _flops(model_args, data_args):
+    from tests.model.toy_model import toy_flops
+
+    return toy_flops(model_args, data_args)
+
+
 TOY = register_arch(
     ArchSpec(
         name="toy",
         description="toy byte LM with an auxiliary loss (tests)",
         args_class=ToyArgs,
         section="arch_args",
-        model="tests.model.toy_model:ToyByteLM",
-        aux_losses=(AuxLoss("act_l2", AUX_WEIGHT),),
-        flops="tests.model.toy_model:toy_flops",
+        model=_model,
+        forward=Forward(aux_losses=(AuxLoss("act_l2", AUX_WEIGHT),)),
+        sizes=Sizes(flops=_flops),
         check_run=check_toy_run,
     )
 )
@@ -57,9 +69,9 @@ TOY_ZERO_AUX = register_arch(
         description="the toy with its auxiliary loss weighted 0 (tests)",
         args_class=ToyArgs,
         section="arch_args",
-        model="tests.model.toy_model:ToyByteLM",
-        aux_losses=(AuxLoss("act_l2", 0.0),),
-        flops="tests.model.toy_model:toy_flops",
+        model=_model,
+        forward=Forward(aux_losses=(AuxLoss("act_l2", 0.0),)),
+        sizes=Sizes(flops=_flops),
         check_run=check_toy_run,
     )
 )

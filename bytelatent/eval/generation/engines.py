@@ -47,7 +47,7 @@ class CachedEngine:
 
     def start(self, rows: list[list[int]]) -> torch.Tensor:
         spec = model_spec(self.model)
-        engine = spec.resolve("generation_engine")
+        engine = spec.generation_engine() if spec.generation_engine is not None else None
         if engine is None:
             raise ConfigError(f"arch {spec.name} has no cached generation engine; use recompute")
         self.impl = engine.for_engine(
