@@ -51,7 +51,7 @@ class BatchSizes:
 
 class FlopsCounter:
     """Training FLOPs (forward + backward) of a batch, from `BatchSizes`, by the run's
-    architecture (`ArchSpec.flops`; an architecture without one counts 0)."""
+    architecture (`ArchSpec.sizes.flops`; an architecture without one counts 0)."""
 
     def __init__(self, args) -> None:  # TrainArgs
         spec = get_arch(args.arch)
