@@ -1,4 +1,4 @@
-"""An architecture registered from the tests folder (`tests/model/toy_arch.py`) trains through
+"""An architecture registered from the tests folder (`tests/toy_arch/__init__.py`) trains through
 `python -m bytelatent.train`, resumes bitwise and runs on 2 FSDP ranks; its auxiliary loss term
 is logged as `aux/act_l2` and is not part of `loss` / `bpb` (issue 28, items 1 and 6)."""
 
@@ -11,10 +11,10 @@ import pytest
 from harness import losses_by_step, metric_by_step, read_metrics
 from test_resume import PREEMPT_AT, STEP_DELAY
 
-CONFIG = Path(__file__).resolve().parents[1] / "model" / "toy_arch.yaml"
+CONFIG = Path(__file__).resolve().parents[1] / "toy_arch" / "toy_arch.yaml"
 
 
-def toy_args(nproc: int, arch: str = "tests.model.toy_arch:toy") -> list[str]:
+def toy_args(nproc: int, arch: str = "tests.toy_arch:toy") -> list[str]:
     # one global batch (2 rows) whatever the number of ranks
     return [f"config={CONFIG}", f"arch={arch}", f"data.batch_size={2 // nproc}",
             f"distributed.dp_shard={nproc}"]  # fmt: skip
@@ -25,7 +25,7 @@ def toy_args(nproc: int, arch: str = "tests.model.toy_arch:toy") -> list[str]:
 def test_toy_arch_trains_and_resumes_bitwise(runner, nproc: int) -> None:
     reference = runner.start("reference", toy_args(nproc), nproc=nproc)
     out = reference.wait_ok()
-    assert "model: ToyByteLM (arch tests.model.toy_arch:toy)" in out
+    assert "model: ToyByteLM (arch tests.toy_arch:toy)" in out
     expected = losses_by_step(reference.dump_dir)
     assert sorted(expected) == list(range(1, 21))
     aux = metric_by_step(reference.dump_dir, "aux/act_l2")
@@ -53,7 +53,7 @@ def test_toy_aux_loss_is_trained_but_not_in_bpb(runner) -> None:
     """Weighted 0, the auxiliary term leaves the first step's loss and bpb exactly as they are
     (they never include it) but changes the losses after the first update (it is trained)."""
     with_aux = runner.start("aux", [*toy_args(1), "steps=4"])
-    without = runner.start("zero", [*toy_args(1, "tests.model.toy_arch:toy_zero_aux"), "steps=4"])
+    without = runner.start("zero", [*toy_args(1, "tests.toy_arch:toy_zero_aux"), "steps=4"])
     with_aux.wait_ok(), without.wait_ok()
     a, z = read_metrics(with_aux.dump_dir), read_metrics(without.dump_dir)
     assert a[0]["bpb"] == z[0]["bpb"] and a[0]["loss"] == z[0]["loss"]

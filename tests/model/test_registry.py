@@ -1,6 +1,6 @@
 """The model registry (bytelatent/model/registry.py): specs by name, the config key `arch` and
 its compatibility rule, lookups by model and args, and the auxiliary-loss plumbing of the loss and
-the interval metrics (the toy architecture of tests/model/toy_arch.py)."""
+the interval metrics (the toy architecture of tests/toy_arch/__init__.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from bytelatent.model.registry import (
 from bytelatent.trainer.interval import IntervalMetrics, StepOutput
 from bytelatent.trainer.throughput import FlopsCounter
 
-TOY = "tests.model.toy_arch:toy"
+TOY = "tests.toy_arch:toy"
 LM_ARGS = {"dim": 16, "n_layers": 1, "n_heads": 2, "max_seqlen": 64}
 BYTE_DATA = {"seq_len": 32, "add_patches": False, "patcher_args": {"patching_mode": "byte"}}
 
@@ -46,7 +46,7 @@ def test_external_arch_is_imported_by_its_module_name() -> None:
     spec = get_arch(TOY)
     assert spec.name == "toy" and spec.section == "arch_args" and spec.aux_losses
     with pytest.raises(ValueError, match="registered no arch 'other'"):
-        get_arch("tests.model.toy_arch:other")
+        get_arch("tests.toy_arch:other")
     with pytest.raises(ValueError, match="already registered"):
         register_arch(
             ArchSpec(name="blt", args_class=LMTransformerArgs, section="model", model=None)

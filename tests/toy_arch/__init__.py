@@ -1,7 +1,7 @@
 """A toy architecture registered from outside `bytelatent/` (issue 28: the registry's test).
 
 Importing this module registers `toy`; a config selects it with
-`arch: tests.model.toy_arch:toy` (the trainer imports the module, which registers the spec) and
+`arch: tests.toy_arch:toy` (the trainer imports the module, which registers the spec) and
 puts its args under `arch_args:`. The module stays torch-free, like the built-in specs: its hooks
 import the model module when called, so a config error answers without importing torch.
 
@@ -37,13 +37,13 @@ def check_toy_run(args) -> None:  # a TrainArgs
 
 
 def _model() -> type:
-    from tests.model.toy_model import ToyByteLM
+    from tests.toy_arch.model import ToyByteLM
 
     return ToyByteLM
 
 
 def _flops(model_args, data_args):
-    from tests.model.toy_model import toy_flops
+    from tests.toy_arch.model import toy_flops
 
     return toy_flops(model_args, data_args)
 
