@@ -59,3 +59,41 @@ def test_toy_aux_loss_is_trained_but_not_in_bpb(runner) -> None:
     assert a[0]["bpb"] == z[0]["bpb"] and a[0]["loss"] == z[0]["loss"]
     assert a[0]["aux/act_l2"] == z[0]["aux/act_l2"]  # logged unweighted
     assert a[-1]["loss"] != z[-1]["loss"], "the auxiliary term did not change training"
+
+
+def test_toy_folder_generates_cached_and_round_trips_an_hf_export(tmp_path: Path) -> None:
+    """The same folder's cached engine and HF adapter, picked by the spec (issue 37): cached
+    greedy generation equals re-running the model every byte, and export -> import gives the
+    same weights back. Nothing under bytelatent/ names the toy."""
+    import torch
+
+    import tests.toy_arch as toy
+    from bytelatent.checkpoint.hf_folder import export_hf, import_hf, write_consolidated
+    from bytelatent.checkpoint.pretrained import load_any_checkpoint
+    from bytelatent.eval.generation import GenerationArgs, Generator
+    from bytelatent.model.registry import get_arch
+
+    args = toy.ToyArgs(dim=8)
+    with torch.device("meta"):
+        model = get_arch("toy").build(args)
+    model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    model.init_weights()
+    ckpt = tmp_path / "ckpt"
+    params = {"arch": "toy", "arch_args": args.model_dump(mode="json")}
+    write_consolidated(ckpt, params, dict(model.state_dict()))
+    loaded, _, _ = load_any_checkpoint(str(ckpt))
+    prompts = ["abc", "hello, world"]
+    texts = {
+        cache: [r.tokens for r in Generator(loaded).generate(
+            prompts, GenerationArgs(max_new_bytes=12, use_cache=cache, stop_at_eos=False)
+        )]
+        for cache in (True, False)
+    }  # fmt: skip
+    assert texts[True] == texts[False] and all(len(t) > 0 for t in texts[True])
+    assert export_hf(str(ckpt), str(tmp_path / "hf")) == []
+    import_hf(str(tmp_path / "hf"), str(tmp_path / "back"))
+    back, _, _ = load_any_checkpoint(str(tmp_path / "back"))
+    tokens = torch.randint(4, 260, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(back(tokens)[0], loaded(tokens)[0])

@@ -1,4 +1,5 @@
-"""A toy architecture registered from outside `bytelatent/` (issue 28: the registry's test).
+"""A toy architecture from one folder outside `bytelatent/` (issues 28, 37): this module (its
+spec), `model.py`, `generation.py` (a cached engine) and `hf.py` (an HF-style export).
 
 Importing this module registers `toy`; a config selects it with
 `arch: tests.toy_arch:toy` (the trainer imports the module, which registers the spec) and
@@ -14,7 +15,14 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bytelatent.model.registry import ArchSpec, AuxLoss, Forward, Sizes, register_arch
+from bytelatent.model.registry import (
+    Adapters,
+    ArchSpec,
+    AuxLoss,
+    Forward,
+    Sizes,
+    register_arch,
+)
 
 AUX_WEIGHT = 0.5
 
@@ -27,6 +35,7 @@ class ToyArgs(BaseModel):
     dim: int = Field(16, ge=1, description="embedding width")
     vocab_size: int = Field(260, ge=1, description="token ids (BLT bytes: 260)")
     seed: int = Field(42, description="weight init seed (the trainer reads `seed` of every arch)")
+    max_seqlen: int = Field(1024, ge=1, description="longest row generation holds (no RoPE)")
 
 
 def check_toy_run(args) -> None:  # a TrainArgs
@@ -48,6 +57,24 @@ def _flops(model_args, data_args):
     return toy_flops(model_args, data_args)
 
 
+def _generation_engine() -> type:
+    from tests.toy_arch.generation import IncrementalToy
+
+    return IncrementalToy
+
+
+def _hf_export(ckpt, out, entropy_model, allow_window_mismatch):
+    from tests.toy_arch.hf import export_toy_hf
+
+    return export_toy_hf(ckpt, out, entropy_model, allow_window_mismatch)
+
+
+def _hf_import(hf_dir, out):
+    from tests.toy_arch.hf import import_toy_hf
+
+    return import_toy_hf(hf_dir, out)
+
+
 TOY = register_arch(
     ArchSpec(
         name="toy",
@@ -57,7 +84,11 @@ TOY = register_arch(
         model=_model,
         forward=Forward(aux_losses=(AuxLoss("act_l2", AUX_WEIGHT),)),
         sizes=Sizes(flops=_flops),
+        adapters=Adapters(
+            hf_export=_hf_export, hf_import=_hf_import, hf_model_types=("bytelatent_toy",)
+        ),
         check_run=check_toy_run,
+        generation_engine=_generation_engine,
     )
 )
 
