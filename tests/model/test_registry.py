@@ -82,6 +82,21 @@ def test_arch_args_are_validated_by_the_arch_args_class() -> None:
         TrainArgs(dump_dir="d", arch=TOY, data={"patcher_args": {"patching_mode": "space"}})
 
 
+def test_a_section_the_arch_does_not_read_is_refused() -> None:
+    """An arch_args architecture (H-Net, the toy) reads neither `model` nor `entropy_model`: a key
+    set there is a config error, not a silently unused value; without one no `model: null` is
+    needed (issue 37)."""
+    hnet = TrainArgs(dump_dir="d", arch="hnet", data=BYTE_DATA)
+    assert hnet.model is None and hnet.entropy_model is None
+    with pytest.raises(ValueError, match="model.cross_attn_k: arch=hnet does not read"):
+        TrainArgs(dump_dir="d", arch="hnet", data=BYTE_DATA, model={"cross_attn_k": 2})
+    with pytest.raises(ValueError, match="entropy_model: arch=toy does not read it"):
+        TrainArgs(dump_dir="d", arch=TOY, data=BYTE_DATA, entropy_model=LM_ARGS)
+    assert TrainArgs(dump_dir="d", arch="hnet", data=BYTE_DATA, model=None).model is None
+    entropy = TrainArgs(dump_dir="d", arch="entropy", data=BYTE_DATA, entropy_model=LM_ARGS)
+    assert entropy.model is None  # the BLT's unread defaults, as `model: null` gave
+
+
 def test_old_params_json_layouts_resolve_as_before() -> None:
     assert arch_name_from_params({"train_entropy_model": True, "model": {}}) == "entropy"
     assert arch_name_from_params({"dim": 512, "n_layers": 14}) == "entropy"  # released flat
