@@ -9,8 +9,10 @@ holds one JSON object per line with a ``prompt`` (or ``text``) string; the outpu
 object per prompt: ``prompt``, ``continuation``, ``finish_reason``, ``n_bytes``. Other keys:
 ``entropy_ckpt`` (entropy model for entropy-patched BLTs only; defaults to the checkpoint's
 ``entropy_model_checkpoint_dir`` or a sibling ``entropy_model/``), ``patcher.*`` overrides,
-``device``, ``progress`` (tqdm; default: only on a terminal) and every ``GenerationArgs`` field
-(``top_k``, ``top_p``, ``seed``, ``stop=[...]``, ``batch_size``, ``use_cache``).
+``device``, ``progress`` (tqdm; default: only on a terminal), ``allow_arch_import`` (import the
+module a ``"pkg.module:name"`` arch in params.json names; off: a checkpoint runs no code) and
+every ``GenerationArgs`` field (``top_k``, ``top_p``, ``seed``, ``stop=[...]``, ``batch_size``,
+``use_cache``).
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ class GenerateArgs(GenerationArgs):
     progress: bool | None = Field(
         None, description="tqdm bar over a prompts_file; null: only on a terminal"
     )
+    allow_arch_import: bool = Field(
+        False,
+        description="import the module an arch 'pkg.module:name' in the checkpoint's params.json "
+        "names (runs its code: only for a checkpoint you trust)",
+    )
 
     def check_source(self) -> None:
         if (self.prompt is None) == (self.prompts_file is None):
@@ -66,8 +73,12 @@ def read_prompts(path: str) -> list[str]:
     if not Path(path).exists():
         raise DataError(f"{path}: prompts file does not exist")
     prompts = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}:{number}: invalid UTF-8 at byte {exc.start}") from None
             if not line.strip():
                 continue
             try:
@@ -79,6 +90,20 @@ def read_prompts(path: str) -> list[str]:
                 raise DataError(f"{path}:{number}: expected an object with a 'prompt' string")
             prompts.append(text)
     return prompts
+
+
+def check_utf8(text: str, what: str) -> None:
+    """DataError unless `text` is valid Unicode text: bytes that are not UTF-8 on the command
+    line arrive as lone surrogates (Python's surrogateescape), as do JSON `\\ud800` escapes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        # surrogateescape maps an undecodable byte b to U+DC00 + b
+        bad = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+        raise DataError(
+            f"{what} is not valid UTF-8 ({bad} at character {exc.start}); pass UTF-8 text"
+        ) from None
 
 
 def _progress(total: int, wanted: bool | None):
@@ -101,7 +126,11 @@ def run(args: GenerateArgs) -> int:
     for index, prompt in enumerate(prompts):  # before the (slow) checkpoint load
         if prompt == "":
             raise DataError(f"prompt {index} is empty; give at least one byte")
-    generator = load_generator(args.ckpt, args.device, args.entropy_ckpt, args.patcher or None)
+        check_utf8(prompt, f"prompt {index}")
+    generator = load_generator(
+        args.ckpt, args.device, args.entropy_ckpt, args.patcher or None,
+        allow_arch_import=args.allow_arch_import,
+    )  # fmt: skip
     generator.encode(prompts)  # every prompt checked before any generation starts
     gen_args = args.generation_args()
     bar = _progress(len(prompts), args.progress if args.prompts_file else False)

@@ -166,12 +166,18 @@ def write_consolidated(out_dir: Path, params: JsonDict, state: StateDict) -> Non
 
 
 def export_hf(
-    ckpt: str, out: str, entropy_model: str | None = None, allow_window_mismatch: bool = False
+    ckpt: str,
+    out: str,
+    entropy_model: str | None = None,
+    allow_window_mismatch: bool = False,
+    allow_arch_import: bool = False,
 ) -> list[str]:
     """Write `out/` from checkpoint `ckpt` with the HF export of the architecture its params.json
-    names; returns notes on what the HF side computes differently (to print)."""
+    names; returns notes on what the HF side computes differently (to print). A
+    `"pkg.module:name"` arch in its params.json is imported only with `allow_arch_import`."""
     require_hf_deps()
-    exporter = _spec_of_checkpoint(ckpt).adapters.hf_export
+    spec = _spec_of_checkpoint(ckpt, allow_arch_import)
+    exporter = spec.adapters.hf_export
     if exporter is None:
         raise CheckpointError(
             f"{ckpt}: arch {_spec_of_checkpoint(ckpt).name!r} has no Hugging Face export"
@@ -193,7 +199,7 @@ def import_hf(hf_dir: str, out: str) -> str:
     return (chosen or importers[0]).adapters.hf_import(hf_dir, out)
 
 
-def _spec_of_checkpoint(ckpt: str) -> ArchSpec:
+def _spec_of_checkpoint(ckpt: str, allow_import: bool = False) -> ArchSpec:
     """The spec its params.json names (the first with an HF export when unreadable: its loader
     then says why)."""
     from bytelatent.checkpoint.pretrained import read_params
@@ -203,6 +209,6 @@ def _spec_of_checkpoint(ckpt: str) -> ArchSpec:
     except CheckpointError:
         return next(s for s in registered_archs().values() if s.adapters.hf_export is not None)
     try:
-        return get_arch(name)
+        return get_arch(name, allow_import=allow_import)
     except ValueError as exc:
         raise CheckpointError(str(exc)) from None

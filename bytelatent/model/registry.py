@@ -9,11 +9,18 @@ The built-in architectures are listed once, in `bytelatent/archs/__init__.py` (o
 An architecture defined outside the package registers itself when its module is imported: the
 config names it `arch: "my_pkg.my_arch:my_name"`, and `get_arch` imports `my_pkg.my_arch` (which
 calls `register_arch`) before looking up `my_name` (docs/extending.md).
+
+Importing a module runs its code, so only the user's own choice imports one: `get_arch` imports
+only with `allow_import=True` (the user's config, `TrainArgs`; `allow_arch_import=true` /
+`--allow-arch-import` on the CLIs that read a checkpoint). A name read from a file someone
+handed us (a checkpoint's params.json) finds an architecture already registered, or is refused
+(docs/reliability.md, threat model).
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 from bytelatent.model.spec import Adapters, ArchSpec, AuxLoss, Forward, Sizes
@@ -86,11 +93,27 @@ def registered_archs() -> dict[str, ArchSpec]:
     return dict(_REGISTRY)
 
 
-def get_arch(name: str) -> ArchSpec:
+ARCH_IMPORT_HINT = (
+    "add allow_arch_import=true (generate, eval) or --allow-arch-import (checkpoint export-hf), "
+    "or name the arch in your own config, if you trust it"
+)
+
+
+class ArchImportRefused(ValueError):
+    """A `"pkg.module:name"` arch whose module is not imported, asked for without consent."""
+
+
+def get_arch(name: str, *, allow_import: bool = False) -> ArchSpec:
     """The spec registered as `name` (or an alias); `"pkg.module:name"` imports `pkg.module`
-    first, which registers it. ValueError with the known names otherwise."""
+    first (which registers it) when `allow_import`, else the module must already be imported
+    (ArchImportRefused). ValueError with the known names otherwise."""
     _load_builtins()
     module_name, sep, short = name.partition(":")
+    if sep and module_name not in sys.modules and not allow_import:
+        raise ArchImportRefused(
+            f"arch {name!r} would import module {module_name!r} (running its code); a name read "
+            f"from a checkpoint is imported only when you opt in: {ARCH_IMPORT_HINT}"
+        )
     if sep:
         try:
             importlib.import_module(module_name)

@@ -96,6 +96,8 @@ class ArchSpec:
     - `generation_engine`: `() -> class` with `for_engine(model, patcher_args, entropy_model,
       batch, capacity)`, `prefill_last(row, tokens)`, `step(tokens, active)`,
       `patch_lengths(row, n)`.
+    - `actions`: `(train_args, rank) -> list[Action]` the trainer runs at every log step next to
+      the configured ones (`trainer/actions.py`; H-Net: the router collapse warning).
     """
 
     name: str
@@ -107,6 +109,7 @@ class ArchSpec:
     adapters: Adapters = field(default_factory=Adapters)
     check_run: Callable[[Any], None] | None = None
     generation_engine: Callable[[], type] | None = None
+    actions: Callable[[Any, int], list] | None = None
     aliases: tuple[str, ...] = ()
     description: str = ""
 

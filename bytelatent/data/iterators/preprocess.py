@@ -43,8 +43,10 @@ class _NoTokens(Exception):
 
 @dataclass
 class TokenizedDocument:
-    tokens: np.ndarray  # int64 [n]
+    tokens: np.ndarray  # [n], the tokenizer's compact dtype (token_dtype)
     patch_lengths: np.ndarray | None  # int64 [p], sums to n; None when not patching
+    path: str = ""  # where it was read (for errors)
+    row: int = -1
 
 
 class PreprocessIteratorState(IteratorState):
@@ -67,6 +69,8 @@ class PreprocessIterator(StatefulIterator[TokenizedDocument]):
         self.skip_bad_records = state.skip_bad_records
         self.n_skipped = state.n_skipped
         self.tokenizer = state.tokenizer_args.build()
+        # documents stay in the smallest dtype of the ids until the batch is built (int64 there)
+        self.token_dtype = self.tokenizer.token_dtype()
         self.patcher: Patcher | None = None  # only when patching needs torch (a model, top-k)
         if state.patcher_args is not None and state.patcher_args.needs_torch:
             # Here, not at the top: the other rules run on numpy (patch_rules), and a data-loader
@@ -111,20 +115,20 @@ class PreprocessIterator(StatefulIterator[TokenizedDocument]):
         return None
 
     def _process(self, doc: Document) -> TokenizedDocument:
-        tokens = self.tokenizer.encode_array(doc.text, strict=True)
+        tokens = self.tokenizer.encode_array(doc.text, strict=True, dtype=self.token_dtype)
         if len(tokens) == 0:
             raise _NoTokens
         args = self.patcher_args
         if args is None:
-            return TokenizedDocument(tokens=tokens, patch_lengths=None)
+            return TokenizedDocument(tokens, None, doc.path, doc.row)
         entropies = None
         if args.patching_mode == PatchingMode.entropy:
             entropies = self._entropies(doc, len(tokens))
         if self.patcher is None:
             patch_lengths = patch_document(args, tokens, entropies)
         else:
-            patch_lengths = self.patcher.patch_document(tokens, entropies)
-        return TokenizedDocument(tokens=tokens, patch_lengths=patch_lengths)
+            patch_lengths = self.patcher.patch_document(tokens.astype(np.int64), entropies)
+        return TokenizedDocument(tokens, patch_lengths, doc.path, doc.row)
 
     def _entropies(self, doc: Document, n_tokens: int) -> np.ndarray | None:
         if doc.entropies is None:
