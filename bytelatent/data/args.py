@@ -134,6 +134,12 @@ class DataArgs(BaseModel):
     skip_bad_records: bool = Field(
         False, description="skip (and count) unreadable records instead of failing"
     )
+    chat_template: Literal["bytelatent-chat-v1"] | None = Field(
+        None,
+        description="records are conversations (messages, prompt/response or "
+        "instruction/input/output), encoded with this chat template, loss on the answers only "
+        "(docs/sft.md); stored with the run so generation and the harness use it too",
+    )
 
     @field_validator("file_format")
     @classmethod
@@ -223,6 +229,7 @@ class DataArgs(BaseModel):
             arrow_batch_size=self.arrow_batch_size,
             skip_bad_records=self.skip_bad_records,
             text_field=self.text_field,
+            chat=self.chat_template is not None,
             open_files=self.open_files,
             order_seed=self.seed if self.shuffle_files else None,
         )
@@ -307,6 +314,7 @@ class DataArgs(BaseModel):
             arrow_batch_size=self.arrow_batch_size,
             skip_bad_records=self.skip_bad_records,
             text_field=self.text_field,
+            chat=self.chat_template is not None,
         )
         patches = self.packing_mode == "patches"
         preprocess = PreprocessIteratorState(

@@ -115,13 +115,13 @@ def validation_bpb(ctx: EvalContext) -> dict[str, float]:
         )  # fmt: skip
         n_targets = n_bytes = 0
         for batch in _progress(ctx, batches, name):
-            y, mask = torch.from_numpy(batch.y), torch.from_numpy(batch.mask)
+            y, mask = torch.from_numpy(batch.y), torch.from_numpy(batch.target_mask)
             loss_sum = masked_cross_entropy_sum(
                 ctx.forward(batch), y.to(ctx.device), mask.to(ctx.device)
             )
             sums[i, 0] += loss_sum.double()
-            n_targets += int(batch.mask.sum())
-            n_bytes += ctx.tokenizer.n_bytes(batch.y, batch.mask)
+            n_targets += int(batch.target_mask.sum())
+            n_bytes += ctx.tokenizer.n_bytes(batch.y, batch.target_mask)
         sums[i, 1] += n_targets
         sums[i, 2] += n_bytes
     if ctx.dp_group is not None or (ctx.dp_size > 1 and dist.is_initialized()):

@@ -173,6 +173,7 @@ class FileIteratorState(IteratorState):
     order_seed: int | None = Field(None, description="None: files in list order")
     epoch: int = 0
     text_field: str = "text"
+    chat: bool = False  # records are conversations (data.chat_template)
     storage_options: dict[str, Any] | None = None
     arrow_batch_size: int = Field(20, ge=1, description="Arrow rows converted to Python at a time")
     skip_bad_records: bool = False
@@ -239,6 +240,7 @@ class FileIterator(StatefulIterator[Document]):
             text_keys=text_keys(state.text_field),
             storage_options=state.storage_options,
             arrow_batch_size=state.arrow_batch_size,
+            chat=state.chat,
         )
         self.current = self._slot(state.shard_index, state.position)
         self.others = [self._slot(c.shard_index, c.position) for c in state.others]

@@ -17,8 +17,10 @@ starts at 0, 1 and the static grid. ``blt_patch_lengths`` gives those lengths fo
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from bytelatent.data.chat import is_marker
 from bytelatent.data.patch_rules import (
     bpe_delim_patch_starts,
     entropy_patch_starts,
