@@ -19,6 +19,11 @@ the marker that opens a turn starts a patch of its own (it follows the previous 
 and the turn's content starts the next one: no patch spans two turns. The rule looks only at the
 previous token, so generation decides it online exactly as training did.
 
+Text form (`render_chat`, `text_tokens`): interfaces that carry prompts as Python strings (the
+lm-eval harness's `apply_chat_template`) write each marker as a private-use character
+(U+F00F8..U+F00FB, the marker's byte + 0xF0000); `text_tokens` maps those characters back to
+the marker ids, so the harness scores and generates exactly the rows training saw.
+
 Records (`conversation_of`): `{"messages": [{"role", "content"}, ...]}`, `{"prompt",
 "response"}` (also `completion`) and `{"instruction", "input", "output"}` (Alpaca: instruction
 and input joined by a blank line as the user turn). A record that is not one of these, has an
@@ -43,6 +48,7 @@ END_ID = END_BYTE + OFFSET
 MARKER_IDS = np.array(sorted([*ROLE_IDS.values(), END_ID]), dtype=np.int64)
 
 Turn = tuple[str, str]  # (role, content)
+MARKER_CHAR_BASE = 0xF0000  # marker byte b is written as chr(MARKER_CHAR_BASE + b) in text form
 
 
 class BadConversation(ValueError):
@@ -106,6 +112,43 @@ def answer_of(generated: list[int]) -> tuple[bytes, bool]:
         elif token in (EOS_ID, *ROLE_IDS.values()):
             break
     return bytes(data), False
+
+
+def _marker_char(token: int) -> str:
+    return chr(MARKER_CHAR_BASE + token - OFFSET)
+
+
+def render_chat(turns: list[Turn], add_generation_prompt: bool = True) -> str:
+    """The template in text form (markers as private-use characters), without BOS/EOS: what
+    `text_tokens` turns back into `encode_chat_prompt`'s row (minus its BOS)."""
+    parts = [
+        _marker_char(ROLE_IDS[role]) + content + _marker_char(END_ID) for role, content in turns
+    ]
+    if add_generation_prompt:
+        parts.append(_marker_char(ROLE_IDS["assistant"]))
+    return "".join(parts)
+
+
+_CHAR_TO_ID = {_marker_char(int(t)): int(t) for t in MARKER_IDS}
+
+
+def has_markers(text: str) -> bool:
+    """Whether `text` holds template markers in text form."""
+    return any(ch in text for ch in _CHAR_TO_ID)
+
+
+def text_tokens(text: str) -> list[int]:
+    """Byte ids of `text`, with the template's text-form markers as their marker ids."""
+    if not has_markers(text):
+        return [b + OFFSET for b in text.encode("utf-8")]
+    out: list[int] = []
+    for ch in text:
+        marker = _CHAR_TO_ID.get(ch)
+        if marker is not None:
+            out.append(marker)
+        else:
+            out.extend(b + OFFSET for b in ch.encode("utf-8"))
+    return out
 
 
 def _text(value: Any, where: str) -> str:
