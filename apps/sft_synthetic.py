@@ -1,7 +1,7 @@
 """A synthetic instruction set that needs the instruction: reverse / upper-case / count the letters
 of a word, mixed, so the answer depends on which task the prompt asks for (docs/sft.md).
 
-    python -m apps.sft_synthetic --out data/sft_synth [--train 6000] [--eval 200] [--seed 0]
+    python -m apps.sft_synthetic --out data/sft_synth [--train 20000] [--eval 200] [--seed 0]
 
 Writes `{out}/train/train.jsonl` (the three record shapes a chat reader takes, mixed: messages,
 prompt/response, instruction/input/output) and `{out}/eval.jsonl` (messages; the last turn is
@@ -51,12 +51,12 @@ def record(task: str, word: str, shape: str) -> dict:
 def build(n_train: int, n_eval: int, seed: int) -> tuple[list[dict], list[dict]]:
     """(training records, evaluation records); no evaluation word is a training word."""
     rng = random.Random(seed)
-    vocab = words(n_train // 3 + n_eval, rng)
+    # one word per example: a few words seen again and again are memorised (held-out bpb rises
+    # while the training loss falls) instead of teaching the operation
+    vocab = words(n_train + n_eval, rng)
     rng.shuffle(vocab)
     held_out, seen = vocab[:n_eval], vocab[n_eval:]
-    train = [
-        record(rng.choice(TASKS), rng.choice(seen), rng.choice(SHAPES)) for _ in range(n_train)
-    ]
+    train = [record(rng.choice(TASKS), word, rng.choice(SHAPES)) for word in seen]
     evals = [record(TASKS[i % 3], word, "messages") for i, word in enumerate(held_out)]
     return train, evals
 
@@ -71,7 +71,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--train", type=int, default=6000, help="training examples")
+    parser.add_argument("--train", type=int, default=20000, help="training examples")
     parser.add_argument("--eval", type=int, default=200, help="held-out evaluation examples")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
