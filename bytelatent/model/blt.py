@@ -32,7 +32,12 @@ from bytelatent.model.hashing import (
     hash_table_specs,
     last_position_hash_embeddings,
 )
-from bytelatent.model.local_models import GlobalTransformer, LocalDecoder, LocalEncoder
+from bytelatent.model.local_models import (
+    GlobalTransformer,
+    LocalDecoder,
+    LocalEncoder,
+    PatchQueries,
+)
 from bytelatent.model.patch_utils import (
     PatchCrossMask,
     build_cross_mask,
@@ -145,10 +150,17 @@ class ByteLatentTransformer(nn.Module):
             backend=backend,
             docs=None if docs is None else docs.tokens,
         )
-        # local encoder: bytes -> byte states of every layer
-        states = self.local_encoder(self.byte_embeddings(tokens, ngram_ids), local_mask)
+        # local encoder: bytes -> byte states of every layer, and the global model's input
+        embeds = self.byte_embeddings(tokens, ngram_ids)
+        if args.cross_attn_encoder:
+            cross_mask = self._cross_mask("encoder", patch_ids, num_patches, backend)
+            patches = PatchQueries(patch_ids, num_patches, cross_mask)
+            states = self.local_encoder(embeds, local_mask, patches=patches)
+            h = patches.embeds.reshape(tokens.shape[0], num_patches, -1)
+        else:
+            states = self.local_encoder(embeds, local_mask)
+            h = self.patch_inputs(states, patch_lengths, patch_ids, backend)
         # global transformer: one state per patch
-        h = self.patch_inputs(states, patch_lengths, patch_ids, backend)
         h = self.global_transformer(
             h,
             self._patch_has_eos(tokens, patch_ids, num_patches),
@@ -342,7 +354,7 @@ class ByteLatentTransformer(nn.Module):
         """Modules to shard as separate FSDP units, in forward order.
 
         Hash/n-gram tables (each its own unit: they are the largest tensors), local encoder layers
-        then their cross-attention layers, global layers, local decoder cross-attention
+        each followed by its cross-attention, global layers, local decoder cross-attention
         interleaved with its layers. Embedding, projections, norm and output stay with the root.
         """
         units: list[nn.Module] = [
@@ -376,16 +388,14 @@ class ByteLatentTransformer(nn.Module):
 
 
 def _interleave(local: nn.Module, cross_after: bool) -> list[nn.Module]:
-    """Layers and cross-attention layers in execution order: the encoder runs all its layers,
-    then (``encode_patches``) the cross-attention paired with each layer, in layer order; the
-    decoder runs each layer's cross-attention just before the layer."""
+    """Layers and cross-attention layers in execution order: the encoder runs each layer's
+    cross-attention just after the layer, the decoder just before it."""
     units: list[nn.Module] = []
-    paired = []
     for layer, index in zip(local.layers, local.cross_for_layer):
         pair = None if index is None else local.cross_attn_layers[index]
         if pair is not None and not cross_after:
             units.append(pair)
         units.append(layer)
         if pair is not None and cross_after:
-            paired.append(pair)
-    return units + paired
+            units.append(pair)
+    return units

@@ -73,6 +73,19 @@ class DecoderCache:
     cross: Sequence[SlotCache] | None = None
 
 
+class PatchQueries:
+    """The patch states the encoder forms while it runs (``LocalEncoder.forward(patches=...)``):
+    ``ids`` [B,N] the patch of each byte, ``count`` patches per row, ``mask`` the encoder
+    cross-attention mask; ``embeds`` [B,P*k,d] is set by the forward. A plain object, not a
+    dataclass, so that module hooks pass it through untouched."""
+
+    __slots__ = ("ids", "count", "mask", "embeds")
+
+    def __init__(self, ids: torch.Tensor, count: int, mask: PatchCrossMask) -> None:
+        self.ids, self.count, self.mask = ids, count, mask
+        self.embeds: torch.Tensor | None = None
+
+
 class LocalModelBase(nn.Module):
     """Layers, positions and cross-attention layers shared by the local encoder and decoder."""
 
@@ -194,25 +207,44 @@ class LocalEncoder(LocalModelBase):
         embeds: torch.Tensor,
         mask: AttnMask | None,
         cache: Sequence[KVCache] | None = None,
+        patches: PatchQueries | None = None,
     ) -> list[torch.Tensor]:
         """embeds [B,N,d] (byte + hash embeddings) -> every layer's byte states [B,N,d].
 
         ``cache``: one KV cache per layer (generation): ``embeds`` are new bytes after the cached
         ones (positions and masks from the caches' step); a cache with ``outputs`` also keeps its
-        layer's byte states, from which ``encode_patches`` later forms patches."""
-        positions = None if cache is None else cache[0].step.positions
-        h = _dropout(self.add_positions(embeds, positions), self.dropout, self.training)
-        if cache is None:
-            freqs, caches = self.freqs(h.shape[1], h), [None] * len(self.layers)
-        else:
-            freqs, caches = self.cached_freqs(cache, h), cache
+        layer's byte states, from which ``encode_patches`` later forms patches.
+
+        ``patches`` (training, whole rows): each cross-attention runs right after the layer it is
+        paired with, as the reference's encoder does, and leaves the patch states in
+        ``patches.embeds``. The values are those of ``encode_patches`` after the layers, but
+        autograd sums a tensor's gradient contributions in the order their ops ran: this order
+        keeps the gradients bitwise the reference's when a layer's states feed both the next
+        layer and a cross-attention (cross-attention after several encoder layers)."""
+        h, freqs, caches = self._layer_inputs(embeds, cache)
         states = []
-        for layer, layer_cache in zip(self.layers, caches, strict=True):
+        for layer, layer_cache, cross_index in zip(
+            self.layers, caches, self.cross_for_layer, strict=True
+        ):
             h = layer(h, freqs, mask, cache=layer_cache)
             if layer_cache is not None:
                 layer_cache.keep_outputs(h)
             states.append(h)
+            if patches is not None and cross_index is not None:
+                patches.embeds = self._cross_step(
+                    patches.embeds, h, cross_index, patches.ids, patches.count, patches.mask
+                )
         return states
+
+    def _layer_inputs(
+        self, embeds: torch.Tensor, cache: Sequence[KVCache] | None
+    ) -> tuple[torch.Tensor, torch.Tensor, Sequence[KVCache | None]]:
+        """The first layer's input (positions, dropout), the rotation table, a cache per layer."""
+        positions = None if cache is None else cache[0].step.positions
+        h = _dropout(self.add_positions(embeds, positions), self.dropout, self.training)
+        if cache is None:
+            return h, self.freqs(h.shape[1], h), [None] * len(self.layers)
+        return h, self.cached_freqs(cache, h), cache
 
     def encode_patches(
         self,
@@ -223,17 +255,32 @@ class LocalEncoder(LocalModelBase):
     ) -> torch.Tensor:
         """Patch states [B,P*k,d] from the byte states of the layers paired with a
         cross-attention (``states[i]`` [B,N,d], None for unpaired layers): queries from
-        ``patch_queries`` or pooling, then each cross-attention in layer order."""
+        ``patch_queries`` or pooling, then each cross-attention in layer order (generation;
+        training forms them during ``forward``)."""
         patch_embeds = None
         for layer_states, cross_index in zip(states, self.cross_for_layer):
-            if cross_index is None:
-                continue
-            if patch_embeds is None:
-                patch_embeds = self._initial_patch_queries(layer_states, patch_ids, num_patches)
-            cross = self.cross_attn_layers[cross_index]
-            # double residual, as the reference: CrossAttention already returns x + out
-            patch_embeds = patch_embeds + cross(patch_embeds, layer_states, cross_mask)
+            if cross_index is not None:
+                patch_embeds = self._cross_step(
+                    patch_embeds, layer_states, cross_index, patch_ids, num_patches, cross_mask
+                )
         return patch_embeds
+
+    def _cross_step(
+        self,
+        patch_embeds: torch.Tensor | None,
+        layer_states: torch.Tensor,
+        cross_index: int,
+        patch_ids: torch.Tensor,
+        num_patches: int,
+        cross_mask: PatchCrossMask,
+    ) -> torch.Tensor:
+        """One cross-attention of the patch queries over a layer's byte states (the queries from
+        ``patch_queries`` or pooling of these states when ``patch_embeds`` is None)."""
+        if patch_embeds is None:
+            patch_embeds = self._initial_patch_queries(layer_states, patch_ids, num_patches)
+        cross = self.cross_attn_layers[cross_index]
+        # double residual, as the reference: CrossAttention already returns x + out
+        return patch_embeds + cross(patch_embeds, layer_states, cross_mask)
 
     def _initial_patch_queries(
         self, h: torch.Tensor, patch_ids: torch.Tensor, num_patches: int
