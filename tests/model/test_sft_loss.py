@@ -1,5 +1,5 @@
 """Loss on the answers only (issue 41): the targets of prompt and system turns give no gradient,
-for the BLT and the H-Net, and the H-Net starts a chunk after every chat-template marker."""
+for every registered architecture (BLT, H-Net, byte LM), and the H-Net starts a chunk after every chat-template marker."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from bytelatent.data.args import DataArgs
 from bytelatent.data.batch import Batch
 from bytelatent.data.chat import encode_conversation, is_marker
 from bytelatent.model.loss import batch_losses
-from tests.generation.conftest import tiny_blt
+from tests.generation.conftest import tiny_blt, tiny_lm
 from tests.generation.test_hnet_generation import ONE_STAGE, TWO_STAGES, tiny_hnet
 
 CONVERSATIONS = [
@@ -51,11 +51,13 @@ def perturbed(batch: Batch, where: np.ndarray, seed: int = 0) -> Batch:
     return Batch(batch.x, y, batch.mask, batch.patch_lengths, batch.loss_mask)
 
 
-@pytest.mark.parametrize("arch", ["blt", "hnet"])
+@pytest.mark.parametrize("arch", ["blt", "hnet", "lm"])
 def test_prompt_targets_give_zero_gradient(arch, tmp_path) -> None:
     torch.manual_seed(0)
     if arch == "blt":
         model = tiny_blt().train().requires_grad_(True)
+    elif arch == "lm":
+        model = tiny_lm(max_seqlen=64).train().requires_grad_(True)
     else:
         model = tiny_hnet(ONE_STAGE, "perturbed").train().requires_grad_(True)
     batch = chat_batch(tmp_path, patched=arch == "blt")
