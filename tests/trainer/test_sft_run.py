@@ -80,4 +80,4 @@ def test_shortened_recipe_lifts_exact_match_and_generate_chat_answers(tmp_path, 
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
-    assert len(res.stdout.strip().splitlines()) == 1
+    assert res.stdout.count("\n") == 1  # one answer line (what it says is the model's business)
