@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from bytelatent.model.blt_args import ByteLatentTransformerArgs
+    from bytelatent.archs.blt.args import ByteLatentTransformerArgs
 
 # run from a checkout without installing: the repository root holds the bytelatent package
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -59,7 +59,7 @@ ROWS = ("ours:fp32", "ours:bf16", "ours-compile:bf16", "hf:fp32", "hf:bf16", "tr
 
 
 def blt_args() -> ByteLatentTransformerArgs:
-    from bytelatent.model.blt_args import ByteLatentTransformerArgs
+    from bytelatent.archs.blt.args import ByteLatentTransformerArgs
 
     return ByteLatentTransformerArgs(
         dim=GLOBAL_DIM,
@@ -90,7 +90,7 @@ def blt_args() -> ByteLatentTransformerArgs:
 
 
 def build_ours(compile_model: bool) -> torch.nn.Module:
-    from bytelatent.model.blt import ByteLatentTransformer
+    from bytelatent.archs.blt.model import ByteLatentTransformer
 
     with torch.device("meta"):
         model = ByteLatentTransformer(blt_args())

@@ -34,10 +34,10 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bytelatent.archs.hnet.dc import chunking  # noqa: E402
 from bytelatent.args import TrainArgs  # noqa: E402
 from bytelatent.config import parse_args  # noqa: E402
 from bytelatent.distributed.env import detect_env  # noqa: E402
-from bytelatent.model.hnet import chunking  # noqa: E402
 from bytelatent.model.registry import get_arch  # noqa: E402
 from bytelatent.trainer.throughput import BatchSizes  # noqa: E402
 from bytelatent.trainer.trainer import Trainer  # noqa: E402

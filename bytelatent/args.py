@@ -11,14 +11,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+from bytelatent.archs.blt.reference_format import looks_like_reference, reference_hint
 from bytelatent.checkpoint.args import CheckpointArgs
-from bytelatent.config.reference_format import looks_like_reference, reference_hint
 from bytelatent.data.args import DataArgs
 from bytelatent.distributed.args import DistributedArgs
 from bytelatent.eval.args import EvalArgs
 from bytelatent.launch.args import EnvVars
 from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.registry import arch_name_from_config, get_arch
 from bytelatent.trainer.actions import ActionArgs
 from bytelatent.trainer.args import LoggingArgs, OptimArgs, ProfilerArgs

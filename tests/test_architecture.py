@@ -43,8 +43,10 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # trainer parts that TrainArgs composes and eval reuses (metrics, optim, actions, ...)
     "trainer parts": ("bytelatent.trainer",),
     "eval": ("bytelatent.eval",),
+    # one folder per architecture (model, args, spec, estimates, generation engine, adapters)
+    "archs": ("bytelatent.archs",),
     # TrainArgs composes every section's arg class
-    "args": ("bytelatent.args", "bytelatent.config.reference_format"),
+    "args": ("bytelatent.args", "bytelatent.archs.blt.reference_format"),
     "launch": ("bytelatent.launch",),
     # what takes a TrainArgs and runs it
     "training": (
@@ -63,14 +65,27 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "bytelatent.print_config",
         "bytelatent.data.check",
         "bytelatent.data.patch_size",
-        "bytelatent.config.from_reference",
+        "bytelatent.archs.blt.from_reference",
         "apps",
     ),
 }
 
 # Edges (importer, imported) both checks ignore while other branches cut them; empty it once
 # they are merged (a test below fails when an entry is no longer needed).
-KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()  # (importer, imported), each with a reason
+# (importer, imported), each with a reason. Issue 37's moves: framework code still reaching into
+# an architecture's folder until the specs carry these hooks (the next commits empty this).
+KNOWN_EXCEPTIONS: set[tuple[str, str]] = {
+    ("bytelatent.checkpoint.__main__", "bytelatent.archs.blt.hf"),
+    ("bytelatent.checkpoint.pretrained", "bytelatent.archs.blt.args"),
+    ("bytelatent.checkpoint.pretrained", "bytelatent.archs.blt.reference_compat"),
+    ("bytelatent.eval.generation.engines", "bytelatent.archs.blt.patch_utils"),
+    ("bytelatent.eval.generation.generator", "bytelatent.archs.blt.reference_compat"),
+    ("bytelatent.eval.generation.patching", "bytelatent.archs.blt.patch_utils"),
+    ("bytelatent.eval.harness", "bytelatent.archs.blt.patch_utils"),
+    ("bytelatent.model.archs", "bytelatent.archs.blt.args"),
+    ("bytelatent.model.archs", "bytelatent.archs.hnet.args"),
+    ("bytelatent.model.flops", "bytelatent.archs.lm.model"),
+}
 
 
 @dataclass(frozen=True)
@@ -271,7 +286,7 @@ def test_the_checks_catch_a_circle_and_an_upward_import():
     assert layer_of("bytelatent.model.layers") == "model"
     assert layer_of("bytelatent.trainer.trainer") == "training"
     assert layer_of("bytelatent.trainer.metrics") == "trainer parts"
-    assert layer_of("bytelatent.config.from_reference") == "entry points"
+    assert layer_of("bytelatent.archs.blt.from_reference") == "entry points"
     assert layer_of("bytelatent") == "entry points" and layer_of("bytelatent.nowhere") is None
 
 

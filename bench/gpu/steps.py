@@ -359,7 +359,7 @@ def _patch_cross_cases(ctx: Ctx, backends, tol, failures) -> list[dict]:
     from per-query key bounds), encoder and decoder side, with padded patches (empty rows)."""
     import torch
 
-    from bytelatent.model import patch_utils as PU
+    from bytelatent.archs.blt import patch_utils as PU
 
     n_bytes, k = (200, 2) if ctx.quick else (4096, 2)
     gen = torch.Generator().manual_seed(n_bytes)

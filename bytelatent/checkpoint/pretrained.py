@@ -21,13 +21,13 @@ import torch
 from pydantic import BaseModel, ValidationError
 from torch import nn
 
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+from bytelatent.archs.blt.reference_compat import blt_args_from_reference, lm_args_from_reference
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.checkpoint.consolidate import METADATA_FILE, load_dcp_state_dict
 from bytelatent.checkpoint.model_size import require_model_fits
 from bytelatent.errors import CheckpointError, UserError
 from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.reference_compat import blt_args_from_reference, lm_args_from_reference
 from bytelatent.model.registry import ArchSpec, arch_name_from_params, get_arch
 
 logger = logging.getLogger("bytelatent")

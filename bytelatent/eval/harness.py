@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from bytelatent.archs.blt.patch_utils import first_token_alone
 from bytelatent.checkpoint.pretrained import load_any_checkpoint
 from bytelatent.config.help import entry_help
 from bytelatent.config.parser import parse_args
@@ -48,7 +49,6 @@ from bytelatent.eval.generation import (
 )
 from bytelatent.eval.generation.engines import model_spec
 from bytelatent.eval.tasks import register_task
-from bytelatent.model.patch_utils import first_token_alone
 from bytelatent.model.registry import arch_of
 from bytelatent.tokenizers.constants import BOS_ID
 

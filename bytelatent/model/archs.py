@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+from bytelatent.archs.hnet.args import HNetArgs
 from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.hnet_args import HNetArgs
 from bytelatent.model.registry import ArchSpec, AuxLoss, register_arch
 
 
@@ -57,7 +57,7 @@ BLT = register_arch(
         "patches, local decoder",
         args_class=ByteLatentTransformerArgs,
         section="model",
-        model="bytelatent.model.blt:ByteLatentTransformer",
+        model="bytelatent.archs.blt.model:ByteLatentTransformer",
         patched=True,
         batch_inputs=("patch_lengths",),
         host_batch=True,
@@ -66,11 +66,11 @@ BLT = register_arch(
         size_lower_bound="bytelatent.checkpoint.model_size:blt_lower_bound",
         check_run="bytelatent.model.archs:check_blt_run",
         read_params="bytelatent.checkpoint.pretrained:blt_args_from_params",
-        reference_state_dict="bytelatent.model.reference_compat:adapt_reference_blt_state_dict",
+        reference_state_dict="bytelatent.archs.blt.reference_compat:adapt_reference_blt_state_dict",
         warm_start="bytelatent.checkpoint.hf_llama:warm_start_global",
-        hf_export="bytelatent.checkpoint.hf:export_hf",
-        hf_import="bytelatent.checkpoint.hf:import_hf",
-        generation_engine="bytelatent.eval.generation.blt:IncrementalBLT",
+        hf_export="bytelatent.archs.blt.hf:export_hf",
+        hf_import="bytelatent.archs.blt.hf:import_hf",
+        generation_engine="bytelatent.archs.blt.generation:IncrementalBLT",
     )
 )
 
@@ -81,15 +81,15 @@ ENTROPY = register_arch(
         description="byte-level LMTransformer (the BLT's entropy model)",
         args_class=LMTransformerArgs,
         section="entropy_model",
-        model="bytelatent.model.transformer:LMTransformer",
+        model="bytelatent.archs.lm.model:LMTransformer",
         host_batch=True,
         flops="bytelatent.model.flops:lm_training_flops",
         activation_bytes="bytelatent.model.activations:activation_bytes",
         size_lower_bound="bytelatent.checkpoint.model_size:lm_lower_bound",
         check_run="bytelatent.model.archs:check_entropy_run",
         read_params="bytelatent.checkpoint.pretrained:entropy_args_from_params",
-        hf_export="bytelatent.checkpoint.hf:export_hf",  # as HF's BltPatcher
-        generation_engine="bytelatent.eval.generation.lm:IncrementalLM",
+        hf_export="bytelatent.archs.blt.hf:export_hf",  # as HF's BltPatcher
+        generation_engine="bytelatent.archs.lm.generation:IncrementalLM",
     )
 )
 
@@ -137,19 +137,19 @@ HNET = register_arch(
         "transformer",
         args_class=HNetArgs,
         section="arch_args",
-        model="bytelatent.model.hnet_model:HNet",
+        model="bytelatent.archs.hnet.model:HNet",
         host_batch=True,
         # Σ_s alpha_s * ratio loss_s (alpha_s = arch_args.stages[s].ratio_loss_weight)
         aux_losses=(AuxLoss("ratio_loss", 1.0),),
         aux_metrics=("ratio_loss/", "chunk_len_mean/", "bytes_per_chunk/"),
-        flops="bytelatent.model.hnet_model:hnet_training_flops",
-        measured_flops="bytelatent.model.hnet_model:hnet_measured_flops",
+        flops="bytelatent.archs.hnet.model:hnet_training_flops",
+        measured_flops="bytelatent.archs.hnet.model:hnet_measured_flops",
         activation_bytes="bytelatent.model.activations:hnet_activation_bytes",
         check_run="bytelatent.model.archs:check_hnet_run",
         warm_start="bytelatent.checkpoint.hf_llama:warm_start_global",
         # a save_pretrained-style folder with our names (transformers has no H-Net class)
-        hf_export="bytelatent.checkpoint.hf_hnet:export_hnet_hf",
-        hf_import="bytelatent.checkpoint.hf_hnet:import_hnet_hf",
-        generation_engine="bytelatent.eval.generation.hnet:IncrementalHNet",
+        hf_export="bytelatent.archs.hnet.hf:export_hnet_hf",
+        hf_import="bytelatent.archs.hnet.hf:import_hnet_hf",
+        generation_engine="bytelatent.archs.hnet.generation:IncrementalHNet",
     )
 )

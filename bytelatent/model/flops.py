@@ -146,7 +146,7 @@ def lm_training_flops(model_args: object, data_args: object):
     """A byte LM: every token costs `lm_flops_per_token` at the run's row length."""
     import torch  # the counter builds the model on meta to count its parameters
 
-    from bytelatent.model.transformer import LMTransformer
+    from bytelatent.archs.lm.model import LMTransformer
 
     with torch.device("meta"):
         n_non_embedding = LMTransformer(model_args).num_params(exclude_embeddings=True)

@@ -48,7 +48,7 @@ HNET_TWO_STAGES = (
     "target_ratio: 2.0}]"
 )
 # H-Net's one documented host sync per stage and forward (docs/hnet.md, "Host syncs")
-PADDED_WIDTH = "bytelatent.model.hnet.chunking:padded_width"
+PADDED_WIDTH = "bytelatent.archs.hnet.dc.chunking:padded_width"
 WINDOWS = ["model.cross_attn_window_encoder=2", "model.cross_attn_window_decoder=2"]
 
 # (id, config dotlist, overrides): every model the trainer builds, with each attention backend
@@ -144,7 +144,7 @@ def test_hnet_step_without_the_allowance_fails_at_the_sync(fake_cuda_shim):
     """The allowance is what lets the H-Net trace pass: without it the sync is the failure."""
     res = run_trace(fake_cuda_shim, HNET)
     line = verdict(res)
-    assert res.returncode == 1 and "bytelatent/model/hnet/chunking.py" in line, line
+    assert res.returncode == 1 and "bytelatent/archs/hnet/dc/chunking.py" in line, line
     assert "HostReadError" in line, line
 
 

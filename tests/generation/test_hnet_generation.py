@@ -16,10 +16,10 @@ import pytest
 import torch
 import yaml
 
+from bytelatent.archs.hnet.args import HNetArgs
+from bytelatent.archs.hnet.generation import IncrementalHNet
+from bytelatent.archs.hnet.model import HNet
 from bytelatent.eval.generation import GenerationArgs, Generator, load_generator
-from bytelatent.eval.generation.hnet import IncrementalHNet
-from bytelatent.model.hnet_args import HNetArgs
-from bytelatent.model.hnet_model import HNet
 from bytelatent.model.registry import get_arch
 from bytelatent.tokenizers.constants import BOS_ID, EOS_ID
 from tests.conftest import train_tiny

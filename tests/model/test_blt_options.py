@@ -7,12 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+from bytelatent.archs.blt.local_models import PatchQueries
+from bytelatent.archs.blt.model import ByteLatentTransformer
+from bytelatent.archs.blt.patch_utils import patch_ids_from_lengths
 from bytelatent.errors import ConfigError
 from bytelatent.model.attention import self_attn_mask
-from bytelatent.model.blt import ByteLatentTransformer
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.local_models import PatchQueries
-from bytelatent.model.patch_utils import patch_ids_from_lengths
 from bytelatent.tokenizers.constants import BOS_ID, EOS_ID
 
 TINY: dict[str, Any] = {

@@ -3,7 +3,7 @@ at tiny shapes (backend "eager": nothing is code-generated).
 
 - the single-document check of the sdpa masks comes from the host when the caller hands the
   forward ``model.host_documents(batch)``: no break;
-- the hash n-gram lookups run eagerly on CPU (one break, documented in bytelatent/model/hashing.py:
+- the hash n-gram lookups run eagerly on CPU (one break, documented in bytelatent/archs/blt/hashing.py:
   the traceable alternative, plain nn.Embedding lookups with dense gradients, costs more than the
   break); with ``HASH_GRAD_BUFFER = False`` the forward is one graph.
 """
@@ -17,9 +17,9 @@ import pytest
 import torch
 import yaml
 
-from bytelatent.model import hashing
-from bytelatent.model.blt import ByteLatentTransformer
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
+from bytelatent.archs.blt import hashing
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+from bytelatent.archs.blt.model import ByteLatentTransformer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bytelatent.model.hnet import (
+from bytelatent.archs.hnet.dc import (
     ChunkLayer,
     DCStage,
     DeChunkLayer,
@@ -20,7 +20,7 @@ from bytelatent.model.hnet import (
     ratio_loss,
     straight_through,
 )
-from bytelatent.model.hnet.chunking import PROB_CLAMP
+from bytelatent.archs.hnet.dc.chunking import PROB_CLAMP
 
 
 def scan_inputs(length: int, seed: int, batch: int = 2, dim: int = 3, reset_rate: float = 0.01):

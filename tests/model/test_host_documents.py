@@ -11,8 +11,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from bytelatent.archs.blt import local_models
+from bytelatent.archs.blt import model as blt
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+from bytelatent.archs.blt.model import ByteLatentTransformer
+from bytelatent.archs.blt.patch_utils import (
+    build_cross_mask,
+    decoder_patch_ids_from_lengths,
+    host_patch_has_eos,
+    patch_ids_from_lengths,
+)
+from bytelatent.archs.lm import model as transformer
+from bytelatent.archs.lm.model import LMTransformer
 from bytelatent.data.batch import Batch
-from bytelatent.model import blt, local_models, transformer
 from bytelatent.model.args import LMTransformerArgs
 from bytelatent.model.attention import (
     HostDocuments,
@@ -22,16 +33,7 @@ from bytelatent.model.attention import (
     self_attn_mask,
 )
 from bytelatent.model.attention import xformers as xformers_backend
-from bytelatent.model.blt import ByteLatentTransformer
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.loss import forward_logits
-from bytelatent.model.patch_utils import (
-    build_cross_mask,
-    decoder_patch_ids_from_lengths,
-    host_patch_has_eos,
-    patch_ids_from_lengths,
-)
-from bytelatent.model.transformer import LMTransformer
 from bytelatent.tokenizers.constants import BOE_ID
 from tests.generation.conftest import BLT_BASE, BLT_VARIANTS, build
 from tests.model.mask_helpers import FakeBias

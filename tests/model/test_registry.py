@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
 from bytelatent.args import TrainArgs
 from bytelatent.checkpoint.pretrained import model_args_from_params
 from bytelatent.data.batch import Batch
 from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.loss import batch_losses, forward_logits, masked_cross_entropy_sum
 from bytelatent.model.registry import (
     ArchSpec,

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from bytelatent.archs.blt.patch_utils import first_token_alone
 from bytelatent.data.patcher import Patcher, PatcherArgs
 from bytelatent.errors import ConfigError
 from bytelatent.eval.generation.patching import blt_patch_lengths
-from bytelatent.model.patch_utils import first_token_alone
 from bytelatent.model.registry import ArchSpec, arch_of
 
 

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from bytelatent.archs.blt.reference_compat import patcher_settings_from_reference
 from bytelatent.checkpoint.pretrained import load_any_checkpoint
 from bytelatent.data.patcher import PatcherArgs, PatchingMode
 from bytelatent.errors import CheckpointError, ConfigError, DataError
 from bytelatent.eval.generation.engines import CachedEngine, RecomputeEngine, model_spec
 from bytelatent.eval.generation.sampling import GenerationArgs, sample_rows
 from bytelatent.eval.generation.speculative import SpeculativeEngine, SpeculativeStats
-from bytelatent.model.reference_compat import patcher_settings_from_reference
 from bytelatent.tokenizers.constants import BOS_ID, EOS_ID, OFFSET
 
 logger = logging.getLogger("bytelatent")

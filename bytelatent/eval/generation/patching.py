@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from bytelatent.archs.blt.patch_utils import first_token_alone
 from bytelatent.data.chat import is_marker
 from bytelatent.data.patch_rules import (
     bpe_delim_patch_starts,
@@ -28,7 +29,6 @@ from bytelatent.data.patch_rules import (
 )
 from bytelatent.data.patcher import Patcher, PatcherArgs, PatchingMode
 from bytelatent.errors import ConfigError
-from bytelatent.model.patch_utils import first_token_alone
 
 TAIL = 4  # tail positions handed to the patcher functions; position TAIL is the one decided
 

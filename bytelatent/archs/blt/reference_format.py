@@ -2,15 +2,15 @@
 
 `TrainArgs.config_format_hint` asks this module when a config fails to parse, so a reference file
 gets one line pointing at the converter instead of its first unknown key. The converter itself
-(`bytelatent/config/from_reference.py`) is not imported here: it sits above `TrainArgs`.
+(`bytelatent/archs/blt/from_reference.py`) is not imported here: it sits above `TrainArgs`.
 """
 
 from __future__ import annotations
 
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.reference_compat import reference_blt_fields
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+from bytelatent.archs.blt.reference_compat import reference_blt_fields
 
-CONVERTER = "python -m bytelatent.config.from_reference"
+CONVERTER = "python -m bytelatent.archs.blt.from_reference"
 # keys only the reference has: one of them at the top level marks a file as the reference's
 REFERENCE_ONLY_TOP = frozenset({"probe_freq", "profiling", "eval_on_gpus", "async_eval_gpus"})
 

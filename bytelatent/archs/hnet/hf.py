@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 from pydantic import ValidationError
 
-from bytelatent.checkpoint import hf
-from bytelatent.checkpoint.hf_config import CONFIG_FILE, HNET_MODEL_TYPE, OURS_KEY, JsonDict
-from bytelatent.checkpoint.hf_weights import WEIGHTS_FILE, StateDict
+from bytelatent.archs.blt import hf
+from bytelatent.archs.blt.hf_config import CONFIG_FILE, HNET_MODEL_TYPE, OURS_KEY, JsonDict
+from bytelatent.archs.blt.hf_weights import WEIGHTS_FILE, StateDict
+from bytelatent.archs.hnet.args import HNetArgs
 from bytelatent.errors import CheckpointError
-from bytelatent.model.hnet_args import HNetArgs
 from bytelatent.tokenizers.constants import BOS_ID
 
 
@@ -96,7 +96,7 @@ def import_hnet_hf(hf_dir: str, out: str) -> str:
 def _check_hnet_weights(args: HNetArgs, weights: StateDict, where: str) -> None:
     """Every missing, unexpected or misshaped tensor against the model the args build, in one
     line (shapes from a meta-device model: nothing allocated)."""
-    from bytelatent.model.hnet_model import HNet
+    from bytelatent.archs.hnet.model import HNet
 
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in HNet(args).state_dict().items()}

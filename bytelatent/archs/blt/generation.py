@@ -44,15 +44,15 @@ import bisect
 
 import torch
 
+from bytelatent.archs.blt.cross_attention import PatchStep, SlotCache
+from bytelatent.archs.blt.local_models import DecoderCache
+from bytelatent.archs.blt.model import ByteLatentTransformer
+from bytelatent.archs.lm.generation import IncrementalLM
 from bytelatent.data.entropy import entropy as entropy_of
 from bytelatent.data.entropy import model_max_length
 from bytelatent.errors import ConfigError
 from bytelatent.eval.generation.cache import CachedStack, to_device
-from bytelatent.eval.generation.lm import IncrementalLM
 from bytelatent.eval.generation.patching import OnlinePatcher
-from bytelatent.model.blt import ByteLatentTransformer
-from bytelatent.model.cross_attention import PatchStep, SlotCache
-from bytelatent.model.local_models import DecoderCache
 
 
 class IncrementalBLT:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from bytelatent.archs.lm.model import LMTransformer
 from bytelatent.eval.generation.cache import CachedStack, to_device
-from bytelatent.model.transformer import LMTransformer
 
 
 class IncrementalLM:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from bytelatent.model.hnet.routing import RoutingOutput
+from bytelatent.archs.hnet.dc.routing import RoutingOutput
 
 
 def boundary_statistics(

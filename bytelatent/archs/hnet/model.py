@@ -10,7 +10,7 @@
     h   = decoder_s(dechunk(c, p) * STE(p) + r)      EMA of chunk states back to positions
 
 Rows are fixed-length and hold packed documents (a document ends at ``eos_id``); the padded
-layout of ``bytelatent.model.hnet`` is used with every document start forced to be a chunk
+layout of ``bytelatent.archs.hnet.dc`` is used with every document start forced to be a chunk
 start (p = 1) and the EMA restarted there, which is the official packed (varlen) semantics.
 Attention never crosses a document (block-causal masks per stage from the document starts).
 
@@ -27,14 +27,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from bytelatent.archs.blt.local_models import GlobalTransformer
+from bytelatent.archs.hnet.args import HNetArgs
+from bytelatent.archs.hnet.dc.chunking import ChunkLayer, boundaries_first, dechunk
+from bytelatent.archs.hnet.dc.ratio_loss import loss_from_statistics
+from bytelatent.archs.hnet.dc.residual import ResidualProjection, merge_residual
+from bytelatent.archs.hnet.dc.routing import RoutingModule
 from bytelatent.data.chat import MARKER_IDS
 from bytelatent.distributed.tp_plan import TPPlan
 from bytelatent.model.attention import resolve_backend, self_attn_mask
-from bytelatent.model.hnet.chunking import ChunkLayer, boundaries_first, dechunk
-from bytelatent.model.hnet.ratio_loss import loss_from_statistics
-from bytelatent.model.hnet.residual import ResidualProjection, merge_residual
-from bytelatent.model.hnet.routing import RoutingModule
-from bytelatent.model.hnet_args import HNetArgs
 from bytelatent.model.layers import (
     KVCache,
     RMSNorm,
@@ -42,7 +43,6 @@ from bytelatent.model.layers import (
     TransformerBlock,
     init_std_factor,
 )
-from bytelatent.model.local_models import GlobalTransformer
 
 _KERNEL_DTYPES = {None: None, "fp32": torch.float32, "bf16": torch.bfloat16}
 NO_EOS = -1  # a token id no position holds (chunk-level document ends are marked eos_id)

@@ -25,11 +25,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from bytelatent.archs.hnet.dc.chunking import boundaries_first, dechunk_step
+from bytelatent.archs.hnet.dc.residual import merge_residual
+from bytelatent.archs.hnet.model import _KERNEL_DTYPES, HNet, HNetStage
 from bytelatent.data.chat import MARKER_IDS
 from bytelatent.eval.generation.cache import CachedStack, to_device
-from bytelatent.model.hnet.chunking import boundaries_first, dechunk_step
-from bytelatent.model.hnet.residual import merge_residual
-from bytelatent.model.hnet_model import _KERNEL_DTYPES, HNet, HNetStage
 from bytelatent.model.layers import KVCache
 
 

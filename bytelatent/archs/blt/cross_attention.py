@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from bytelatent.archs.blt.patch_utils import PatchCrossMask
 from bytelatent.model.attention import attend
 from bytelatent.model.layers import RMSNorm
-from bytelatent.model.patch_utils import PatchCrossMask
 
 
 def _trunc_normal_(weight: torch.Tensor, std: float) -> None:

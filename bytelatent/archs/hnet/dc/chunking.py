@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bytelatent.model.hnet.ema import ema_scan
+from bytelatent.archs.hnet.dc.ema import ema_scan
 
 PROB_CLAMP = 1e-4  # DeChunk clamps p to [1e-4, 1 - 1e-4]: no state is copied or dropped whole
 

@@ -1,10 +1,10 @@
 """Convert a reference (facebookresearch/blt) training YAML into a bytelatent config, with a report.
 
-`python -m bytelatent.config.from_reference REF.yaml [-o OUT.yaml]` writes the converted config
+`python -m bytelatent.archs.blt.from_reference REF.yaml [-o OUT.yaml]` writes the converted config
 (to stdout without -o) and prints a report on stderr that lists every field of the input exactly
 once: mapped (old -> new), dropped (with the reason), or needing the user (`???` values).
 
-The model sections go through `bytelatent.model.reference_compat` (the same mapping that loads
+The model sections go through `bytelatent.archs.blt.reference_compat` (the same mapping that loads
 released `params.json` files), so a converted config builds the model the reference would have
 built. Where the reference ignores a field (verified no-ops, patcher settings in the model
 section that only matter with patch_in_forward, the top-level dim/n_layers/n_heads of a BLT),
@@ -22,15 +22,15 @@ from typing import Any
 import pydantic
 import yaml
 
-from bytelatent.args import TrainArgs  # torch-free, as every module here: `--help` needs no torch
-from bytelatent.config.parser import MISSING, load_yaml_file, validation_error_to_config_error
-from bytelatent.config.reference_format import CONVERTER
-from bytelatent.errors import ConfigError, UserError
-from bytelatent.model.reference_compat import (
+from bytelatent.archs.blt.reference_compat import (
     REFERENCE_PATCHER_FIELDS,
     blt_args_from_reference,
     lm_args_from_reference,
 )
+from bytelatent.archs.blt.reference_format import CONVERTER
+from bytelatent.args import TrainArgs  # torch-free, as every module here: `--help` needs no torch
+from bytelatent.config.parser import MISSING, load_yaml_file, validation_error_to_config_error
+from bytelatent.errors import ConfigError, UserError
 
 # Reference TrainArgs schema (facebookresearch/blt bytelatent/args.py and the arg classes it
 # composes, BLT_REFERENCE_FACTS.md §2): section -> its fields. Leaves only; dict-valued fields
@@ -432,6 +432,7 @@ def _reconcile(tree: dict, report: Report) -> None:
 
 def _check_converted(tree: dict) -> None:
     """The output must validate as our TrainArgs once its ??? values are filled in."""
+
     def fill(node: Any) -> Any:
         if isinstance(node, dict):
             return {k: fill(v) for k, v in node.items()}

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
 from bytelatent.errors import CheckpointError, ConfigError
 from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.tokenizers.constants import VOCAB_SIZE
 
 if TYPE_CHECKING:

@@ -24,6 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+from bytelatent.archs.blt.cross_attention import CrossAttention, PatchStep, SlotCache
+from bytelatent.archs.blt.patch_utils import PatchCrossMask, pool_patches
 from bytelatent.model.args import BaseTransformerArgs, block_head_counts
 from bytelatent.model.attention import (
     AttnMask,
@@ -31,8 +34,6 @@ from bytelatent.model.attention import (
     resolve_backend,
     self_attn_mask,
 )
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.cross_attention import CrossAttention, PatchStep, SlotCache
 from bytelatent.model.layers import (
     KVCache,
     RMSNorm,
@@ -40,7 +41,6 @@ from bytelatent.model.layers import (
     TransformerBlock,
     init_std_factor,
 )
-from bytelatent.model.patch_utils import PatchCrossMask, pool_patches
 from bytelatent.tokenizers.constants import BOE_ID
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+from bytelatent.archs.blt.model import ByteLatentTransformer
 from bytelatent.errors import CheckpointError
-from bytelatent.model.blt import ByteLatentTransformer
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
 
 # A state dict of plain tensors (on CPU): ours by our parameter names, or HF's by theirs.
 StateDict = dict[str, torch.Tensor]

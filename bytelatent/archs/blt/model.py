@@ -18,27 +18,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from bytelatent.distributed.tp_plan import TPPlan
-from bytelatent.errors import ConfigError
-from bytelatent.model.attention import (
-    HostBatch,
-    HostDocuments,
-    resolve_backend,
-    self_attn_mask,
-)
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.hashing import (
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+from bytelatent.archs.blt.hashing import (
     compute_hash_embeddings,
     hash_table_specs,
     last_position_hash_embeddings,
 )
-from bytelatent.model.local_models import (
+from bytelatent.archs.blt.local_models import (
     GlobalTransformer,
     LocalDecoder,
     LocalEncoder,
     PatchQueries,
 )
-from bytelatent.model.patch_utils import (
+from bytelatent.archs.blt.patch_utils import (
     PatchCrossMask,
     build_cross_mask,
     check_patch_lengths,
@@ -48,6 +40,14 @@ from bytelatent.model.patch_utils import (
     host_patch_has_eos,
     patch_ids_from_lengths,
     pool_patches,
+)
+from bytelatent.distributed.tp_plan import TPPlan
+from bytelatent.errors import ConfigError
+from bytelatent.model.attention import (
+    HostBatch,
+    HostDocuments,
+    resolve_backend,
+    self_attn_mask,
 )
 from bytelatent.tokenizers.constants import OFFSET
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from bytelatent.checkpoint.hf_weights import StateDict
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+from bytelatent.archs.blt.hf_weights import StateDict
 from bytelatent.errors import CheckpointError
 from bytelatent.model.args import LMTransformerArgs, block_head_counts
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.registry import arch_of_args
 
 

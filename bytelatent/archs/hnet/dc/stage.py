@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from bytelatent.model.hnet.chunking import ChunkLayer, DeChunkLayer
-from bytelatent.model.hnet.residual import ResidualProjection, merge_residual
-from bytelatent.model.hnet.routing import RoutingModule, RoutingOutput
+from bytelatent.archs.hnet.dc.chunking import ChunkLayer, DeChunkLayer
+from bytelatent.archs.hnet.dc.residual import ResidualProjection, merge_residual
+from bytelatent.archs.hnet.dc.routing import RoutingModule, RoutingOutput
 
 
 class IdentityMixer(nn.Module):

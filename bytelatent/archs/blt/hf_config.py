@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from bytelatent.checkpoint.hf_weights import StateDict
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+from bytelatent.archs.blt.hf_weights import StateDict
 from bytelatent.errors import CheckpointError
 from bytelatent.model.args import LMTransformerArgs, block_head_counts
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.layers import ffn_hidden_dim
 
 # A JSON object as read from or written to config.json / params.json (HF's schema, not ours).

@@ -1,6 +1,6 @@
 """Hugging Face transformers ``BltForCausalLM`` <-> our weights: export and import folders.
 
-An adapter at the edge (a sibling of ``bytelatent/model/reference_compat.py``): the model code
+An adapter at the edge (a sibling of ``bytelatent/archs/blt/reference_compat.py``): the model code
 knows nothing about HF. ``export_hf`` writes a folder ``BltForCausalLM.from_pretrained`` loads
 (``config.json``, ``model.safetensors``, tokenizer files); ``import_hf`` turns such a folder back
 into our consolidated layout (``params.json`` + ``consolidated.pth``, the entropy model under
@@ -15,7 +15,7 @@ This module reads and writes the files; the three maps it composes live apart:
                  tensors fit the config (``check_weights``: every missing/unexpected/misshaped,
                  non-float or non-finite tensor, in one line)
 
-and are re-exported here (``from bytelatent.checkpoint.hf import ...`` keeps working).
+and are re-exported here (``from bytelatent.archs.blt.hf import ...`` keeps working).
 
 HF's port computes the same function as ours only for a subset of configurations; everything
 outside it is refused with one line naming the field (``check_hf_representable``). What differs
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
-from bytelatent.checkpoint.hf_checks import (  # noqa: F401  (re-exported)
+from bytelatent.archs.blt.hf_checks import (  # noqa: F401  (re-exported)
     check_hf_entropy_representable,
     check_hf_representable,
     check_weights,
@@ -42,7 +42,7 @@ from bytelatent.checkpoint.hf_checks import (  # noqa: F401  (re-exported)
     weight_mismatches,
     window_mismatches,
 )
-from bytelatent.checkpoint.hf_config import (  # noqa: F401  (re-exported)
+from bytelatent.archs.blt.hf_config import (  # noqa: F401  (re-exported)
     CONFIG_FILE,
     HF_MODEL_TYPE,
     HF_PATCHER_TYPE,
@@ -58,7 +58,7 @@ from bytelatent.checkpoint.hf_config import (  # noqa: F401  (re-exported)
     patching_from_hf_config,
     patching_settings,
 )
-from bytelatent.checkpoint.hf_weights import (  # noqa: F401  (re-exported)
+from bytelatent.archs.blt.hf_weights import (  # noqa: F401  (re-exported)
     HASH_KEY,
     WEIGHTS_FILE,
     StateDict,
@@ -117,7 +117,7 @@ def export_hf(
 
     _require_hf_deps()
     exporter = _other_arch_adapter(_arch_of_checkpoint(ckpt), "hf_export")
-    if exporter is not None:  # e.g. H-Net (bytelatent/checkpoint/hf_hnet.py)
+    if exporter is not None:  # e.g. H-Net (bytelatent/archs/hnet/hf.py)
         return exporter(ckpt, out, entropy_model, allow_window_mismatch)
     model, args, params = load_any_checkpoint(ckpt)
     out_dir = Path(out)
