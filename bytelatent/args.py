@@ -9,7 +9,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 
 from bytelatent.archs.blt.args import ByteLatentTransformerArgs
 from bytelatent.archs.blt.reference_format import looks_like_reference, reference_hint
@@ -38,6 +45,10 @@ def _arch_args_errors(exc: ValidationError, arch: str) -> str:
         f"arch_args.{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (arch {arch})"
         for e in exc.errors()
     )
+
+
+# Validation context key: False when the config was not written by this run's user.
+ALLOW_ARCH_IMPORT = "allow_arch_import"
 
 
 class TrainArgs(BaseModel):
@@ -159,9 +170,12 @@ class TrainArgs(BaseModel):
         )
 
     @model_validator(mode="after")
-    def _arch_section(self) -> TrainArgs:
+    def _arch_section(self, info: ValidationInfo) -> TrainArgs:
+        # The user's own config may name a plugin module (importing it is their choice); a
+        # config read back from a checkpoint (`from_saved`) may not make us import anything.
+        allow_import = (info.context or {}).get(ALLOW_ARCH_IMPORT, True)
         try:
-            spec = get_arch(self.arch)
+            spec = get_arch(self.arch, allow_import=allow_import)
         except ValueError as exc:
             raise ValueError(f"arch: {exc}") from None
         if ":" not in self.arch:
@@ -200,6 +214,12 @@ class TrainArgs(BaseModel):
         if check_run is not None:
             check_run(self)
         return self
+
+    @classmethod
+    def from_saved(cls, saved: Any) -> TrainArgs:
+        """The config a checkpoint's params.json holds: an arch `"pkg.module:name"` whose module
+        this process has not imported is a validation error, never an import."""
+        return cls.model_validate(saved, context={ALLOW_ARCH_IMPORT: False})
 
     @classmethod
     def config_format_hint(cls, tree: dict, path: str | None) -> str | None:

@@ -15,8 +15,10 @@ holds one JSON object per line with a ``prompt`` (or ``text``) string; the outpu
 object per prompt: ``prompt``, ``continuation``, ``finish_reason``, ``n_bytes``. Other keys:
 ``entropy_ckpt`` (entropy model for entropy-patched BLTs only; defaults to the checkpoint's
 ``entropy_model_checkpoint_dir`` or a sibling ``entropy_model/``), ``patcher.*`` overrides,
-``device``, ``progress`` (tqdm; default: only on a terminal) and every ``GenerationArgs`` field
-(``top_k``, ``top_p``, ``seed``, ``stop=[...]``, ``batch_size``, ``use_cache``).
+``device``, ``progress`` (tqdm; default: only on a terminal), ``allow_arch_import`` (import the
+module a ``"pkg.module:name"`` arch in params.json names; off: a checkpoint runs no code) and
+every ``GenerationArgs`` field (``top_k``, ``top_p``, ``seed``, ``stop=[...]``, ``batch_size``,
+``use_cache``).
 """
 
 from __future__ import annotations
@@ -64,6 +66,11 @@ class GenerateArgs(GenerationArgs):
     progress: bool | None = Field(
         None, description="tqdm bar over a prompts_file; null: only on a terminal"
     )
+    allow_arch_import: bool = Field(
+        False,
+        description="import the module an arch 'pkg.module:name' in the checkpoint's params.json "
+        "names (runs its code: only for a checkpoint you trust)",
+    )
 
     def check_source(self) -> None:
         if (self.prompt is None) == (self.prompts_file is None):
@@ -88,8 +95,12 @@ def read_prompts(path: str, chat: bool = False) -> list:
     if not Path(path).exists():
         raise DataError(f"{path}: prompts file does not exist")
     prompts = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}:{number}: invalid UTF-8 at byte {exc.start}") from None
             if not line.strip():
                 continue
             try:
@@ -104,6 +115,20 @@ def read_prompts(path: str, chat: bool = False) -> list:
                 raise DataError(f"{path}:{number}: expected an object with a 'prompt' string")
             prompts.append(text)
     return prompts
+
+
+def check_utf8(text: str, what: str) -> None:
+    """DataError unless `text` is valid Unicode text: bytes that are not UTF-8 on the command
+    line arrive as lone surrogates (Python's surrogateescape), as do JSON `\\ud800` escapes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        # surrogateescape maps an undecodable byte b to U+DC00 + b
+        bad = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+        raise DataError(
+            f"{what} is not valid UTF-8 ({bad} at character {exc.start}); pass UTF-8 text"
+        ) from None
 
 
 def _progress(total: int, wanted: bool | None):
@@ -127,9 +152,16 @@ def run(args: GenerateArgs) -> int:
     for index, prompt in enumerate(prompts):  # before the (slow) checkpoint load
         if prompt == "":
             raise DataError(f"prompt {index} is empty; give at least one byte")
+        for text in [prompt] if isinstance(prompt, str) else [c for _, c in prompt]:
+            check_utf8(text, f"prompt {index}")
+    if chat:  # before the (slow) checkpoint load
+        check_chat_checkpoint(args.ckpt)
+    generator = load_generator(
+        args.ckpt, args.device, args.entropy_ckpt, args.patcher or None,
+        allow_arch_import=args.allow_arch_import,
+    )  # fmt: skip
     if chat:
-        return run_chat(args, prompts)
-    generator = load_generator(args.ckpt, args.device, args.entropy_ckpt, args.patcher or None)
+        return run_chat(args, prompts, generator)
     generator.encode(prompts)  # every prompt checked before any generation starts
     gen_args = args.generation_args()
     bar = _progress(len(prompts), args.progress if args.prompts_file else False)
@@ -159,14 +191,18 @@ def run(args: GenerateArgs) -> int:
     return 0
 
 
-def run_chat(args: GenerateArgs, prompts: list) -> int:
-    """mode=chat: each prompt (a user turn, or the turns so far) answered with the template."""
+def check_chat_checkpoint(ckpt: str) -> None:
+    """mode=chat needs a checkpoint fine-tuned with this code's chat template."""
     from bytelatent.checkpoint.pretrained import read_params
-    from bytelatent.eval.chat import chat_template_of, check_template, generate_answers
-    from bytelatent.eval.generation import load_generator
+    from bytelatent.eval.chat import chat_template_of, check_template
 
-    check_template(chat_template_of(read_params(args.ckpt.rstrip("/"))), args.ckpt)
-    generator = load_generator(args.ckpt, args.device, args.entropy_ckpt, args.patcher or None)
+    check_template(chat_template_of(read_params(ckpt.rstrip("/"))), ckpt)
+
+
+def run_chat(args: GenerateArgs, prompts: list, generator: Any) -> int:
+    """mode=chat: each prompt (a user turn, or the turns so far) answered with the template."""
+    from bytelatent.eval.chat import generate_answers
+
     conversations = [[("user", p)] if isinstance(p, str) else p for p in prompts]
     answers = generate_answers(generator, conversations, args.generation_args())
     out = open(args.output, "w", encoding="utf-8") if args.output else None

@@ -8,6 +8,7 @@ mix a run trained with another command into the table.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -19,6 +20,30 @@ from apps.compare.args import CompareArgs
 from bytelatent.errors import ConfigError, DataError, UserError
 
 DONE = "done.json"
+
+
+def read_record(path: Path, keys: tuple[str, ...], redo: str) -> dict:
+    """A step's JSON record with `keys`; a damaged one (a kill mid-write, an edit) is one line
+    saying to delete it (`redo`: what the next run then does again)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{path}: unreadable ({exc}); delete it to {redo}") from None
+    missing = [k for k in keys if not isinstance(record, dict) or k not in record]
+    if missing:
+        raise DataError(f"{path}: damaged (no {missing[0]!r}); delete it to {redo}")
+    return record
+
+
+def checked_threshold(value: object, where: str, redo: str) -> float:
+    """An entropy threshold: a finite number >= 0 (entropies are), else one line."""
+    try:
+        threshold = float(value)
+    except (TypeError, ValueError):
+        threshold = float("nan")
+    if not (math.isfinite(threshold) and threshold >= 0):
+        raise DataError(f"{where}: threshold {value!r} is not a finite number >= 0; {redo}")
+    return threshold
 
 
 def _env(threads: int) -> dict[str, str]:
@@ -42,13 +67,16 @@ def train(name: str, argv: list[str], dump_dir: Path, threads: int) -> tuple[flo
     """Train (or reuse) one run; (wall seconds of the training command, whether it ran now)."""
     done = dump_dir / DONE
     if done.exists():
-        record = json.loads(done.read_text())
+        record = read_record(done, ("argv", "wall_s"), f"train {name} again")
         if record["argv"] != argv:
             raise ConfigError(
                 f"{dump_dir} was trained with another command (see {done}); delete the folder "
                 "or choose another out_dir"
             )
-        return float(record["wall_s"]), False
+        wall_s = record["wall_s"]
+        if not isinstance(wall_s, int | float) or not math.isfinite(wall_s) or wall_s < 0:
+            raise DataError(f"{done}: damaged (wall_s={wall_s!r}); delete it to train {name} again")
+        return float(wall_s), False
     print(f"compare: training {name} ({dump_dir / 'train.out'})", flush=True)
     cmd = [sys.executable, "-m", "bytelatent.train", *argv]
     seconds = run_logged(cmd, dump_dir / "train.out", threads, f"training {name}")
@@ -109,16 +137,17 @@ def pick_threshold(args: CompareArgs, entropy_dir: str) -> tuple[float, bool]:
     ]  # fmt: skip
     cache = Path(args.out_dir) / "threshold.json"
     if cache.exists():
-        record = json.loads(cache.read_text())
+        redo = "delete it to pick the threshold again"
+        record = read_record(cache, ("command", "threshold"), "pick the threshold again")
         if record["command"] == cmd[1:]:
-            return float(record["threshold"]), False
+            return checked_threshold(record["threshold"], str(cache), redo), False
     log = Path(args.out_dir) / "patch_size.out"
     print(f"compare: picking the entropy threshold for {args.bytes_per_patch:g} bytes per patch")
     run_logged(cmd, log, args.threads, "python -m bytelatent.data.patch_size")
     found = re.search(r"^threshold=(\S+)$", log.read_text(), re.MULTILINE)
     if found is None:
         raise UserError(f"patch_size printed no threshold=<value> line (see {log})")
-    threshold = float(found.group(1))
+    threshold = checked_threshold(found.group(1), f"patch_size (see {log})", "check its output")
     record = {"command": cmd[1:], "threshold": threshold, "output": log.name}
     cache.write_text(json.dumps(record, indent=1) + "\n")
     return threshold, True

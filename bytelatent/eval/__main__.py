@@ -63,6 +63,11 @@ class StandaloneEvalArgs(BaseModel):
     metrics_file: str | None = Field(None, description="also append the results line here")
     lease: str | None = Field(None, description="reader lease file to remove when done")
     device: str | None = Field(None, description="default: the distributed env's device")
+    allow_arch_import: bool = Field(
+        False,
+        description="import the module an arch 'pkg.module:name' in the checkpoint's params.json "
+        "names (runs its code: only for a checkpoint you trust)",
+    )
 
 
 def parse_standalone_args(argv: list[str]) -> StandaloneEvalArgs:
@@ -102,7 +107,7 @@ def evaluate(args: StandaloneEvalArgs, env) -> dict:
         dp_rank=env.rank, dp_size=env.world_size,
         progress=args.eval.progress if args.eval.progress is not None else sys.stderr.isatty(),
     )  # fmt: skip
-    model, _, _ = load_any_checkpoint(args.ckpt, device)
+    model, _, _ = load_any_checkpoint(args.ckpt, device, allow_arch_import=args.allow_arch_import)
     mesh = build_mesh(distributed, env.world_size, device.type)
     if mesh is not None:
         model = parallelize_model(model, mesh, distributed)

@@ -301,6 +301,11 @@ class HarnessArgs(BaseModel):
     )
     device: str = Field("cpu", description="torch device, e.g. cpu, cuda, cuda:1")
     progress: bool | None = Field(None, description="tqdm progress bars; null: only on a terminal")
+    allow_arch_import: bool = Field(
+        False,
+        description="import the module an arch 'pkg.module:name' in the checkpoint's params.json "
+        "names (runs its code: only for a checkpoint you trust)",
+    )
 
 
 def run(args: HarnessArgs) -> dict[str, Any]:
@@ -309,7 +314,10 @@ def run(args: HarnessArgs) -> dict[str, Any]:
     # unknown task names fail before the checkpoint is loaded
     manager = TaskManager(include_path=args.include_path, include_defaults=args.include_defaults)
     check_tasks(args.tasks, manager)
-    gen = load_generator(args.ckpt, args.device, args.entropy_ckpt, args.patcher or None)
+    gen = load_generator(
+        args.ckpt, args.device, args.entropy_ckpt, args.patcher or None,
+        allow_arch_import=args.allow_arch_import,
+    )  # fmt: skip
     results = run_harness(
         gen.model,
         args.tasks,

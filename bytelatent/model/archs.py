@@ -107,11 +107,32 @@ def check_hnet_run(args: Any) -> None:
             f"arch_args.max_seqlen ({hnet.max_seqlen}) < data.seq_len ({args.data.seq_len}): "
             "RoPE tables would be too short; raise arch_args.max_seqlen"
         )
+    _check_hnet_fits_row(hnet, args.data.seq_len)
     if hnet.global_init is not None and args.checkpoint.init_ckpt_path:
         raise ValueError(
             "arch_args.global_init and checkpoint.init_ckpt_path both initialise weights; set one"
         )
     _check_hnet_tp(hnet, args.distributed.tp_size)
+
+
+# A stage whose target leaves fewer chunks than this per row has nothing to route: its main
+# network sees one position (50 stages of N = 4 on 256-byte rows: stages 4-49 hold one chunk).
+MIN_TARGET_CHUNKS_PER_ROW = 2
+
+
+def _check_hnet_fits_row(hnet: HNetArgs, row: int) -> None:
+    """The target ratios multiplied down to each stage must leave >= 2 chunks in a row."""
+    for s, bytes_per_chunk in enumerate(hnet.cumulative_ratios()):
+        chunks = row / bytes_per_chunk
+        if chunks < MIN_TARGET_CHUNKS_PER_ROW:
+            ratios = " x ".join(f"{t.target_ratio:g}" for t in hnet.stages[: s + 1])
+            which = f"stages 0-{s}" if s else "stage 0"
+            raise ValueError(
+                f"arch_args.stages[{s}].target_ratio: the targets of {which} ({ratios}) make "
+                f"{bytes_per_chunk:.4g} bytes per chunk, {chunks:.3g} chunks in a row of "
+                f"data.seq_len={row} bytes (at least {MIN_TARGET_CHUNKS_PER_ROW} needed); lower "
+                "the target ratios, use fewer stages or longer rows"
+            )
 
 
 def _check_hnet_tp(hnet: HNetArgs, tp: int) -> None:
@@ -151,5 +172,6 @@ HNET = register_arch(
         hf_export="bytelatent.archs.hnet.hf:export_hnet_hf",
         hf_import="bytelatent.archs.hnet.hf:import_hnet_hf",
         generation_engine="bytelatent.archs.hnet.generation:IncrementalHNet",
+        actions="bytelatent.archs.hnet.dc.monitor:hnet_actions",
     )
 )

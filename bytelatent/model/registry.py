@@ -11,11 +11,18 @@ Built-in architectures (`bytelatent/model/archs.py`): `blt` (ByteLatentTransform
 itself when its module is imported: the config names it `arch: "my_pkg.my_arch:my_name"`, and
 `get_arch` imports `my_pkg.my_arch` (which calls `register_arch`) before looking up `my_name`
 (docs/extending.md, "How to add a model").
+
+Importing a module runs its code, so only the user's own choice imports one: `get_arch` imports
+only with `allow_import=True` (the user's config, `TrainArgs`; `allow_arch_import=true` /
+`--allow-arch-import` on the CLIs that read a checkpoint). A name read from a file someone
+handed us (a checkpoint's params.json) finds an architecture already registered, or is refused
+(docs/reliability.md, threat model).
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +71,8 @@ class ArchSpec:
     - `hf_export` / `hf_import`: the Hugging Face adapters (`python -m bytelatent.checkpoint`).
     - `generation_engine`: a class with `for_engine(model, patcher_args, entropy_model, batch,
       capacity)`, `prefill_last(row, tokens)`, `step(tokens, active)`, `patch_lengths(row, n)`.
+    - `actions`: `(train_args, rank) -> list[Action]` the trainer runs at every log step next to
+      the configured ones (`trainer/actions.py`; H-Net: the router collapse warning).
     """
 
     name: str
@@ -91,6 +100,7 @@ class ArchSpec:
     hf_export: Ref = None
     hf_import: Ref = None
     generation_engine: Ref = None
+    actions: Ref = None
     aliases: tuple[str, ...] = ()
     description: str = ""
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
@@ -183,11 +193,27 @@ def registered_archs() -> dict[str, ArchSpec]:
     return dict(_REGISTRY)
 
 
-def get_arch(name: str) -> ArchSpec:
+ARCH_IMPORT_HINT = (
+    "add allow_arch_import=true (generate, eval) or --allow-arch-import (checkpoint export-hf), "
+    "or name the arch in your own config, if you trust it"
+)
+
+
+class ArchImportRefused(ValueError):
+    """A `"pkg.module:name"` arch whose module is not imported, asked for without consent."""
+
+
+def get_arch(name: str, *, allow_import: bool = False) -> ArchSpec:
     """The spec registered as `name` (or an alias); `"pkg.module:name"` imports `pkg.module`
-    first, which registers it. ValueError with the known names otherwise."""
+    first (which registers it) when `allow_import`, else the module must already be imported
+    (ArchImportRefused). ValueError with the known names otherwise."""
     _load_builtins()
     module_name, sep, short = name.partition(":")
+    if sep and module_name not in sys.modules and not allow_import:
+        raise ArchImportRefused(
+            f"arch {name!r} would import module {module_name!r} (running its code); a name read "
+            f"from a checkpoint is imported only when you opt in: {ARCH_IMPORT_HINT}"
+        )
     if sep:
         try:
             importlib.import_module(module_name)

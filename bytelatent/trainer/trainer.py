@@ -45,7 +45,7 @@ from bytelatent.trainer.optim import build_optimizer
 from bytelatent.trainer.probe import build_probe
 from bytelatent.trainer.profiling import build_profiler
 from bytelatent.trainer.resume_check import complete_line
-from bytelatent.trainer.resume_rules import apply_source_weights
+from bytelatent.trainer.resume_rules import apply_skip_bad_records, apply_source_weights
 from bytelatent.trainer.run_files import (
     REPLAYED_METRICS,
     raise_log_file_error,
@@ -106,6 +106,9 @@ class Trainer:
         self.actions = Actions.build(
             with_nonfinite_stop(args.actions, args.optim.max_skipped_steps)
         )
+        if (arch_actions := get_arch(args.arch).resolve("actions")) is not None:
+            for action in arch_actions(args, env.rank):  # e.g. H-Net's router collapse warning
+                self.actions.add(action)
         self.guard = NonFiniteGuard(self.optimizer, self.device)  # skips non-finite updates
         self.exit_code = 0  # set by an action that stops the run with an error
         self._resume_or_warm_start()
@@ -168,6 +171,9 @@ class Trainer:
             # its "config differs" line says the weights are applied)
             self.state.data_state, _ = apply_source_weights(
                 self.state.data_state, self.args.data.source_weights()
+            )
+            self.state.data_state = apply_skip_bad_records(
+                self.state.data_state, self.args.data.skip_bad_records
             )
             self.scheduler.load_state_dict(self.state.scheduler)  # + the config's lr, AdamW values
             self.actions.load_state_dict(self.state.actions)
@@ -359,6 +365,7 @@ class Trainer:
             tokens_seen=self.state.tokens_seen,
             **self.guard.read(),
         )
+        self.actions.observe(self.state.step, self.last)  # events into this step's record
         self.metrics.log(self.last)
         raise_log_file_error()  # train.log could not be written: end the run with that line
         return self.last

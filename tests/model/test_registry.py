@@ -29,6 +29,7 @@ from bytelatent.trainer.interval import IntervalMetrics, StepOutput
 from bytelatent.trainer.throughput import FlopsCounter
 
 TOY = "tests.model.toy_arch:toy"
+get_arch(TOY, allow_import=True)  # registers the toy (the tests below look it up)
 LM_ARGS = {"dim": 16, "n_layers": 1, "n_heads": 2, "max_seqlen": 64}
 BYTE_DATA = {"seq_len": 32, "add_patches": False, "patcher_args": {"patching_mode": "byte"}}
 
@@ -43,10 +44,13 @@ def test_builtin_archs_and_aliases() -> None:
 
 
 def test_external_arch_is_imported_by_its_module_name() -> None:
-    spec = get_arch(TOY)
+    spec = get_arch(TOY, allow_import=True)
     assert spec.name == "toy" and spec.section == "arch_args" and spec.aux_losses
     with pytest.raises(ValueError, match="registered no arch 'other'"):
         get_arch("tests.model.toy_arch:other")
+    # a module nobody imported is imported only when the caller allows it (issue 38, item 1)
+    with pytest.raises(ValueError, match="would import module 'tests.model.not_imported'"):
+        get_arch("tests.model.not_imported:x")
     with pytest.raises(ValueError, match="already registered"):
         register_arch(
             ArchSpec(name="blt", args_class=LMTransformerArgs, section="model", model=None)

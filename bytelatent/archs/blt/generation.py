@@ -36,6 +36,18 @@ test_extend_rows.py). The batched prefill (``prefill_rows``) is one ``extend_row
 
 Speculative decoding (``speculative.py``) uses ``step(..., close_patches=False)`` for drafts,
 then ``truncate`` to the accepted prefix and ``extend_rows`` with every row's bytes to check.
+
+Host syncs (tests/generation/test_device_syncs.py counts them on device-tagged tensors): patch
+decisions, EOS flags, patch bounds and cache books come from the host tokens; what the device
+needs goes there by non-blocking copies from pinned memory (``cache.to_device``), and the hash
+n-grams' constants live on the device. The reads that remain:
+
+* ``step``: one per step with entropy patching (the new bytes' entropies, which decide the patch
+  starts); none otherwise, and none in a draft step (``close_patches=False``). The caller's
+  sampling reads the next bytes (one read per step, ``sampling.sample_rows``);
+* ``extend_rows`` (a batched prefill, a speculative verification): one per call with entropy
+  patching (every row's entropies at once); none otherwise. Token tensors are given on the host
+  (a device tensor costs one read each).
 """
 
 from __future__ import annotations
@@ -186,7 +198,7 @@ class IncrementalBLT:
         if not args.cross_attn_encoder and not args.pooling_modes():
             lo = max(0, lo - int(args.patch_size))  # concatenation reads bytes before a patch
             bounds = sorted({lo, *bounds})
-        lengths = torch.tensor(bounds, device=self.device).diff()[None]
+        lengths = to_device([b - a for a, b in zip(bounds, bounds[1:])], self.device)[None]
         outputs = self.enc_stack.outputs
         states = [
             outputs[i][row : row + 1, lo:end] if i in outputs else None
@@ -256,6 +268,7 @@ class IncrementalBLT:
         rows = list(rows)
         if len(set(rows)) != len(rows) or len(rows) != len(tokens):
             raise ValueError("extend_rows takes distinct rows, one token tensor each")
+        tokens = [t.cpu() for t in tokens]  # host tokens (a device tensor would cost a read)
         for row in rows:
             if self.drafted[row]:
                 raise ValueError(f"row {row} holds draft bytes: truncate it before extending")
@@ -265,10 +278,9 @@ class IncrementalBLT:
         counts = [new_tokens[r].numel() if r in new_tokens else 0 for r in range(lo, hi)]
         if max(counts) == 0:
             return [t.new_zeros(0, self.dec.output.out_features) for t in tokens]
-        ids = self._append_bytes(new_tokens, held, lo, hi, max(counts))
+        ids, eos = self._append_bytes(new_tokens, held, lo, hi, max(counts))
         self._decide_new_starts(new_tokens, held)
         window = self.model.hash_window
-        eos = ids[:, window - 1 :] == self.args.eos_id
         embeds = self.model.byte_embeddings(ids)[:, window - 1 :]
         h = self.enc(embeds, None, cache=self.enc_stack.extend_rows_caches(lo, counts, eos))[-1]
         first = [self.closed[row] if row in new_tokens else 0 for row in range(lo, hi)]
@@ -282,27 +294,34 @@ class IncrementalBLT:
             )
         cache = self._decoder_cache(
             self.dec_stack.extend_rows_caches(lo, counts, eos),
-            torch.tensor(first, device=self.device),
-            reading.to(self.device),
+            to_device(first, self.device),
+            to_device(reading, self.device),
             slice(lo, hi),
-            slots=patch_slots.to(self.device),
+            slots=to_device(patch_slots, self.device),
         )
         logits = self.dec(h, g, None, None, None, cache=cache)
         return [logits[row - lo, : new_tokens[row].numel()] for row in rows]
 
-    def _append_bytes(self, new_tokens, held, lo: int, hi: int, steps: int) -> torch.Tensor:
-        """Record each row's new bytes; returns the rows lo..hi's new bytes with the hash
-        n-grams' context before them (0 before a row's start), right-padded: [hi-lo, W-1+steps]."""
+    def _append_bytes(
+        self, new_tokens, held, lo: int, hi: int, steps: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Record each row's new bytes (host tensors): the rows lo..hi's new bytes with the hash
+        n-grams' context before them (0 before a row's start), right-padded, on the device
+        [hi-lo, W-1+steps], and which new bytes are EOS (host [hi-lo, steps])."""
         window = self.model.hash_window
+        padded = torch.zeros(hi - lo, steps, dtype=torch.long)
+        for row, new in new_tokens.items():
+            padded[row - lo, : new.numel()] = new
+        on_device = to_device(padded, self.device)  # one copy for every row
         ids = torch.zeros(hi - lo, window - 1 + steps, dtype=torch.long, device=self.device)
         for row, new in new_tokens.items():
             n, count = held[row], new.numel()
-            self.tokens[row, n : n + count] = new
+            self.tokens[row, n : n + count] = on_device[row - lo, :count]
             self.host_tokens[row] += new.tolist()
             start = max(0, n - window + 1)
             context = window - 1 - (n - start)
             ids[row - lo, context : window - 1 + count] = self.tokens[row, start : n + count]
-        return ids
+        return ids, padded == self.args.eos_id
 
     def _decide_new_starts(self, new_tokens, held) -> None:
         """Entropies of the new bytes (one entropy-model call for all rows) and the patch starts
@@ -310,10 +329,13 @@ class IncrementalBLT:
         rows = list(new_tokens)
         if self.patcher.needs_entropies:
             extended = self.entropy_model.extend_rows(rows, list(new_tokens.values()))
-            for row, logits in zip(rows, extended):
+            # every row's entropies in one read
+            entropies = torch.cat([entropy_of(logits) for logits in extended]).cpu()
+            offset = 0
+            for row in rows:
                 n, count = held[row], new_tokens[row].numel()
-                if count:
-                    self.entropies[row, n : n + count] = entropy_of(logits).cpu()
+                self.entropies[row, n : n + count] = entropies[offset : offset + count]
+                offset += count
         for row, new in new_tokens.items():
             if new.numel():
                 self._decide_starts(row, held[row] + 1, held[row] + new.numel())
@@ -342,7 +364,7 @@ class IncrementalBLT:
                 patch_slots[row - lo, :count] = torch.arange(first[row], first[row] + count)
                 patch_counts[row - lo] = count
                 self.closed[row] += count
-        caches = self.glob_stack.extend_rows_caches(lo, patch_counts, patch_eos.to(self.device))
+        caches = self.glob_stack.extend_rows_caches(lo, patch_counts, patch_eos)
         self.global_steps += 1
         return self.glob(reps, None, cache=caches), patch_slots
 
@@ -352,8 +374,9 @@ class IncrementalBLT:
     ) -> torch.Tensor:
         """Append one byte per row (host lists: tokens, advance) -> next-byte logits [B, V].
 
-        One device-to-host copy per step at most (the new entropies, when patching needs them):
-        patch decisions, EOS flags and cache bookkeeping use the host tokens.
+        One device-to-host read per step at most (the new entropies, when patching needs them):
+        patch decisions, EOS flags and cache bookkeeping use the host tokens, and the step's
+        positions, tokens and patch slots reach the device by non-blocking pinned copies.
         ``close_patches=False`` (a draft): no patch start is decided and the global model does
         not run; each byte reads the last closed patch. Roll drafts back with ``truncate``.
         """
@@ -361,8 +384,8 @@ class IncrementalBLT:
         rows = [b for b in range(bsz) if advance[b]]
         if close_patches and any(self.drafted[b] for b in rows):
             raise ValueError("rows hold draft bytes: truncate them before a non-draft step")
-        pos = to_device(self.length, self.device)
-        ids, advancing = to_device(tokens, self.device), to_device(advance, self.device)
+        pos, ids, advancing = to_device([self.length, tokens, advance], self.device).unbind(0)
+        advancing = advancing.bool()
         batch_rows = torch.arange(bsz, device=self.device)
         self.tokens[batch_rows, pos] = torch.where(advancing, ids, self.tokens[batch_rows, pos])
         for b in rows:
@@ -391,11 +414,9 @@ class IncrementalBLT:
         g = self._close_patches(closing, bsz, h)
         write_at = [self.closed[b] - 1 if b in closing else self.scratch for b in range(bsz)]
         reading = [max(0, c - 1) for c in self.closed]
+        write_at, reading = to_device([write_at, reading], self.device).unbind(0)
         cache = self._decoder_cache(
-            self.dec_stack.step_caches(eos, advance),
-            to_device(write_at, self.device),
-            to_device(reading, self.device)[:, None],
-            slice(None),
+            self.dec_stack.step_caches(eos, advance), write_at, reading[:, None], slice(None)
         )
         return self.dec(h, g, None, None, None, cache=cache)[:, 0]
 

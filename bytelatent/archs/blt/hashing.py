@@ -33,6 +33,7 @@ from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 from bytelatent.compat import eager_only
+from bytelatent.distributed.env import host_tensor_to_device
 from bytelatent.model.args import HASH_PRIMES
 
 # the persistent-buffer gradient path of CPU hash tables (see the module docstring)
@@ -115,15 +116,18 @@ def compute_hash_embeddings(
 
 
 @functools.lru_cache(maxsize=16)
-def _last_position_powers(specs: tuple[tuple[int, int], ...], window: int) -> torch.Tensor:
-    """[n_tables, window] int64: prime**j of each table's n-gram (the exponent 0 on its oldest
-    byte), aligned to the window's end, zeros before the n-gram."""
+def _last_position_powers(
+    specs: tuple[tuple[int, int], ...], window: int, device: torch.device
+) -> torch.Tensor:
+    """[n_tables, window] int64 on ``device``: prime**j of each table's n-gram (the exponent 0 on
+    its oldest byte), aligned to the window's end, zeros before the n-gram. Built once per
+    device (a pinned, non-blocking copy): generation's per-byte embedding never copies it."""
     powers = torch.zeros(len(specs), window, dtype=torch.int64)
     for index, (func_nb, size) in enumerate(specs):
         powers[index, window - size :] = torch.tensor(
             _wrapped_prime_powers(HASH_PRIMES[func_nb], size), dtype=torch.int64
         )
-    return powers
+    return host_tensor_to_device(powers, device)
 
 
 def last_position_hash_embeddings(
@@ -144,7 +148,7 @@ def last_position_hash_embeddings(
     specs = tuple(_table_specs(hash_embeddings, sizes, nb_functions))
     if window.shape[1] < max(size for _, size in specs):
         raise ValueError(f"a window of {window.shape[1]} bytes is shorter than the longest n-gram")
-    powers = _last_position_powers(specs, window.shape[1]).to(window.device)
+    powers = _last_position_powers(specs, window.shape[1], window.device)
     ids = torch.remainder((window.to(torch.int64)[:, None, :] * powers).sum(-1), vocab)
     for index, table in enumerate(hash_embeddings):
         embeds = embeds + table(ids[:, index : index + 1])

@@ -106,17 +106,22 @@ def _write_json(path: Path, data: JsonDict) -> None:
 
 
 def export_hf(
-    ckpt: str, out: str, entropy_model: str | None = None, allow_window_mismatch: bool = False
+    ckpt: str,
+    out: str,
+    entropy_model: str | None = None,
+    allow_window_mismatch: bool = False,
+    allow_arch_import: bool = False,
 ) -> list[str]:
     """Write `out/` for BltForCausalLM.from_pretrained (or BltPatcher for an entropy model).
 
     `ckpt` is a DCP step folder, a consolidated or a released folder. Returns notes on what HF
     computes differently for some inputs (to print); refuses what HF cannot represent, and an
-    attention window shorter than the model's rows unless `allow_window_mismatch`.
+    attention window shorter than the model's rows unless `allow_window_mismatch`. A
+    `"pkg.module:name"` arch in its params.json is imported only with `allow_arch_import`.
     """
 
     _require_hf_deps()
-    exporter = _other_arch_adapter(_arch_of_checkpoint(ckpt), "hf_export")
+    exporter = _other_arch_adapter(_arch_of_checkpoint(ckpt), "hf_export", allow_arch_import)
     if exporter is not None:  # e.g. H-Net (bytelatent/archs/hnet/hf.py)
         return exporter(ckpt, out, entropy_model, allow_window_mismatch)
     model, args, params = load_any_checkpoint(ckpt)
@@ -354,12 +359,12 @@ def _arch_of_hf_folder(hf_dir: str) -> str:
     return "hnet" if config.get("model_type") == HNET_MODEL_TYPE else "blt"
 
 
-def _other_arch_adapter(arch: str, field: str):
+def _other_arch_adapter(arch: str, field: str, allow_import: bool = False):
     """The spec's `field` adapter when it is not this module's (the BLT/entropy one), else None."""
     from bytelatent.model.registry import get_arch
 
     try:
-        adapter = get_arch(arch).resolve(field)
+        adapter = get_arch(arch, allow_import=allow_import).resolve(field)
     except ValueError as exc:
         raise CheckpointError(str(exc)) from None
     if adapter is None:

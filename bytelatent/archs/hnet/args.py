@@ -19,7 +19,8 @@ from bytelatent.tokenizers.constants import EOS_ID, VOCAB_SIZE
 class HNetStageArgs(BaseModel):
     """One dynamic-chunking stage: its encoder and decoder stacks and its chunking target."""
 
-    model_config = ConfigDict(extra="forbid")
+    # inf passes `gt=1` and `ge=0` and gives NaN at step 1: every float must be finite
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     dim: int = Field(256, ge=2, description="width of this stage's encoder/decoder blocks")
     n_layers_encoder: int = Field(2, ge=0, description="encoder transformer blocks")
@@ -41,7 +42,7 @@ class HNetStageArgs(BaseModel):
 class HNetArgs(BaseModel):
     """A byte-level H-Net (`arch: hnet`); the main network is the BLT's global transformer."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     seed: int = Field(42, description="seed of the weight initialisation")
     vocab_size: int = Field(VOCAB_SIZE, ge=1, description="token ids (260: 256 bytes + 4 special)")

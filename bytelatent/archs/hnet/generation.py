@@ -18,6 +18,14 @@ the EMA and start a new document in every cache, as in the model's packed-row fo
 
 The prompt of a row is prefilled in one forward per stage (its chunks in one call of the next
 stage); generation then steps every row by one byte.
+
+Host syncs (tests/generation/test_device_syncs.py counts them on device-tagged tensors): one
+device-to-host read per stage that runs, the new positions' boundary flags (which rows grow a
+chunk: the inner caches' books and the chunk level's width and order come from them). A step
+runs stage 0, and stage s + 1 only when stage s closed a chunk in some row: 1 to ``len(stages)``
+reads per step, besides the caller's read of the sampled bytes (``sampling.sample_rows``); a
+prefill reads as many per row. Document starts, positions and chunk orders reach the device by
+non-blocking pinned copies (``cache.to_device``); prompts are given as host tensors.
 """
 
 from __future__ import annotations
@@ -64,7 +72,7 @@ class _Plan:
                 stack.begin_document(self.row)
             is_eos = torch.zeros_like(self.starts)
             is_eos[:, :-1] = self.starts[:, 1:]  # a document ends before the next one starts
-            return stack.prefill_caches(self.row, is_eos.to(stack.device))
+            return stack.prefill_caches(self.row, is_eos)
         for b, on in enumerate(self.advance):
             if on and bool(self.starts[b, 0]):
                 stack.begin_document(b)
@@ -149,7 +157,8 @@ class IncrementalHNet:
 
     @torch.no_grad()
     def prefill(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
-        """Append the 1-D ``tokens`` to row ``row``; returns logits [T, V] for each of them."""
+        """Append the 1-D ``tokens`` (host: a device tensor costs a read) to row ``row``; returns
+        logits [T, V] for each of them."""
         host = tokens.tolist()
         previous = [self.last[row], *host[:-1]]
         starts = [self._starts_document(t) for t in previous]
@@ -157,7 +166,7 @@ class IncrementalHNet:
         forced = [s or _after_marker(t) for s, t in zip(starts, previous)]
         self.last[row] = host[-1]
         plan = _Plan(torch.tensor([starts]), row, None, torch.tensor([forced]))
-        h = self.model.embed(tokens[None])
+        h = self.model.embed(to_device([host], self.device))
         return self.model.head(self._stage(0, h, plan))[0]
 
     @torch.no_grad()
@@ -185,7 +194,7 @@ class IncrementalHNet:
             residual = stage.residual_proj(h)
         # routing of each new position from (previous encoder output, its own)
         pairs = torch.cat((state.prev[rows, None].to(h.dtype), h), dim=1)
-        starts = F.pad(plan.forced, (1, 0), value=True).to(self.device)
+        starts = to_device(F.pad(plan.forced, (1, 0), value=True), self.device)
         routing = stage.routing_module(pairs, starts=starts)
         prob = routing.boundary_prob[:, 1:]
         selected = routing.selected_probs[:, 1:]
@@ -207,14 +216,19 @@ class IncrementalHNet:
         """The EMA output each new position reads [N, T, D]: new chunks (boundaries) go through
         the main network and one EMA step each; other positions read their chunk's output."""
         state = self.stages[index]
-        host_boundary = boundary.cpu()  # which rows grow a chunk decides the inner caches' books
+        # the one read of the stage: which rows grow a chunk (the inner caches' books, the
+        # chunk level's width)
+        host_boundary = boundary.cpu()
         counts = host_boundary.sum(-1)
         if not bool(counts.any()):
             rows = slice(None) if plan.row is None else slice(plan.row, plan.row + 1)
             return state.spread[rows, None].expand_as(h)
-        chunks = state.stage.chunk_layer(h, boundary)
-        width = chunks.hidden_states.shape[1]
+        # ChunkLayer's padded gather, with the width and order from the host flags (the layer
+        # itself would read the width back from the device)
+        width = int(counts.max())
         order = boundaries_first(host_boundary)[:, :width]
+        device_order = to_device(order, self.device)
+        chunks = h.gather(1, device_order[..., None].expand(-1, -1, h.shape[-1]))
         real = torch.arange(width) < counts[:, None]
         inner_starts = plan.starts.gather(1, order) & real
         inner_forced = plan.forced.gather(1, order) & real
@@ -222,10 +236,10 @@ class IncrementalHNet:
             inner_plan = _Plan(inner_starts, None, host_boundary[:, 0].tolist(), inner_forced)
         else:
             inner_plan = _Plan(inner_starts, plan.row, None, inner_forced)
-        inner = self._main(index, state.stage.to_inner(chunks.hidden_states), inner_plan)
+        inner = self._main(index, state.stage.to_inner(chunks), inner_plan)
         inner = inner[..., : h.shape[-1]]
-        chunk_prob = prob.gather(1, order.to(self.device)[..., None].expand(-1, -1, 2))
-        resets = inner_starts.to(self.device)
+        chunk_prob = prob.gather(1, device_order[..., None].expand(-1, -1, 2))
+        resets = to_device(inner_starts, self.device)
         with torch.autocast(h.device.type, enabled=False):
             if plan.row is None:
                 ema, out = dechunk_step(

@@ -1,5 +1,11 @@
 """An ``LMTransformer`` (the entropy model, or a byte LM) run incrementally with a KV cache: the
-model's own forward with one ``KVCache`` per layer (``cache.CachedStack`` plans each step)."""
+model's own forward with one ``KVCache`` per layer (``cache.CachedStack`` plans each step).
+
+Host syncs: none. ``step`` takes host lists and returns logits on the device (the caller's
+sampling reads them: one read per byte, ``sampling.sample_rows``); ``prefill_rows``, ``extend``
+and ``extend_rows`` take 1-D token tensors on the host (a device tensor costs one read each) and
+copy them to the device from pinned memory; EOS flags and cache books come from the host tokens
+(tests/generation/test_device_syncs.py)."""
 
 from __future__ import annotations
 
@@ -56,12 +62,13 @@ class IncrementalLM:
         (``restart_every``) or rows already fed are prefilled one row at a time."""
         if self.restart_every is not None or any(self.tokens) or len(rows) != len(self.tokens):
             return torch.stack([self.prefill_last(b, row) for b, row in enumerate(rows)])
+        rows = [row.cpu() for row in rows]  # host tokens (a device row would cost a read)
         lengths = [row.numel() for row in rows]
-        tokens = rows[0].new_zeros(len(rows), max(lengths))  # the pad id never counts (masked)
+        tokens = torch.zeros(len(rows), max(lengths), dtype=torch.long)  # pads never count
         for b, row in enumerate(rows):
             tokens[b, : lengths[b]] = row
         caches = self.stack.prefill_rows_caches(tokens == self.eos_id, lengths)
-        logits = self.model(tokens, cache=caches)
+        logits = self.model(to_device(tokens, self.stack.device), cache=caches)
         self.tokens = [row.tolist() for row in rows]
         last = to_device([n - 1 for n in lengths], logits.device)
         return logits[torch.arange(len(rows), device=logits.device), last]
@@ -84,6 +91,8 @@ class IncrementalLM:
     @torch.no_grad()
     def extend(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
         """Append the 1-D ``tokens`` to row ``row`` (which may hold some); logits [T, V]."""
+        tokens = tokens.cpu()  # host tokens (a device tensor would cost a read)
+        on_device = to_device(tokens, self.stack.device)
         outputs = []
         start = len(self.tokens[row])
         offset = 0
@@ -97,7 +106,7 @@ class IncrementalLM:
                 end = min(end, offset + window - position % window)
             chunk = tokens[offset:end][None]
             caches = self.stack.prefill_caches(row, chunk == self.eos_id)
-            outputs.append(self.model(chunk, cache=caches)[0])
+            outputs.append(self.model(on_device[offset:end][None], cache=caches)[0])
             offset = end
         self.tokens[row] += tokens.tolist()
         return torch.cat(outputs)
@@ -119,6 +128,7 @@ class IncrementalLM:
         out: dict[int, torch.Tensor] = {}
         batched = {}
         for row, new in zip(rows, tokens, strict=True):
+            new = new.cpu()  # host tokens (a device tensor would cost a read)
             if new.numel() == 0:
                 out[row] = torch.zeros(0, self.model.args.vocab_size, device=self.stack.device)
             elif self._restarts_within(row, new.numel()):
@@ -131,11 +141,11 @@ class IncrementalLM:
         elif batched:
             lo, hi = min(batched), max(batched) + 1
             counts = [batched[r].numel() if r in batched else 0 for r in range(lo, hi)]
-            ids = next(iter(batched.values())).new_zeros(hi - lo, max(counts))
+            ids = torch.zeros(hi - lo, max(counts), dtype=torch.long)
             for r, new in batched.items():
                 ids[r - lo, : new.numel()] = new
             caches = self.stack.extend_rows_caches(lo, counts, ids == self.eos_id)
-            logits = self.model(ids, cache=caches)
+            logits = self.model(to_device(ids, self.stack.device), cache=caches)
             for r, new in batched.items():
                 out[r] = logits[r - lo, : new.numel()]
                 self.tokens[r] += new.tolist()
@@ -156,8 +166,7 @@ class IncrementalLM:
         self.stack.reset_rows([row])
         self.tokens[row] = kept[:segment]
         if n_tokens > segment:
-            rest = torch.tensor(kept[segment:n_tokens], device=self.stack.device)
-            self.extend(row, rest)
+            self.extend(row, torch.tensor(kept[segment:n_tokens]))
 
     @torch.no_grad()
     def step(self, tokens: list[int], advance: list[bool]) -> torch.Tensor:

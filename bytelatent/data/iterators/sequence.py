@@ -39,6 +39,7 @@ from bytelatent.data.iterators.preprocess import (
     PreprocessIteratorState,
     TokenizedDocument,
 )
+from bytelatent.data.readers.base import changed_file_error
 
 
 @dataclass
@@ -87,7 +88,7 @@ class SequenceIteratorState(IteratorState):
     type: Literal["sequence"] = "sequence"
     args: SequenceArgs
     source: PreprocessIteratorState  # positioned at the document holding the buffer's first token
-    doc_offset: int = 0  # index of that token within the document
+    doc_offset: int = Field(0, ge=0)  # index of that token within the document
     rng_state: dict | None = None  # numpy bit-generator state before the buffer's permutation
     n_taken: int = 0  # windows of the current buffer already yielded
 
@@ -103,7 +104,9 @@ class _TokenStream:
     ) -> None:
         self.args = args
         self.source = source_state.build()
-        self.doc_state = source_state  # the source's state before `doc` was read
+        # the source's state before `doc` was read: as built, so it names the fingerprints of the
+        # files it opens (a buffer replays from this state)
+        self.doc_state = self.source.get_state()
         self.doc: TokenizedDocument | None = None
         self.ends: np.ndarray | None = None  # cumulative patch ends of `doc`
         self.pos = doc_offset
@@ -123,6 +126,14 @@ class _TokenStream:
             return False
         if not first:
             self.pos = 0
+        elif self.pos >= len(self.doc.tokens):
+            # a restored position past the document's end: the data changed under the state
+            # (windows would otherwise never reach the document's end)
+            raise changed_file_error(
+                self.doc.path,
+                f"row {self.doc.row} has {len(self.doc.tokens)} tokens, but the saved position "
+                f"is token {self.pos} of it",
+            )
         if self.doc.patch_lengths is not None:
             self.ends = np.cumsum(self.doc.patch_lengths)
         return True
@@ -154,7 +165,7 @@ class _TokenStream:
         got = 0
         cursor = self.pos
         while True:
-            take = min(len(self.doc.tokens) - cursor, need - got)
+            take = max(0, min(len(self.doc.tokens) - cursor, need - got))
             parts.append(self.doc.tokens[cursor : cursor + take])
             masks.append(self._mask(cursor, take))
             got += take
@@ -180,7 +191,7 @@ class _TokenStream:
         n_patches, n_tokens = 1, 1
         cursor = self.pos + 1
         while n_patches < max_patches and n_tokens < budget:
-            if cursor == len(self.doc.tokens):
+            if cursor >= len(self.doc.tokens):  # >=: bounded whatever the position
                 if not self._next_doc_tokens():
                     break
                 cursor = 0

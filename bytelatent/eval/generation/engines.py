@@ -59,7 +59,9 @@ class CachedEngine:
         return torch.stack([self.impl.prefill_last(b, row) for b, row in enumerate(tensors)])
 
     def _tensor(self, row: list[int]) -> torch.Tensor:
-        return torch.tensor(row, dtype=torch.long, device=self.device)
+        # on the host: the engines copy prompts to the device from pinned memory, and read
+        # their books (EOS flags, tokens) from the host copy without a device sync
+        return torch.tensor(row, dtype=torch.long)
 
     def advance(self, tokens: list[int], active: list[bool]) -> torch.Tensor:
         return self.impl.step(tokens, active)  # host lists: the caches keep their books there

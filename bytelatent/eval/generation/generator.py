@@ -259,10 +259,12 @@ def load_generator(
     entropy_ckpt: str | None = None,
     patcher_overrides: dict | None = None,
     dtype: torch.dtype | None = None,
+    allow_arch_import: bool = False,
 ) -> Generator:
     """A Generator for a DCP step folder, a consolidated folder or a released-layout folder;
-    ``dtype`` casts the parameters (e.g. torch.bfloat16 on GPU), None keeps the stored ones."""
-    model, _, params = load_any_checkpoint(ckpt, device)
+    ``dtype`` casts the parameters (e.g. torch.bfloat16 on GPU), None keeps the stored ones;
+    ``allow_arch_import``: import the module a ``"pkg.module:name"`` arch in params.json names."""
+    model, _, params = load_any_checkpoint(ckpt, device, allow_arch_import=allow_arch_import)
     if not model_spec(model).patched:
         return Generator(model, dtype=dtype)
     patcher_args = patcher_args_from_params(params)
