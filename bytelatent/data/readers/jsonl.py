@@ -116,7 +116,7 @@ class _LineReader:
             if row % self.stride != self.offset or not line.strip():
                 continue
             try:
-                return document(record_from_json(line), self.path, row, self.keys, self.chat)
+                return document(record_from_json(line), self.path, row, self.keys, chat=self.chat)
             except RecordError as exc:
                 raise BadRecord(row, str(exc)) from exc
 

@@ -202,7 +202,7 @@ class _TableReader:
                 self._columns = columns
             try:
                 return document(
-                    columns.record(local), self.path, row, self.keys, self.max_bytes, self.chat
+                    columns.record(local), self.path, row, self.keys, self.max_bytes, chat=self.chat
                 )
             except RecordError as exc:
                 raise BadRecord(row, str(exc)) from exc
