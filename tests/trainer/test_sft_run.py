@@ -14,6 +14,7 @@ import pytest
 
 from apps.sft_synthetic import build, write_jsonl
 from tests.conftest import train_tiny
+from tests.limits import hang_limit
 from tests.tiny import TINY_BLT_MODEL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,7 +78,7 @@ def test_shortened_recipe_lifts_exact_match_and_generate_chat_answers(tmp_path, 
     res = subprocess.run(
         [sys.executable, "-m", "bytelatent.generate", f"ckpt={ckpt}", "mode=chat",
          "prompt=upper abc", "max_new_bytes=8"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        cwd=REPO, capture_output=True, text=True, timeout=hang_limit(300),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.count("\n") == 1  # one answer line (what it says is the model's business)
