@@ -55,6 +55,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "bytelatent.trainer.build",
         "bytelatent.trainer.loop_controls",
         "bytelatent.trainer.model_info",
+        "bytelatent.trainer.memory_advice",
         "bytelatent.trainer.resume_check",
         "bytelatent.trainer.resume_config",
         "bytelatent.preflight",

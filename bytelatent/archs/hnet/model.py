@@ -30,6 +30,7 @@ from bytelatent.archs.hnet.dc.chunking import ChunkLayer, boundaries_first, dech
 from bytelatent.archs.hnet.dc.ratio_loss import loss_from_statistics
 from bytelatent.archs.hnet.dc.residual import ResidualProjection, merge_residual
 from bytelatent.archs.hnet.dc.routing import RoutingModule
+from bytelatent.data.chat import MARKER_IDS
 from bytelatent.distributed.tp_plan import TPPlan
 from bytelatent.model.attention import resolve_backend, self_attn_mask
 from bytelatent.model.global_transformer import GlobalTransformer
@@ -138,10 +139,15 @@ class HNet(nn.Module):
         starts = torch.zeros_like(tokens, dtype=torch.bool)
         starts[:, 0] = True
         starts[:, 1:] = tokens[:, :-1] == self.args.eos_id  # the byte after an EOS
+        # a chunk also starts after each chat-template marker (data/chat.py): none spans a turn
+        forced = starts.clone()
+        forced[:, 1:] |= torch.isin(
+            tokens[:, :-1], torch.as_tensor(MARKER_IDS, device=tokens.device)
+        )
         backend = resolve_backend(self.args.attn_impl, tokens.device)
         stats: list[dict[str, torch.Tensor]] = []
         h = self.embed(tokens)
-        h = self._stage(0, h, torch.ones_like(starts), starts, backend, stats)
+        h = self._stage(0, h, torch.ones_like(starts), (starts, forced), backend, stats)
         return self.head(h), self._aux(stats, tokens.numel())
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -157,25 +163,30 @@ class HNet(nn.Module):
         index: int,
         h: torch.Tensor,
         mask: torch.Tensor,
-        starts: torch.Tensor,
+        starts_forced: tuple[torch.Tensor, torch.Tensor],
         backend: str,
         stats: list[dict[str, torch.Tensor]],
     ) -> torch.Tensor:
+        """``starts_forced``: document starts (attention, EMA resets) and forced chunk starts
+        (document starts and turn starts)."""
+        starts, forced = starts_forced
         stage = self.stages[index]
         doc_ends = _document_ends(starts, mask)
         h = stage.run_blocks(stage.encoder, h, doc_ends, backend)
         device_type = h.device.type
         with torch.autocast(device_type, enabled=False):
             residual = stage.residual_proj(h)  # fp32, as the official "residual in fp32"
-        routing = stage.routing_module(h, mask=mask, starts=starts)
+        routing = stage.routing_module(h, mask=mask, starts=forced)
         chunks = stage.chunk_layer(h, routing.boundary_mask, mask=mask)
         width = chunks.hidden_states.shape[1]
-        inner_starts = starts.gather(1, boundaries_first(routing.boundary_mask)[:, :width])
-        inner_starts = inner_starts & chunks.mask
+        order = boundaries_first(routing.boundary_mask)[:, :width]
+        inner_starts = starts.gather(1, order) & chunks.mask
+        inner_forced = forced.gather(1, order) & chunks.mask
         stats.append(_stage_stats(self.args.stages[index].target_ratio, routing, mask))
         inner = stage.to_inner(chunks.hidden_states)
         if index + 1 < len(self.stages):
-            inner = self._stage(index + 1, inner, chunks.mask, inner_starts, backend, stats)
+            inner_pair = (inner_starts, inner_forced)
+            inner = self._stage(index + 1, inner, chunks.mask, inner_pair, backend, stats)
         else:
             inner = self.global_transformer(inner, _document_ends(inner_starts, chunks.mask))
         inner = inner[..., : h.shape[-1]]

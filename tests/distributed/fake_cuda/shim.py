@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from tests.limits import hang_limit
+
 SOURCE = Path(__file__).resolve().parent / "fake_cuda_shim.cpp"
 LIBRARY = "fake_cuda_shim.so"
 
@@ -29,7 +31,7 @@ def shim_skip_reason() -> str | None:
     return None
 
 
-def build_shim(folder: Path, timeout: float = 600.0) -> Path:
+def build_shim(folder: Path, timeout: float | None = None) -> Path:
     """Compile the shim into ``folder``; its path. Raises RuntimeError with g++'s output."""
     from torch.utils.cpp_extension import include_paths, library_paths
 
@@ -39,7 +41,7 @@ def build_shim(folder: Path, timeout: float = 600.0) -> Path:
            *(f"-I{p}" for p in include_paths()), str(SOURCE), "-o", str(out),
            *(f for p in library_paths() for f in (f"-L{p}", f"-Wl,-rpath,{p}")),
            "-lc10", "-ltorch_cpu"]  # fmt: skip
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout or hang_limit(600))
     if res.returncode != 0:
         raise RuntimeError(f"g++ could not build the fake-CUDA shim:\n{res.stderr[-3000:]}")
     return out

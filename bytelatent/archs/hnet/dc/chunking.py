@@ -140,7 +140,32 @@ def dechunk(
     """``DeChunkLayer`` as a function; ``fp32_prob=False`` drops the fp32 island (exact fp64 EMA).
 
     ``starts`` (padded form, ``[B, L]`` bool, a subset of ``boundary_mask``): document starts
-    inside the rows; the EMA restarts there, as the packed form restarts at each document."""
+    inside the rows; the EMA restarts there, as the packed form restarts at each document.
+    Autocast is off inside (the EMA's dtypes are the ones above, also under bf16 autocast)."""
+    with torch.autocast(hidden_states.device.type, enabled=False):
+        return _dechunk(
+            hidden_states,
+            boundary_mask,
+            boundary_prob,
+            cu_seqlens,
+            kernel_dtype=kernel_dtype,
+            fp32_prob=fp32_prob,
+            block_size=block_size,
+            starts=starts,
+        )
+
+
+def _dechunk(
+    hidden_states: torch.Tensor,
+    boundary_mask: torch.Tensor,
+    boundary_prob: torch.Tensor,
+    cu_seqlens: torch.Tensor | None,
+    *,
+    kernel_dtype: torch.dtype | None,
+    fp32_prob: bool,
+    block_size: int,
+    starts: torch.Tensor | None,
+) -> torch.Tensor:
     prob = boundary_prob[..., 1]
     if fp32_prob:
         prob = prob.float()

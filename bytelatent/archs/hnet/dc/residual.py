@@ -46,4 +46,6 @@ class ResidualProjection(nn.Linear):
             self.weight.zero_()
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return super().forward(hidden_states.to(self.weight.dtype))
+        # autocast off: under bf16 autocast the linear would run (and return) bf16
+        with torch.autocast(hidden_states.device.type, enabled=False):
+            return super().forward(hidden_states.to(self.weight.dtype))

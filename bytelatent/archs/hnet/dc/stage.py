@@ -34,7 +34,10 @@ class DCStage(nn.Module):
     """A dynamic-chunking stage over ``[B, L, D]`` + ``mask`` or ``[T, D]`` + ``cu_seqlens``.
 
     kernel_dtype / block_size go to ``DeChunkLayer`` (None: the EMA in the model dtype, fp32
-    at least; torch.bfloat16 reproduces the official model's default EMA rounding).
+    at least; torch.bfloat16 reproduces the official model's default EMA rounding). Under
+    autocast the residual projection, the EMA and the merge still run in those dtypes
+    (autocast off around them, as in ``HNet``); the encoder, router, main network and decoder
+    run under the caller's autocast.
     """
 
     def __init__(
@@ -68,7 +71,7 @@ class DCStage(nn.Module):
             raise ValueError("DCStage: pass exactly one of mask (padded) or cu_seqlens (packed)")
         layout = {"mask": mask, "cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen}
         hidden_states = self.encoder(hidden_states, **layout)
-        residual = self.residual_proj(hidden_states)  # fp32
+        residual = self.residual_proj(hidden_states)  # fp32 (autocast off inside)
         routing = self.routing_module(hidden_states, mask=mask, cu_seqlens=cu_seqlens)
         chunks = self.chunk_layer(
             hidden_states, routing.boundary_mask, mask=mask, cu_seqlens=cu_seqlens
@@ -82,9 +85,11 @@ class DCStage(nn.Module):
         nested: list[RoutingOutput] = []
         if isinstance(inner, StageOutput):
             inner, nested = inner.hidden_states, inner.routing
-        spread = self.dechunk_layer(
-            inner, routing.boundary_mask, routing.boundary_prob, cu_seqlens=chunks.cu_seqlens
-        )
-        merged = merge_residual(spread.to(residual.dtype), residual, routing.selected_probs)
+        # the fp32 island, as HNet._stage: the EMA (autocast off in dechunk) and the merge
+        with torch.autocast(hidden_states.device.type, enabled=False):
+            spread = self.dechunk_layer(
+                inner, routing.boundary_mask, routing.boundary_prob, cu_seqlens=chunks.cu_seqlens
+            )
+            merged = merge_residual(spread.to(residual.dtype), residual, routing.selected_probs)
         hidden_states = self.decoder(merged.to(spread.dtype), **layout)
         return StageOutput(hidden_states, [routing, *nested])
