@@ -182,7 +182,11 @@ class TrainArgs(BaseModel):
             self.arch = spec.name  # an alias (lm) is saved as the name it stands for
         if spec.name == "entropy":
             self.train_entropy_model = True  # old readers of config.yaml / params.json
+        if spec.section == "entropy_model" and self.model is not None:
+            if not self.model.model_dump(exclude_defaults=True):
+                self.model = None  # the BLT's defaults, unread: as `model: null` did
         if spec.section == "arch_args":
+            self._refuse_unread_sections(spec.name)
             if not isinstance(self.arch_args, spec.args_class):
                 try:
                     self.arch_args = spec.args_class.model_validate(self.arch_args or {})
@@ -194,6 +198,26 @@ class TrainArgs(BaseModel):
                 f"reads `{spec.section}`"
             )
         return self
+
+    def _refuse_unread_sections(self, arch: str) -> None:
+        """An `arch_args` architecture reads neither `model` nor `entropy_model`: a key set there
+        would change nothing, so it is a config error. A `model` section nobody wrote (the BLT's
+        defaults) is dropped."""
+        if self.entropy_model is not None:
+            raise ValueError(
+                f"entropy_model: arch={arch} does not read it (its args are `arch_args`); "
+                "remove the entropy_model section"
+            )
+        if self.model is None:
+            return
+        changed = sorted(self.model.model_fields_set)
+        if changed:
+            keys = ", ".join(f"model.{key}" for key in changed)
+            raise ValueError(
+                f"{keys}: arch={arch} does not read the model section (its args are "
+                "`arch_args`); remove it or set the matching arch_args key"
+            )
+        self.model = None
 
     @model_validator(mode="after")
     def _cross_section_rules(self) -> TrainArgs:
@@ -210,7 +234,7 @@ class TrainArgs(BaseModel):
                 f"eval.async_launch.mode={self.eval.async_launch.mode}: evaluates checkpoint.eval "
                 "saves, but checkpoint.eval.every=0; set it > 0"
             )
-        check_run = get_arch(self.arch).resolve("check_run")
+        check_run = get_arch(self.arch).check_run
         if check_run is not None:
             check_run(self)
         return self

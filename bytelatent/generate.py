@@ -3,6 +3,12 @@ an entropy model.
 
     python -m bytelatent.generate ckpt=DIR prompt="Hello" max_new_bytes=200 temperature=0
     python -m bytelatent.generate ckpt=DIR prompts_file=in.jsonl output=out.jsonl [use_cache=false]
+    python -m bytelatent.generate ckpt=DIR mode=chat prompt="reverse abc"
+
+``mode=chat`` (a fine-tuned checkpoint, docs/sft.md) wraps each prompt in the chat template the
+run was trained with (its params.json's data.chat_template) as a user turn (a prompts file may
+also hold ``messages`` lists, the conversation so far) and prints the assistant's answer, which
+ends at the template's end-of-turn marker.
 
 ``ckpt`` is a DCP step folder, a consolidated folder or a released-layout folder. A prompts file
 holds one JSON object per line with a ``prompt`` (or ``text``) string; the output file gets one
@@ -22,7 +28,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -40,6 +46,11 @@ class GenerateArgs(GenerationArgs):
         ..., description="DCP step folder, consolidated folder or released-layout folder"
     )
     prompt: str | None = Field(None, description="one prompt (or prompts_file)")
+    mode: Literal["complete", "chat"] = Field(
+        "complete",
+        description="complete: continue the prompt's bytes; chat: answer it as a user turn with "
+        "the checkpoint's chat template (docs/sft.md)",
+    )
     prompts_file: str | None = Field(
         None, description="JSONL, one object with a prompt (or text) string per line"
     )
@@ -78,7 +89,18 @@ class GenerateArgs(GenerationArgs):
         return GenerationArgs(**{k: getattr(self, k) for k in GenerationArgs.model_fields})
 
 
-def read_prompts(path: str) -> list[str]:
+def _conversation(messages: Any, where: str) -> list:
+    """The turns of a `messages` list (the conversation so far, ending with a user turn)."""
+    from bytelatent.data.chat import BadConversation, conversation_of
+
+    try:  # the answer to come is not there yet: check the shape with a placeholder answer
+        turns = conversation_of({"messages": [*messages, {"role": "assistant", "content": "-"}]})
+    except BadConversation as exc:
+        raise DataError(f"{where}: {exc}") from None
+    return turns[:-1]
+
+
+def read_prompts(path: str, chat: bool = False) -> list:
     if not Path(path).exists():
         raise DataError(f"{path}: prompts file does not exist")
     prompts = []
@@ -95,6 +117,9 @@ def read_prompts(path: str) -> list[str]:
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}:{number}: invalid JSON ({exc.msg})") from None
             text = row.get("prompt", row.get("text")) if isinstance(row, dict) else row
+            if chat and isinstance(row, dict) and "messages" in row:
+                prompts.append(_conversation(row["messages"], f"{path}:{number}"))
+                continue
             if not isinstance(text, str):
                 raise DataError(f"{path}:{number}: expected an object with a 'prompt' string")
             prompts.append(text)
@@ -129,18 +154,24 @@ def run(args: GenerateArgs) -> int:
     from bytelatent.eval.generation import load_generator
 
     args.check_source()
-    prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts_file)
+    chat = args.mode == "chat"
+    prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts_file, chat)
     if not prompts:
         raise DataError(f"{args.prompts_file}: no prompts")
     for index, prompt in enumerate(prompts):  # before the (slow) checkpoint load
         if prompt == "":
             raise DataError(f"prompt {index} is empty; give at least one byte")
-        check_utf8(prompt, f"prompt {index}")
+        for text in [prompt] if isinstance(prompt, str) else [c for _, c in prompt]:
+            check_utf8(text, f"prompt {index}")
+    if chat:  # before the (slow) checkpoint load
+        check_chat_checkpoint(args.ckpt)
     set_tool_cpu_threads(args.device.split(":")[0], args.num_threads)
     generator = load_generator(
         args.ckpt, args.device, args.entropy_ckpt, args.patcher or None,
         allow_arch_import=args.allow_arch_import,
     )  # fmt: skip
+    if chat:
+        return run_chat(args, prompts, generator)
     generator.encode(prompts)  # every prompt checked before any generation starts
     gen_args = args.generation_args()
     bar = _progress(len(prompts), args.progress if args.prompts_file else False)
@@ -214,6 +245,36 @@ class GenerationSpeed:
             accepted = self.accepted / self.drafted if self.drafted else float("nan")
             line += f"; speculative acceptance {accepted:.1%} ({self.accepted}/{self.drafted} drafted bytes)"
         return line
+
+
+def check_chat_checkpoint(ckpt: str) -> None:
+    """mode=chat needs a checkpoint fine-tuned with this code's chat template."""
+    from bytelatent.checkpoint.pretrained import read_params
+    from bytelatent.eval.chat import chat_template_of, check_template
+
+    check_template(chat_template_of(read_params(ckpt.rstrip("/"))), ckpt)
+
+
+def run_chat(args: GenerateArgs, prompts: list, generator: Any) -> int:
+    """mode=chat: each prompt (a user turn, or the turns so far) answered with the template."""
+    from bytelatent.eval.chat import generate_answers
+
+    conversations = [[("user", p)] if isinstance(p, str) else p for p in prompts]
+    answers = generate_answers(generator, conversations, args.generation_args())
+    out = open(args.output, "w", encoding="utf-8") if args.output else None
+    try:
+        for turns, answer in zip(conversations, answers):
+            if out is None:
+                sys.stdout.buffer.write(answer.text.encode("utf-8") + b"\n")
+                continue
+            record = {"messages": [{"role": r, "content": c} for r, c in turns],
+                      "answer": answer.text, "followed_template": answer.closed,
+                      "finish_reason": answer.finish_reason}  # fmt: skip
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    finally:
+        if out is not None:
+            out.close()
+    return 0
 
 
 USAGE = "usage: python -m bytelatent.generate ckpt=DIR prompt=TEXT [key=value ...]"

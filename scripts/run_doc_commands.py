@@ -75,6 +75,11 @@ REWRITES = [
     (r"\.venv/bin/python\b", "python", "the venv exists already"),
     (r"mode: online", "mode: offline", "wandb online needs an account and network"),
     (r"ckpt=DIR\b", "ckpt=runs/debug/checkpoints/0000000200", "DIR: the quick start's checkpoint"),
+    (
+        r"sft_debug/checkpoints/0000000600",
+        "sft_debug/checkpoints/0000000060",
+        "configs/sft_debug.yaml's 600 steps, shortened",
+    ),
     (r'prompt="\.\.\."', 'prompt="import "', '"..." stands for your prompt'),
     (
         r"(bytelatent\.data\.prepare --out \S+)",

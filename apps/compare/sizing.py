@@ -4,7 +4,7 @@ The rule (printed by the recipe): the reference run (`reference`, the H-Net by d
 trained as configured; for each other run, `size_key` takes the value among `size_values` whose
 training FLOPs per byte is closest to the reference's (smallest |log ratio|), and the recipe
 stops if that ratio is off by more than `flops_tolerance`. FLOPs per byte is the architecture's
-registry counter (`ArchSpec.flops`, what the trainer's MFU uses) on a row of `row_bytes` bytes:
+registry counter (`ArchSpec.sizes.flops`, what the trainer's MFU uses) on a row of `row_bytes` bytes:
 the H-Net at its target ratio N, the BLT at N bytes per patch (the entropy threshold is picked for
 that mean), the byte LM per byte.
 """
@@ -85,9 +85,11 @@ def flops_and_params(train: TrainArgs, row_bytes: int, bytes_per_patch: float):
     import torch
 
     spec = get_arch(train.arch)
-    factory = spec.resolve("flops")
+    factory = spec.sizes.flops
     if factory is None:
-        raise ConfigError(f"arch {train.arch}: no FLOPs counter (ArchSpec.flops); cannot size it")
+        raise ConfigError(
+            f"arch {train.arch}: no FLOPs counter (its spec's Sizes.flops); cannot size it"
+        )
     count = factory(train.active_model_args(), train.data)
     patches = row_bytes / bytes_per_patch if spec.patched else 0
     with torch.device("meta"):

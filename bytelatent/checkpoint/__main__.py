@@ -13,8 +13,8 @@ import argparse
 import logging
 import sys
 
-from bytelatent.archs.blt.hf import export_hf, import_hf
 from bytelatent.checkpoint.consolidate import consolidate
+from bytelatent.checkpoint.hf_folder import export_hf, import_hf
 from bytelatent.checkpoint.verify import verify_tree
 from bytelatent.errors import UserError
 from bytelatent.progress import PROGRESS_MODES

@@ -21,8 +21,7 @@ import torch
 from pydantic import BaseModel, ValidationError
 from torch import nn
 
-from bytelatent.archs.blt.args import ByteLatentTransformerArgs
-from bytelatent.archs.blt.reference_compat import blt_args_from_reference, lm_args_from_reference
+from bytelatent.archs.blt.reference_compat import lm_args_from_reference
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.checkpoint.consolidate import METADATA_FILE, load_dcp_state_dict
 from bytelatent.checkpoint.model_size import require_model_fits
@@ -119,7 +118,7 @@ def model_args_from_params(
 ):
     """(model args, arch name, reference fields without effect) for either params.json layout."""
     spec = _resolve_kind(params, kind, where, allow_arch_import)
-    read = spec.resolve("read_params")
+    read = spec.adapters.read_params
     if read is not None:
         args, ignored = read(params, where)
         return args, spec.name, ignored
@@ -134,22 +133,6 @@ def model_args_from_params(
         raise CheckpointError(f"{where}: {spec.section} args invalid: {exc}") from None
 
 
-def blt_args_from_params(params: dict[str, Any], where: str = "params.json"):
-    """The BLT spec's `read_params`: (args, ignored reference fields) from our `model` section
-    or the reference's."""
-    section = params.get("model")
-    if not isinstance(section, dict):
-        raise CheckpointError(f"{where}: no 'model' section; is this a BLT checkpoint?")
-    try:
-        return ByteLatentTransformerArgs.model_validate(section), []
-    except ValidationError:
-        pass  # not our layout: read it as the reference's
-    try:
-        return blt_args_from_reference(section)
-    except (ValidationError, ValueError, UserError) as exc:
-        raise CheckpointError(f"{where}: model args invalid: {exc}") from None
-
-
 def entropy_args_from_params(params: dict[str, Any], where: str = "params.json"):
     """The entropy spec's `read_params` (its reference fields are logged, not returned)."""
     return entropy_model_args(params, where), []
@@ -162,7 +145,7 @@ def build_and_load(args: BaseModel, kind: str, state: dict, device: torch.device
         model = spec.build(args)
     model.to_empty(device=device)
     model.init_weights()  # recomputes non-persistent buffers (RoPE tables) too
-    adapt = spec.resolve("reference_state_dict")
+    adapt = spec.adapters.reference_state_dict
     if adapt is not None and reference:
         state, notes = adapt(state, args)
         for note in notes:

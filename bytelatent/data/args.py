@@ -143,6 +143,12 @@ class DataArgs(BaseModel):
         "error naming it, or skipped and counted with skip_bad_records; read without holding it "
         "whole; null: no limit (docs/data.md)",
     )
+    chat_template: Literal["bytelatent-chat-v1"] | None = Field(
+        None,
+        description="records are conversations (messages, prompt/response or "
+        "instruction/input/output), encoded with this chat template, loss on the answers only "
+        "(docs/sft.md); stored with the run so generation and the harness use it too",
+    )
 
     @field_validator("file_format")
     @classmethod
@@ -242,6 +248,7 @@ class DataArgs(BaseModel):
             skip_bad_records=self.skip_bad_records,
             max_document_bytes=self.max_document_bytes,
             text_field=self.text_field,
+            chat=self.chat_template is not None,
             open_files=self.open_files,
             order_seed=self.seed if self.shuffle_files else None,
         )
@@ -327,6 +334,7 @@ class DataArgs(BaseModel):
             skip_bad_records=self.skip_bad_records,
             max_document_bytes=self.max_document_bytes,
             text_field=self.text_field,
+            chat=self.chat_template is not None,
         )
         patches = self.packing_mode == "patches"
         preprocess = PreprocessIteratorState(

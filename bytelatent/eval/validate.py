@@ -122,11 +122,14 @@ def validation_bpb(ctx: EvalContext) -> dict[str, float]:
         n_targets = n_bytes = 0
         for batch in _progress(ctx, batches, name):
             # pinned, non-blocking copies as training's: the step never waits for the device
-            y, mask = host_to_device(batch.y, ctx.device), host_to_device(batch.mask, ctx.device)
+            y, mask = (
+                host_to_device(batch.y, ctx.device),
+                host_to_device(batch.target_mask, ctx.device),
+            )
             loss_sum = masked_cross_entropy_sum(ctx.forward(batch), y, mask)
             sums[i, 0] += loss_sum.double()
-            n_targets += int(batch.mask.sum())
-            n_bytes += ctx.tokenizer.n_bytes(batch.y, batch.mask)
+            n_targets += int(batch.target_mask.sum())
+            n_bytes += ctx.tokenizer.n_bytes(batch.y, batch.target_mask)
         sums[i, 1] += n_targets
         sums[i, 2] += n_bytes
     if ctx.dp_group is not None or (ctx.dp_size > 1 and dist.is_initialized()):

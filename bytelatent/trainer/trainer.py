@@ -106,7 +106,7 @@ class Trainer:
         self.actions = Actions.build(
             with_nonfinite_stop(args.actions, args.optim.max_skipped_steps)
         )
-        if (arch_actions := get_arch(args.arch).resolve("actions")) is not None:
+        if (arch_actions := get_arch(args.arch).actions) is not None:
             for action in arch_actions(args, env.rank):  # e.g. H-Net's router collapse warning
                 self.actions.add(action)
         self.guard = NonFiniteGuard(self.optimizer, self.device)  # skips non-finite updates
@@ -305,7 +305,9 @@ class Trainer:
 
     def train_step(self, batches: list[Batch]) -> StepOutput:
         """One optimizer step over `grad_acc_steps` micro-batches; clipping happens once."""
-        local_targets = sum(int(b.mask.sum()) for b in batches)  # host-side numpy, no device sync
+        local_targets = sum(
+            int(b.target_mask.sum()) for b in batches
+        )  # host-side numpy, no device sync
         global_targets = self._all_reduce_count(local_targets)
         # FSDP averages gradients over data-parallel ranks, so scale by dp_size: the update is then
         # Σ_all ranks CE / Σ_all ranks targets, independent of how targets fall on ranks and micro-batches.
@@ -323,7 +325,7 @@ class Trainer:
         self.guard.step(loss_sum, grad_norm)  # optimizer.step() unless loss/grad norm non-finite
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        n_bytes = sum(self.tokenizer.n_bytes(b.y, b.mask) for b in batches)
+        n_bytes = sum(self.tokenizer.n_bytes(b.y, b.target_mask) for b in batches)
         return StepOutput(
             loss_sum=loss_sum, n_targets=local_targets, n_bytes=n_bytes, grad_norm=grad_norm,
             aux_sums=aux_sums, n_micro_batches=len(batches),

@@ -147,7 +147,7 @@ def test_capacity_beyond_max_seqlen_is_refused() -> None:
 
 
 def test_spec_names_the_engine() -> None:
-    assert get_arch("hnet").resolve("generation_engine") is IncrementalHNet
+    assert get_arch("hnet").generation_engine() is IncrementalHNet
 
 
 # ---- a trained checkpoint through the CLI ----

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bytelatent.archs.blt.patch_utils import first_token_alone
 from bytelatent.data.patcher import Patcher, PatcherArgs
 from bytelatent.eval.generation import GenerationArgs, Generator
 from bytelatent.eval.generation.patching import OnlinePatcher, blt_patch_lengths
+from bytelatent.model.patch_lengths import first_token_alone
 from tests.generation.conftest import tiny_blt
 
 STATIC = {

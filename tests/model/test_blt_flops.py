@@ -19,11 +19,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from bytelatent.archs.blt.args import ByteLatentTransformerArgs
 from bytelatent.archs.blt.model import ByteLatentTransformer
-from bytelatent.model.flops import (
-    blt_flops_breakdown,
-    blt_flops_per_byte,
-    mean_attended_keys,
-)
+from bytelatent.archs.blt.sizes import blt_flops_breakdown, blt_flops_per_byte
+from bytelatent.model.flops import mean_attended_keys
 
 SEQ_LEN, BATCH = 64, 2
 LENGTHS = [1] + [4] * 15 + [3]  # 17 patches, summing to N

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from bytelatent.archs.hnet.args import HNetArgs
-from bytelatent.archs.hnet.model import HNet, hnet_training_flops
+from bytelatent.archs.hnet.model import HNet
+from bytelatent.archs.hnet.sizes import hnet_training_flops
 from bytelatent.args import TrainArgs
 from bytelatent.config import parse_args
 from bytelatent.data.batch import Batch

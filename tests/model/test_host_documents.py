@@ -11,7 +11,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bytelatent.archs.blt import local_models
 from bytelatent.archs.blt import model as blt
 from bytelatent.archs.blt.args import ByteLatentTransformerArgs
 from bytelatent.archs.blt.model import ByteLatentTransformer
@@ -24,6 +23,7 @@ from bytelatent.archs.blt.patch_utils import (
 from bytelatent.archs.lm import model as transformer
 from bytelatent.archs.lm.model import LMTransformer
 from bytelatent.data.batch import Batch
+from bytelatent.model import global_transformer
 from bytelatent.model.args import LMTransformerArgs
 from bytelatent.model.attention import (
     HostDocuments,
@@ -183,7 +183,7 @@ def _fake_xformers_attention(q, k, v, mask):
 def xformers_on_cpu(monkeypatch):
     """Models resolve attn_impl=xformers to xformers on CPU, run by a dense stand-in; the mask
     builder's only device -> host path (document_lengths) raises."""
-    for module in (blt, local_models, transformer):
+    for module in (blt, global_transformer, transformer):
         monkeypatch.setattr(module, "resolve_backend", lambda impl, device: impl)
     monkeypatch.setattr(xformers_backend, "_import_fmha", lambda: _Fmha)
     monkeypatch.setattr(xformers_backend.BACKEND, "attend", _fake_xformers_attention)

@@ -1,7 +1,7 @@
 """``ByteLatentTransformerArgs``: the BLT's shape and options, validated once, up front.
 
 Every field changes the model; cross-field conflicts fail here, named by key, before any module
-is built. The model (``blt.py``) and its parts (``local_models.py``) both read this module.
+is built. The model (``model.py``) and its parts (``local_models.py``) both read this module.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Hugging Face transformers ``BltForCausalLM`` <-> our weights: export and import folders.
+"""Hugging Face transformers ``BltForCausalLM`` <-> our weights: the BLT's (and its entropy
+model's, as ``BltPatcher``) export and import adapters.
 
 An adapter at the edge (a sibling of ``bytelatent/archs/blt/reference_compat.py``): the model code
 knows nothing about HF. ``export_hf`` writes a folder ``BltForCausalLM.from_pretrained`` loads
@@ -25,13 +26,10 @@ docs/differences.md, with a minimal repro.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from pathlib import Path
 
 import torch
-from fsspec.implementations.local import LocalFileSystem
 
 from bytelatent.archs.blt.hf_checks import (  # noqa: F401  (re-exported)
     check_hf_entropy_representable,
@@ -46,7 +44,6 @@ from bytelatent.archs.blt.hf_config import (  # noqa: F401  (re-exported)
     CONFIG_FILE,
     HF_MODEL_TYPE,
     HF_PATCHER_TYPE,
-    HNET_MODEL_TYPE,
     OURS_KEY,
     JsonDict,
     blt_args_from_hf_config,
@@ -67,63 +64,31 @@ from bytelatent.archs.blt.hf_weights import (  # noqa: F401  (re-exported)
     entropy_state_dict_to_hf,
     hf_state_dict_to_blt,
 )
+from bytelatent.checkpoint import hf_folder
+from bytelatent.checkpoint.hf_folder import require_hf_deps as _require_hf_deps
+from bytelatent.checkpoint.hf_folder import save_safetensors as _save_safetensors
+from bytelatent.checkpoint.hf_folder import state_for_export as _state_for_export
+from bytelatent.checkpoint.hf_folder import write_consolidated as _write_consolidated
+from bytelatent.checkpoint.hf_folder import write_json as _write_json
+from bytelatent.checkpoint.hf_folder import write_tokenizer
 from bytelatent.checkpoint.pretrained import load_any_checkpoint
-from bytelatent.checkpoint.safe_paths import read_shard_index, require_inside
 from bytelatent.errors import CheckpointError
 from bytelatent.model.args import LMTransformerArgs
 
 logger = logging.getLogger("bytelatent")
 
 
-def _require_hf_deps() -> None:
-    try:
-        import safetensors  # noqa: F401
-    except ImportError:
-        raise CheckpointError(
-            "Hugging Face export/import needs safetensors: pip install 'bytelatent[hf]'"
-        ) from None
-
-
-def _state_for_export(model: torch.nn.Module) -> StateDict:
-    return {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-
-
-def _save_safetensors(tensors: StateDict, path: Path) -> None:
-    from safetensors.torch import save_file
-
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
-    umask = os.umask(0)  # safetensors writes 0600; give it the mode any other file here gets
-    os.umask(umask)
-    tmp.chmod(0o666 & ~umask)
-    tmp.replace(path)  # atomic: an interrupted export leaves no half-written weights
-
-
-def _write_json(path: Path, data: JsonDict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    tmp.replace(path)
-
-
 def export_hf(
-    ckpt: str,
-    out: str,
-    entropy_model: str | None = None,
-    allow_window_mismatch: bool = False,
-    allow_arch_import: bool = False,
+    ckpt: str, out: str, entropy_model: str | None = None, allow_window_mismatch: bool = False
 ) -> list[str]:
     """Write `out/` for BltForCausalLM.from_pretrained (or BltPatcher for an entropy model).
 
     `ckpt` is a DCP step folder, a consolidated or a released folder. Returns notes on what HF
     computes differently for some inputs (to print); refuses what HF cannot represent, and an
-    attention window shorter than the model's rows unless `allow_window_mismatch`. A
-    `"pkg.module:name"` arch in its params.json is imported only with `allow_arch_import`.
+    attention window shorter than the model's rows unless `allow_window_mismatch`.
     """
 
     _require_hf_deps()
-    exporter = _other_arch_adapter(_arch_of_checkpoint(ckpt), "hf_export", allow_arch_import)
-    if exporter is not None:  # e.g. H-Net (bytelatent/archs/hnet/hf.py)
-        return exporter(ckpt, out, entropy_model, allow_window_mismatch)
     model, args, params = load_any_checkpoint(ckpt)
     out_dir = Path(out)
     if isinstance(args, LMTransformerArgs):
@@ -175,63 +140,6 @@ def _export_entropy_only(
     return notes
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's printable stand-in character per byte, which the ByteLevel pre-tokenizer emits."""
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    chars = list(printable)
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {b: chr(c) for b, c in zip(printable, chars)}
-
-
-SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<bpe>")  # ids 0..3
-
-
-def write_tokenizer(out_dir: Path, max_length: int) -> None:
-    """tokenizer.json + tokenizer_config.json: text -> [BOS] + [b + 4 for b in text.encode()]."""
-    try:
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-    except ImportError:
-        raise CheckpointError(
-            "writing the Hugging Face tokenizer needs `tokenizers`: pip install 'bytelatent[hf]'"
-        ) from None
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    vocab.update({char: byte + len(SPECIAL_TOKENS) for byte, char in _bytes_to_unicode().items()})
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", 1)]
-    )
-    tokenizer.save(str(out_dir / "tokenizer.json"))
-    _write_json(
-        out_dir / "tokenizer_config.json",
-        {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "pad_token": "<pad>",
-            "bos_token": "<s>",
-            "eos_token": "</s>",
-            "add_bos_token": True,
-            "add_eos_token": False,
-            "model_max_length": max_length,
-            "clean_up_tokenization_spaces": False,
-        },
-    )
-    _write_json(
-        out_dir / "special_tokens_map.json",
-        {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>"},
-    )
-
-
 def to_hf_patch_lengths(patch_lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
     """Patch lengths that make HF's BltForCausalLM assign every byte the patch ours does.
 
@@ -260,60 +168,12 @@ def read_hf_folder(
     model_types: tuple[str, ...] = (HF_MODEL_TYPE, HF_PATCHER_TYPE),
     what: str = "a BLT model",
 ) -> tuple[JsonDict, StateDict]:
-    """(config.json, all weights) of a Hugging Face model folder whose model_type is one of
-    `model_types`; one-line errors otherwise."""
-    _require_hf_deps()
-    from safetensors.torch import load_file
-
-    folder = Path(hf_dir)
-    if not folder.is_dir():
-        raise CheckpointError(f"{hf_dir}: not a folder")
-    config_path = folder / CONFIG_FILE
-    if not config_path.exists():
-        raise CheckpointError(f"{hf_dir}: no {CONFIG_FILE}; not a Hugging Face model folder")
-    try:
-        config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{config_path}: invalid JSON ({exc})") from None
-    model_type = config.get("model_type")
-    if model_type not in model_types:
-        expected = " or ".join(repr(t) for t in model_types)
-        raise CheckpointError(
-            f"{config_path}: model_type {model_type!r} is not {what} (expected {expected})"
-        )
-    index = folder / (WEIGHTS_FILE + ".index.json")
-    if index.exists():  # shard names stay inside the folder
-        files = read_shard_index(LocalFileSystem(), str(folder), index.name)
-    elif (folder / WEIGHTS_FILE).exists():
-        files = [WEIGHTS_FILE]
-        require_inside(files, str(folder), str(folder / WEIGHTS_FILE), "weights file")
-    else:
-        raise CheckpointError(f"{hf_dir}: no {WEIGHTS_FILE} (nor a sharded index)")
-    weights: StateDict = {}
-    for name in files:
-        try:
-            weights.update(load_file(str(folder / name)))
-        except Exception as exc:  # truncated / foreign files surface as safetensors errors
-            raise CheckpointError(
-                f"{folder / name}: cannot read ({type(exc).__name__}: {exc})"
-            ) from None
-    return config, weights
-
-
-def _write_consolidated(out_dir: Path, params: JsonDict, state: StateDict) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / "consolidated.pth.tmp"
-    torch.save({"model": state}, tmp)
-    tmp.replace(out_dir / "consolidated.pth")
-    _write_json(out_dir / "params.json", params)
+    """(config.json, all weights) of a Hugging Face BLT folder (`hf_folder.read_hf_folder`)."""
+    return hf_folder.read_hf_folder(hf_dir, model_types, what)
 
 
 def import_hf(hf_dir: str, out: str) -> str:
-    """HF BLT folder -> our consolidated layout (entropy model, if any, in out/entropy_model);
-    an exported H-Net folder (model_type bytelatent_hnet) goes to its own adapter."""
-    importer = _other_arch_adapter(_arch_of_hf_folder(hf_dir), "hf_import")
-    if importer is not None:
-        return importer(hf_dir, out)
+    """HF BLT folder -> our consolidated layout (entropy model, if any, in out/entropy_model)."""
     config, weights = read_hf_folder(hf_dir)
     ours = config.get(OURS_KEY) or {}
     out_dir = Path(out)
@@ -336,37 +196,3 @@ def import_hf(hf_dir: str, out: str) -> str:
     if eargs is not None:
         _write_consolidated(out_dir / "entropy_model", entropy_params(eargs, hf_dir), patcher_state)
     return str(out_dir)
-
-
-def _arch_of_checkpoint(ckpt: str) -> str:
-    """The arch its params.json names (blt when unreadable: the loader then says why)."""
-    from bytelatent.checkpoint.pretrained import read_params
-    from bytelatent.model.registry import arch_name_from_params
-
-    try:
-        return arch_name_from_params(read_params(ckpt))
-    except CheckpointError:
-        return "blt"
-
-
-def _arch_of_hf_folder(hf_dir: str) -> str:
-    """The arch an HF folder's config.json names through its model_type (blt when unknown: the
-    BLT reader then names what is wrong with the folder)."""
-    try:
-        config = json.loads((Path(hf_dir) / CONFIG_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
-        return "blt"
-    return "hnet" if config.get("model_type") == HNET_MODEL_TYPE else "blt"
-
-
-def _other_arch_adapter(arch: str, field: str, allow_import: bool = False):
-    """The spec's `field` adapter when it is not this module's (the BLT/entropy one), else None."""
-    from bytelatent.model.registry import get_arch
-
-    try:
-        adapter = get_arch(arch, allow_import=allow_import).resolve(field)
-    except ValueError as exc:
-        raise CheckpointError(str(exc)) from None
-    if adapter is None:
-        raise CheckpointError(f"arch {arch!r} has no Hugging Face {field.removeprefix('hf_')}")
-    return None if adapter in (export_hf, import_hf) else adapter

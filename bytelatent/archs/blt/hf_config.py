@@ -12,22 +12,18 @@ from typing import Any
 
 from bytelatent.archs.blt.args import ByteLatentTransformerArgs
 from bytelatent.archs.blt.hf_weights import StateDict
+from bytelatent.checkpoint.hf_folder import (  # noqa: F401 (re-exported)
+    CONFIG_FILE,
+    OURS_KEY,
+    JsonDict,
+)
 from bytelatent.errors import CheckpointError
 from bytelatent.model.args import LMTransformerArgs, block_head_counts
 from bytelatent.model.layers import ffn_hidden_dim
 
-# A JSON object as read from or written to config.json / params.json (HF's schema, not ours).
-JsonDict = dict[str, Any]
-
 HF_MODEL_TYPE = "blt"
 
 HF_PATCHER_TYPE = "blt_patcher"
-HNET_MODEL_TYPE = "bytelatent_hnet"  # our H-Net export (no transformers class)
-
-CONFIG_FILE = "config.json"
-
-# our params.json extras stored in config.json so that import restores what HF has no field for
-OURS_KEY = "bytelatent"
 
 
 def _ffn_width(hf: StateDict, prefix: str) -> int:

@@ -12,12 +12,8 @@ import torch
 
 from bytelatent.archs.blt.args import ByteLatentTransformerArgs
 from bytelatent.archs.blt.model import ByteLatentTransformer
+from bytelatent.checkpoint.hf_folder import WEIGHTS_FILE, StateDict  # noqa: F401 (re-exported)
 from bytelatent.errors import CheckpointError
-
-# A state dict of plain tensors (on CPU): ours by our parameter names, or HF's by theirs.
-StateDict = dict[str, torch.Tensor]
-
-WEIGHTS_FILE = "model.safetensors"
 
 _BLOCK = {  # our TransformerBlock names -> HF BltTransformerLayer names
     "attention.wq": "self_attn.q_proj",

@@ -25,7 +25,6 @@ from bytelatent.archs.blt.hashing import (
     last_position_hash_embeddings,
 )
 from bytelatent.archs.blt.local_models import (
-    GlobalTransformer,
     LocalDecoder,
     LocalEncoder,
     PatchQueries,
@@ -36,7 +35,6 @@ from bytelatent.archs.blt.patch_utils import (
     check_patch_lengths,
     concat_patches,
     decoder_patch_ids_from_lengths,
-    first_token_alone,
     host_patch_has_eos,
     patch_ids_from_lengths,
     pool_patches,
@@ -49,6 +47,8 @@ from bytelatent.model.attention import (
     resolve_backend,
     self_attn_mask,
 )
+from bytelatent.model.global_transformer import GlobalTransformer
+from bytelatent.model.patch_lengths import first_token_alone
 from bytelatent.tokenizers.constants import OFFSET
 
 # ByteLatentTransformerArgs lives in blt_args.py; importing it from here keeps working
@@ -94,7 +94,9 @@ class ByteLatentTransformer(nn.Module):
         # False forces the dense-mask cross-attention path (same function; used by tests/benchmarks)
         self.structured_cross_attn = True
         self.local_encoder = LocalEncoder(args)
-        self.global_transformer = GlobalTransformer(args)
+        self.global_transformer = GlobalTransformer(
+            args.global_block_args(), args.global_input_dim(), args.eos_id, args.dropout
+        )
         self.local_decoder = LocalDecoder(args)
         dim_enc = args.dim_local_encoder
         self.encoder_hash_tok_embedding = None

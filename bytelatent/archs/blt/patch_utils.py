@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from bytelatent.errors import DataError
-from bytelatent.model.attention import AttnMask, flex_interval_block_mask
+from bytelatent.model.attention import AttnMask, FlexMask, flex_interval_block_mask
 
 _POOL_REDUCE = {"avg": "mean", "min": "amin", "max": "amax"}
 
@@ -63,21 +63,6 @@ def host_patch_has_eos(tokens: np.ndarray, patch_lengths: np.ndarray, eos_id: in
         eos_positions = np.flatnonzero(np.asarray(row_tokens) == eos_id)
         has_eos[row, np.searchsorted(row_ends, eos_positions, side="right")] = True
     return has_eos
-
-
-def first_token_alone(lengths: torch.Tensor) -> torch.Tensor:
-    """Patch lengths [B, P] with each row's first patch split into its first token and the rest,
-    as training's patches mode splits a window's first patch (a no-op where it is 1 already)."""
-    if lengths.shape[1] == 0 or bool((lengths[:, 0] <= 1).all()):
-        return lengths
-    first = lengths[:, :1]
-    head = torch.minimum(first, torch.ones_like(first))
-    rest = first - head
-    out = torch.cat([head, rest, lengths[:, 1:]], dim=1)
-    # rows whose first patch was 1 now hold a 0: move it to the end (right padding)
-    order = torch.argsort((out == 0).to(torch.int8), dim=1, stable=True)
-    out = torch.gather(out, 1, order)
-    return out[:, : int((out != 0).sum(dim=1).max())]
 
 
 def check_patch_lengths(patch_lengths: torch.Tensor, seq_len: int) -> None:
@@ -245,8 +230,4 @@ def _flex_cross_mask(
 ) -> AttnMask:
     lo, hi = cross_attn_key_bounds(side, patch_ids, num_patches, k, window)
     kv_len = patch_ids.shape[1] if side == "encoder" else num_patches * k
-    return AttnMask(
-        block_mask=flex_interval_block_mask(lo, hi, kv_len),
-        query_has_key=(hi > lo)[:, None, :, None],
-        backend="flex_attention",
-    )
+    return FlexMask(flex_interval_block_mask(lo, hi, kv_len), (hi > lo)[:, None, :, None])

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from bytelatent.archs.blt.args import ByteLatentTransformerArgs
-from bytelatent.errors import CheckpointError, ConfigError
+from bytelatent.errors import CheckpointError, ConfigError, UserError
 from bytelatent.model.args import LMTransformerArgs
 from bytelatent.tokenizers.constants import VOCAB_SIZE
 
@@ -430,3 +432,19 @@ def adapt_reference_blt_state_dict(
             adapted[key] = torch.zeros(args.max_encoder_seq_length, width, dtype=dtype)
             notes.append(f"{key}: zeros (the reference never adds its learned positions)")
     return adapted, notes
+
+
+def blt_args_from_params(params: dict[str, Any], where: str = "params.json"):
+    """The BLT spec's `adapters.read_params`: (args, ignored reference fields) from our `model` section
+    or the reference's."""
+    section = params.get("model")
+    if not isinstance(section, dict):
+        raise CheckpointError(f"{where}: no 'model' section; is this a BLT checkpoint?")
+    try:
+        return ByteLatentTransformerArgs.model_validate(section), []
+    except ValidationError:
+        pass  # not our layout: read it as the reference's
+    try:
+        return blt_args_from_reference(section)
+    except (ValidationError, ValueError, UserError) as exc:
+        raise CheckpointError(f"{where}: model args invalid: {exc}") from None

@@ -36,16 +36,33 @@ import torch.nn.functional as F
 from bytelatent.archs.hnet.dc.chunking import boundaries_first, dechunk_step
 from bytelatent.archs.hnet.dc.residual import merge_residual
 from bytelatent.archs.hnet.model import _KERNEL_DTYPES, HNet, HNetStage
+from bytelatent.data.chat import MARKER_IDS
 from bytelatent.eval.generation.cache import CachedStack, to_device
 from bytelatent.model.layers import KVCache
+
+
+def _after_marker(last: int | None) -> bool:
+    """Training forces a chunk start after each chat-template marker (data/chat.py)."""
+    return last is not None and last in MARKER_SET
+
+
+MARKER_SET = frozenset(MARKER_IDS.tolist())
 
 
 class _Plan:
     """Which positions a stage call appends: ``row`` (prefill: T positions of one row) or, with
     ``row`` None, one position for every row of the batch, kept where ``advance`` is True."""
 
-    def __init__(self, starts: torch.Tensor, row: int | None, advance: list[bool] | None) -> None:
+    def __init__(
+        self,
+        starts: torch.Tensor,
+        row: int | None,
+        advance: list[bool] | None,
+        forced: torch.Tensor | None = None,
+    ) -> None:
         self.starts = starts  # [N, T] bool on the host: the position starts a document
+        # [N, T] bool: the position must start a chunk (a document start, or after a chat marker)
+        self.forced = starts if forced is None else forced
         self.row = row
         self.advance = advance
 
@@ -143,10 +160,12 @@ class IncrementalHNet:
         """Append the 1-D ``tokens`` (host: a device tensor costs a read) to row ``row``; returns
         logits [T, V] for each of them."""
         host = tokens.tolist()
-        starts = [self._starts_document(self.last[row])]
-        starts += [t == self.eos_id for t in host[:-1]]
+        previous = [self.last[row], *host[:-1]]
+        starts = [self._starts_document(t) for t in previous]
+        starts[1:] = [t == self.eos_id for t in host[:-1]]
+        forced = [s or _after_marker(t) for s, t in zip(starts, previous)]
         self.last[row] = host[-1]
-        plan = _Plan(torch.tensor([starts]), row, None)
+        plan = _Plan(torch.tensor([starts]), row, None, torch.tensor([forced]))
         h = self.model.embed(to_device([host], self.device))
         return self.model.head(self._stage(0, h, plan))[0]
 
@@ -155,8 +174,10 @@ class IncrementalHNet:
         """One token per row (host lists; frozen rows, advance False, keep their state) ->
         logits [B, V] on the model's device."""
         starts = [self._starts_document(last) for last in self.last]
+        forced = [s or _after_marker(last) for s, last in zip(starts, self.last)]
         self.last = [t if on else last for t, on, last in zip(tokens, advance, self.last)]
-        plan = _Plan(torch.tensor(starts)[:, None], None, list(advance))
+        forced_tensor = torch.tensor(forced)[:, None]
+        plan = _Plan(torch.tensor(starts)[:, None], None, list(advance), forced_tensor)
         h = self.model.embed(to_device(tokens, self.device)[:, None])
         return self.model.head(self._stage(0, h, plan))[:, 0]
 
@@ -173,7 +194,7 @@ class IncrementalHNet:
             residual = stage.residual_proj(h)
         # routing of each new position from (previous encoder output, its own)
         pairs = torch.cat((state.prev[rows, None].to(h.dtype), h), dim=1)
-        starts = to_device(F.pad(plan.starts, (1, 0), value=True), self.device)
+        starts = to_device(F.pad(plan.forced, (1, 0), value=True), self.device)
         routing = stage.routing_module(pairs, starts=starts)
         prob = routing.boundary_prob[:, 1:]
         selected = routing.selected_probs[:, 1:]
@@ -208,11 +229,13 @@ class IncrementalHNet:
         order = boundaries_first(host_boundary)[:, :width]
         device_order = to_device(order, self.device)
         chunks = h.gather(1, device_order[..., None].expand(-1, -1, h.shape[-1]))
-        inner_starts = plan.starts.gather(1, order) & (torch.arange(width) < counts[:, None])
+        real = torch.arange(width) < counts[:, None]
+        inner_starts = plan.starts.gather(1, order) & real
+        inner_forced = plan.forced.gather(1, order) & real
         if plan.row is None:
-            inner_plan = _Plan(inner_starts, None, host_boundary[:, 0].tolist())
+            inner_plan = _Plan(inner_starts, None, host_boundary[:, 0].tolist(), inner_forced)
         else:
-            inner_plan = _Plan(inner_starts, plan.row, None)
+            inner_plan = _Plan(inner_starts, plan.row, None, inner_forced)
         inner = self._main(index, state.stage.to_inner(chunks), inner_plan)
         inner = inner[..., : h.shape[-1]]
         chunk_prob = prob.gather(1, device_order[..., None].expand(-1, -1, 2))

@@ -1,4 +1,4 @@
-"""H-Net <-> a Hugging Face-style model folder (`arch: hnet`; the spec's `hf_export`/`hf_import`).
+"""H-Net <-> a Hugging Face-style model folder (`arch: hnet`; the spec's HF adapters).
 
 transformers has no H-Net class, so this is not a folder `AutoModel` loads. It is the closest
 real thing: the folder layout the BLT export writes (``config.json``, ``model.safetensors``,
@@ -18,12 +18,13 @@ from pathlib import Path
 import torch
 from pydantic import ValidationError
 
-from bytelatent.archs.blt import hf
-from bytelatent.archs.blt.hf_config import CONFIG_FILE, HNET_MODEL_TYPE, OURS_KEY, JsonDict
-from bytelatent.archs.blt.hf_weights import WEIGHTS_FILE, StateDict
 from bytelatent.archs.hnet.args import HNetArgs
+from bytelatent.checkpoint import hf_folder as hf
+from bytelatent.checkpoint.hf_folder import CONFIG_FILE, OURS_KEY, WEIGHTS_FILE, JsonDict, StateDict
 from bytelatent.errors import CheckpointError
 from bytelatent.tokenizers.constants import BOS_ID
+
+HNET_MODEL_TYPE = "bytelatent_hnet"  # config.json's model_type (transformers has no H-Net class)
 
 
 def hnet_hf_config(args: HNetArgs, weights: StateDict) -> JsonDict:
@@ -52,15 +53,15 @@ def export_hnet_hf(
     """Write `out/` from an H-Net checkpoint (DCP step folder or consolidated); returns notes."""
     from bytelatent.checkpoint.pretrained import load_any_checkpoint
 
-    hf._require_hf_deps()
+    hf.require_hf_deps()
     if entropy_model is not None:
         raise CheckpointError(f"{ckpt}: an H-Net has no entropy model; drop --entropy-model")
     model, args, _ = load_any_checkpoint(ckpt, kind="hnet")
-    weights = hf._state_for_export(model)
+    weights = hf.state_for_export(model)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    hf._save_safetensors(weights, out_dir / WEIGHTS_FILE)
-    hf._write_json(out_dir / CONFIG_FILE, hnet_hf_config(args, weights))
+    hf.save_safetensors(weights, out_dir / WEIGHTS_FILE)
+    hf.write_json(out_dir / CONFIG_FILE, hnet_hf_config(args, weights))
     hf.write_tokenizer(out_dir, args.max_seqlen)
     return [
         "transformers has no H-Net class: the folder has our parameter names and args "
@@ -89,7 +90,7 @@ def import_hnet_hf(hf_dir: str, out: str) -> str:
         "arch_args": args.model_dump(mode="json"),
         "data": {"add_patches": False, "patcher_args": {"patching_mode": "byte"}},
     }
-    hf._write_consolidated(Path(out), params, weights)
+    hf.write_consolidated(Path(out), params, weights)
     return str(out)
 
 

@@ -22,19 +22,18 @@ chunk of stage s).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-from bytelatent.archs.blt.local_models import GlobalTransformer
 from bytelatent.archs.hnet.args import HNetArgs
 from bytelatent.archs.hnet.dc.chunking import ChunkLayer, boundaries_first, dechunk
 from bytelatent.archs.hnet.dc.ratio_loss import loss_from_statistics
 from bytelatent.archs.hnet.dc.residual import ResidualProjection, merge_residual
 from bytelatent.archs.hnet.dc.routing import RoutingModule
+from bytelatent.data.chat import MARKER_IDS
 from bytelatent.distributed.tp_plan import TPPlan
 from bytelatent.model.attention import resolve_backend, self_attn_mask
+from bytelatent.model.global_transformer import GlobalTransformer
 from bytelatent.model.layers import (
     KVCache,
     RMSNorm,
@@ -45,22 +44,6 @@ from bytelatent.model.layers import (
 
 _KERNEL_DTYPES = {None: None, "fp32": torch.float32, "bf16": torch.bfloat16}
 NO_EOS = -1  # a token id no position holds (chunk-level document ends are marked eos_id)
-
-
-@dataclass
-class _GlobalShape:
-    """What GlobalTransformer reads of a ByteLatentTransformerArgs: the H-Net's main network is
-    the BLT's global transformer class (same parameter names, `global_transformer.layers.*`)."""
-
-    block_args: object
-    eos_id: int
-    dropout: float = 0.0
-
-    def global_block_args(self) -> object:
-        return self.block_args
-
-    def global_input_dim(self) -> int:
-        return self.block_args.dim  # the stage pads its chunks to this width
 
 
 class HNetStage(nn.Module):
@@ -142,9 +125,9 @@ class HNet(nn.Module):
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.stages[0].dim)
         self.stages = nn.ModuleList(HNetStage(args, i) for i in range(len(args.stages)))
-        self.global_transformer = GlobalTransformer(
-            _GlobalShape(args.global_block_args(), args.eos_id)
-        )
+        # the stage pads its chunks to the global width: no input projection
+        block_args = args.global_block_args()
+        self.global_transformer = GlobalTransformer(block_args, block_args.dim, args.eos_id)
         self.norm = RMSNorm(args.stages[0].dim, eps=args.norm_eps)
         self.output = nn.Linear(args.stages[0].dim, args.vocab_size, bias=False)
 
@@ -156,10 +139,15 @@ class HNet(nn.Module):
         starts = torch.zeros_like(tokens, dtype=torch.bool)
         starts[:, 0] = True
         starts[:, 1:] = tokens[:, :-1] == self.args.eos_id  # the byte after an EOS
+        # a chunk also starts after each chat-template marker (data/chat.py): none spans a turn
+        forced = starts.clone()
+        forced[:, 1:] |= torch.isin(
+            tokens[:, :-1], torch.as_tensor(MARKER_IDS, device=tokens.device)
+        )
         backend = resolve_backend(self.args.attn_impl, tokens.device)
         stats: list[dict[str, torch.Tensor]] = []
         h = self.embed(tokens)
-        h = self._stage(0, h, torch.ones_like(starts), starts, backend, stats)
+        h = self._stage(0, h, torch.ones_like(starts), (starts, forced), backend, stats)
         return self.head(h), self._aux(stats, tokens.numel())
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -175,25 +163,30 @@ class HNet(nn.Module):
         index: int,
         h: torch.Tensor,
         mask: torch.Tensor,
-        starts: torch.Tensor,
+        starts_forced: tuple[torch.Tensor, torch.Tensor],
         backend: str,
         stats: list[dict[str, torch.Tensor]],
     ) -> torch.Tensor:
+        """``starts_forced``: document starts (attention, EMA resets) and forced chunk starts
+        (document starts and turn starts)."""
+        starts, forced = starts_forced
         stage = self.stages[index]
         doc_ends = _document_ends(starts, mask)
         h = stage.run_blocks(stage.encoder, h, doc_ends, backend)
         device_type = h.device.type
         with torch.autocast(device_type, enabled=False):
             residual = stage.residual_proj(h)  # fp32, as the official "residual in fp32"
-        routing = stage.routing_module(h, mask=mask, starts=starts)
+        routing = stage.routing_module(h, mask=mask, starts=forced)
         chunks = stage.chunk_layer(h, routing.boundary_mask, mask=mask)
         width = chunks.hidden_states.shape[1]
-        inner_starts = starts.gather(1, boundaries_first(routing.boundary_mask)[:, :width])
-        inner_starts = inner_starts & chunks.mask
+        order = boundaries_first(routing.boundary_mask)[:, :width]
+        inner_starts = starts.gather(1, order) & chunks.mask
+        inner_forced = forced.gather(1, order) & chunks.mask
         stats.append(_stage_stats(self.args.stages[index].target_ratio, routing, mask))
         inner = stage.to_inner(chunks.hidden_states)
         if index + 1 < len(self.stages):
-            inner = self._stage(index + 1, inner, chunks.mask, inner_starts, backend, stats)
+            inner_pair = (inner_starts, inner_forced)
+            inner = self._stage(index + 1, inner, chunks.mask, inner_pair, backend, stats)
         else:
             inner = self.global_transformer(inner, _document_ends(inner_starts, chunks.mask))
         inner = inner[..., : h.shape[-1]]
@@ -279,46 +272,3 @@ def _stage_stats(target_ratio: float, routing, mask: torch.Tensor) -> dict[str, 
     mean_prob = (routing.boundary_prob[..., 1].float() * valid).sum() / positions.clamp(min=1)
     loss = loss_from_statistics(chunks / positions.clamp(min=1), mean_prob, target_ratio)
     return {"loss": loss, "positions": positions, "chunks": chunks}
-
-
-def hnet_training_flops(
-    model_args: HNetArgs, data_args: object, bytes_per_chunk: list[float] | None = None
-):
-    """Analytic training FLOPs: stage s runs on L / B_{s-1} positions (B_{-1} = 1), the global
-    transformer on L / B_{S-1}, where B_s is stage s's bytes per chunk: the measured
-    `bytes_per_chunk` when given (`hnet_measured_flops`), else the target ratios N_0 ... N_s
-    (an estimate: what the dry run and `model-info.txt` report)."""
-    from bytelatent.model.flops import _block_params, mean_attended_keys
-
-    cumulative = model_args.cumulative_ratios() if bytes_per_chunk is None else bytes_per_chunk
-    if len(cumulative) != len(model_args.stages):
-        raise ValueError(f"bytes_per_chunk: {len(model_args.stages)} values expected")
-    seq_len = data_args.seq_len
-    per_byte, positions_per_byte = 0.0, 1.0
-    for index, stage in enumerate(model_args.stages):
-        block = model_args.stage_block_args(index)
-        n_blocks = stage.n_layers_encoder + stage.n_layers_decoder
-        positions = max(1.0, seq_len * positions_per_byte)
-        keys = mean_attended_keys(max(1, round(positions)), stage.sliding_window)
-        layer = 6 * _block_params(block) + 12 * stage.dim * keys
-        router = 6 * (2 * stage.dim**2 + stage.dim**2)  # W_q, W_k, residual projection
-        per_byte += positions_per_byte * (n_blocks * layer + router)
-        positions_per_byte = 1.0 / max(cumulative[index], 1.0)
-    glob = model_args.global_block_args()
-    keys = mean_attended_keys(max(1, round(seq_len * positions_per_byte)))
-    per_byte += (
-        positions_per_byte
-        * model_args.n_layers
-        * (6 * _block_params(glob) + 12 * model_args.dim * keys)
-    )
-    per_byte += 6 * model_args.stages[0].dim * model_args.vocab_size  # LM head
-    return lambda tokens, patches: tokens * per_byte
-
-
-def hnet_measured_flops(model_args: HNetArgs, data_args: object, aux: dict[str, float]):
-    """`ArchSpec.measured_flops`: the FLOPs counter at the chunk counts the forward measured
-    (`aux` holds the interval means of `bytes_per_chunk/stage{s}`), or None when absent."""
-    keys = [f"bytes_per_chunk/stage{s}" for s in range(len(model_args.stages))]
-    if not all(key in aux for key in keys):
-        return None
-    return hnet_training_flops(model_args, data_args, [aux[key] for key in keys])

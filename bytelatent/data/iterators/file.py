@@ -182,6 +182,7 @@ class FileIteratorState(IteratorState):
     order_seed: int | None = Field(None, description="None: files in list order")
     epoch: int = 0
     text_field: str = "text"
+    chat: bool = False  # records are conversations (data.chat_template)
     storage_options: dict[str, Any] | None = None
     arrow_batch_size: int = Field(20, ge=1, description="Arrow rows converted to Python at a time")
     skip_bad_records: bool = False
@@ -271,6 +272,7 @@ class FileIterator(StatefulIterator[Document]):
             text_keys=text_keys(state.text_field),
             storage_options=state.storage_options,
             arrow_batch_size=state.arrow_batch_size,
+            chat=state.chat,
             max_document_bytes=state.max_document_bytes,
         )
         self.current = self._slot(state.shard_index, state.position, state.fingerprint)

@@ -115,24 +115,25 @@ def _encode(batch: Batch) -> tuple:
     is_prefix = np.array_equal(mask, np.arange(x.shape[1]) < lengths[:, None])
     if is_prefix and np.array_equal(_shifted_targets(x, lengths, last, pad), y):
         if np.all(x[padding] == pad):
-            return ("shifted", _compact(x), lengths, last, pad, patch_lengths)
-    return ("full", _compact(x), _compact(y), mask, patch_lengths)
+            return ("shifted", _compact(x), lengths, last, pad, patch_lengths, batch.loss_mask)
+    return ("full", _compact(x), _compact(y), mask, patch_lengths, batch.loss_mask)
 
 
 def _decode(payload: tuple) -> Batch:
     if payload[0] == "shifted":
-        _, x, lengths, last, pad, patch_lengths = payload
+        _, x, lengths, last, pad, patch_lengths, loss_mask = payload
         x = x.astype(np.int64)
         mask = np.arange(x.shape[1]) < lengths[:, None]
         y = _shifted_targets(x, lengths, last, pad)
     else:
-        _, x, y, mask, patch_lengths = payload
+        _, x, y, mask, patch_lengths, loss_mask = payload
         x, y = x.astype(np.int64), y.astype(np.int64)
     return Batch(
         x=x,
         y=y,
         mask=mask,
         patch_lengths=None if patch_lengths is None else patch_lengths.astype(np.int64),
+        loss_mask=loss_mask,
     )
 
 

@@ -28,6 +28,7 @@ import fsspec
 import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from bytelatent.data.chat import BadConversation, Turn, conversation_of
 from bytelatent.errors import DataError
 
 SAMPLE_ID_KEYS = ("sample_id", "title", "qid", "paper_id", "path", "url", "id")
@@ -47,6 +48,7 @@ class Document:
     entropies: np.ndarray | None
     path: str
     row: int
+    turns: list[Turn] | None = None  # a chat record (data.chat): its turns; text is unused
 
 
 class BadRecord(Exception):
@@ -99,6 +101,7 @@ class ReadOptions:
     text_keys: tuple[str, ...] = TEXT_KEYS
     storage_options: dict[str, Any] | None = None
     arrow_batch_size: int = 20  # table formats: rows converted to Python at a time
+    chat: bool = False  # records are conversations (data/chat.py), read whole
     max_document_bytes: int | None = None  # a longer record is a BadRecord (None: no limit)
 
 
@@ -286,9 +289,13 @@ def document(
     row: int,
     keys: tuple[str, ...] = TEXT_KEYS,
     max_bytes: int | None = None,
+    chat: bool = False,
 ) -> Document:
-    """The Document of a record (text from `keys`, sample id, entropies); RecordError if unusable
-    (including a text of more than `max_bytes` UTF-8 bytes)."""
+    """The Document of a record (text from `keys`, sample id, entropies; or, with `chat`, its
+    conversation); RecordError if unusable (including a text of more than `max_bytes` UTF-8
+    bytes)."""
+    if chat:
+        return chat_document(record, path, row)
     text = next((record[k] for k in keys if k in record), None)
     if text is None:
         raise RecordError(f"no {' or '.join(repr(k) for k in keys)} field (or it is null)")
@@ -308,3 +315,15 @@ def document(
         except (TypeError, ValueError) as exc:
             raise RecordError(f"'entropies' is not a list of numbers ({exc})") from exc
     return Document(sample_id=str(sample_id), text=text, entropies=entropies, path=path, row=row)
+
+
+def chat_document(record: dict, path: str, row: int) -> Document:
+    """The Document of a chat record (any shape `conversation_of` reads); RecordError if not."""
+    try:
+        turns = conversation_of(record)
+    except BadConversation as exc:
+        raise RecordError(str(exc)) from exc
+    sample_id = next((record[k] for k in SAMPLE_ID_KEYS if record.get(k) is not None), None)
+    if sample_id is None:
+        sample_id = f"{os.path.basename(path)}:{row}"
+    return Document(str(sample_id), "", None, path, row, turns=turns)

@@ -85,7 +85,7 @@ class _LineReader:
 
     def __init__(self, shard: Shard, position: Position, options: ReadOptions) -> None:
         self.path, self.stride, self.offset = shard.path, shard.stride, shard.offset
-        self.keys = options.text_keys
+        self.keys, self.chat = options.text_keys, options.chat
         self.limit = options.max_document_bytes
         self.row = position.row
         self.byte_offset = getattr(position, "byte_offset", 0)
@@ -116,7 +116,7 @@ class _LineReader:
             if row % self.stride != self.offset or not line.strip():
                 continue
             try:
-                return document(record_from_json(line), self.path, row, self.keys)
+                return document(record_from_json(line), self.path, row, self.keys, chat=self.chat)
             except RecordError as exc:
                 raise BadRecord(row, str(exc)) from exc
 

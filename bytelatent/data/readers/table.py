@@ -144,12 +144,31 @@ class ArrowColumns:
         return record
 
 
+class ChatRows:
+    """Whole rows (every column: a chat record's shape decides which it needs) of `rows`
+    consecutive rows of a record batch, converted once per chunk."""
+
+    def __init__(
+        self, batch: pa.RecordBatch, start: int, rows: int, path: str, keys: tuple[str, ...]
+    ) -> None:
+        chunk = batch.slice(start, rows)
+        try:
+            self.rows = chunk.to_pylist()
+        except UnicodeDecodeError as exc:
+            self.rows = [_InvalidUtf8(f"invalid UTF-8 at byte {exc.start}")] * chunk.num_rows
+        self.start, self.end = start, start + chunk.num_rows
+
+    def record(self, local_row: int) -> dict:
+        return _valid(self.rows[local_row - self.start])
+
+
 class _TableReader:
     """Rows of a file read in units (record batches, row groups); subclasses give `batch(i)`."""
 
     def __init__(self, shard: Shard, unit: int, unit_start: int, row: int, options: ReadOptions):
         self.path, self.stride, self.offset = shard.path, shard.stride, shard.offset
         self.keys, self.chunk_rows = options.text_keys, options.arrow_batch_size
+        self.chat = options.chat
         self.max_bytes = options.max_document_bytes
         self.row, self.unit, self.unit_start = row, unit, unit_start
         self._batch: pa.RecordBatch | None = None
@@ -178,10 +197,13 @@ class _TableReader:
                 continue
             columns = self._columns
             if columns is None or not columns.start <= local < columns.end:
-                columns = ArrowColumns(batch, local, self.chunk_rows, self.path, self.keys)
+                make = ChatRows if self.chat else ArrowColumns
+                columns = make(batch, local, self.chunk_rows, self.path, self.keys)
                 self._columns = columns
             try:
-                return document(columns.record(local), self.path, row, self.keys, self.max_bytes)
+                return document(
+                    columns.record(local), self.path, row, self.keys, self.max_bytes, chat=self.chat
+                )
             except RecordError as exc:
                 raise BadRecord(row, str(exc)) from exc
 
@@ -273,6 +295,9 @@ class ParquetReader(_TableReader):
             self.file.close()
             raise BadFile(f"not a Parquet file or its footer is missing/corrupt ({exc})") from exc
         names = self.parquet.schema_arrow.names
+        if options.chat:  # a chat record's shape decides which columns it needs: read them all
+            self.columns = list(names)
+            return
         try:
             self.columns = [text_column(names, self.keys, self.path)]
         except DataError:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bytelatent.archs.blt.patch_utils import first_token_alone
 from bytelatent.data.patcher import Patcher, PatcherArgs
 from bytelatent.errors import ConfigError
 from bytelatent.eval.generation.patching import blt_patch_lengths
+from bytelatent.model.patch_lengths import first_token_alone
 from bytelatent.model.registry import ArchSpec, arch_of
 
 
@@ -47,7 +47,7 @@ class CachedEngine:
 
     def start(self, rows: list[list[int]]) -> torch.Tensor:
         spec = model_spec(self.model)
-        engine = spec.resolve("generation_engine")
+        engine = spec.generation_engine() if spec.generation_engine is not None else None
         if engine is None:
             raise ConfigError(f"arch {spec.name} has no cached generation engine; use recompute")
         self.impl = engine.for_engine(

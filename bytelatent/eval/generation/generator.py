@@ -185,6 +185,8 @@ class Generator:
         if token == EOS_ID and args.stop_at_eos:
             return "eos"
         new.append(token)
+        if token in args.stop_ids:
+            return "stop"
         if stops:
             data = token_bytes(new[-max(len(s) for s in stops) - 8 :])
             if any(data.endswith(s) for s in stops):

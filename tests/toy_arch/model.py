@@ -1,4 +1,4 @@
-"""The toy architecture's model (`tests/model/toy_arch.py` names it lazily)."""
+"""The toy architecture's model (`tests/toy_arch/__init__.py` names it lazily)."""
 
 from __future__ import annotations
 
