@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -59,18 +60,50 @@ def check_config(args: CompareArgs) -> None:
         path.write_text(json.dumps(current, indent=1) + "\n")
 
 
-def plan(args: CompareArgs, sized: dict[str, Sized]) -> tuple[list[Job], list[Job]]:
-    """(the sweep at seeds[0], plus the repeat run; the other seeds, filled in once chosen)."""
+def middle_first(lrs: list[float]) -> list[float]:
+    mid = len(lrs) // 2
+    return [lrs[mid], *lrs[:mid], *lrs[mid + 1 :]]
+
+
+def plan(args: CompareArgs, sized: dict[str, Sized], rows: list[str] | None = None) -> list[Job]:
+    """The sweep at seeds[0] of `rows` (default: all), and the repeat run of the reference."""
+    # each row's middle rate first, row after row: a partial sweep compares every row
+    ordered = {n: middle_first(args.row_lrs(n)) for n in sized if rows is None or n in rows}
     sweep = [
-        make_job(args.out_dir, name, s.argv, lr, args.seeds[0])
-        for name, s in sized.items()
-        for lr in args.row_lrs(name)
+        make_job(args.out_dir, sized[name], lrs[i], args.seeds[0])
+        for i in range(max(map(len, ordered.values())))
+        for name, lrs in ordered.items()
+        if i < len(lrs)
     ]
-    if args.repeat_check:
+    if args.repeat_check and rows is None:
         ref = sized[args.reference]
         lr = args.row_lrs(args.reference)[0]
-        sweep.append(make_job(args.out_dir, ref.name, ref.argv, lr, args.seeds[0], "_repeat"))
-    return sweep, []
+        sweep.append(make_job(args.out_dir, ref, lr, args.seeds[0], "_repeat"))
+    return sweep
+
+
+def calibrate(args, splits, entropy_dir, threshold, sized, sweep, curves):
+    """Phase 2: rows whose runs trained off the reference's real FLOPs per byte are sized again
+    from their measured counts (apps/compare/sizing.py) and their sweep runs again."""
+    real = {
+        name: statistics.fmean(
+            curves[j.dump_dir].flops_per_byte for j in sweep if j.row == name and "_repeat" not in
+            str(j.dump_dir)
+        )
+        for name in sized
+    }  # fmt: skip
+    again = size_rows(args, splits, entropy_dir, threshold, sized, real)
+    changed = [n for n in sized if again[n].size != sized[n].size]
+    lines = [
+        f"calibration: {n} trained at {real[n] / real[args.reference]:.3f}x the "
+        f"{args.reference}'s real FLOPs per byte with {sized[n].size}; sized again: "
+        f"{again[n].size}" for n in changed
+    ]  # fmt: skip
+    print("\n".join(lines) or "calibration: every row within tolerance on its real counts")
+    print(f"compare: phase 2/3, the sweep again for the re-sized rows: {len(changed)} row(s)")
+    if changed:
+        train_all(plan(args, again, changed), args, curves)
+    return again, lines
 
 
 def dry_run(args: CompareArgs, sized: dict[str, Sized]) -> int:
@@ -138,22 +171,24 @@ def compare(args: CompareArgs, argv: list[str]) -> int:
     print("\n".join(lines), flush=True)
 
     curves: dict = {}
-    sweep, _ = plan(args, sized)
-    print(f"compare: phase 1/2, the learning-rate sweep: {len(sweep)} runs", flush=True)
+    sweep = plan(args, sized)
+    print(f"compare: phase 1/3, the learning-rate sweep: {len(sweep)} runs", flush=True)
     ran.append(train_all(sweep, args, curves))
+    sized, calibration = calibrate(args, splits, entropy_dir, threshold, sized, sweep, curves)
+    lines += calibration
     chosen = {
         name: min(args.row_lrs(name), key=lambda lr: curves[
-            make_job(args.out_dir, name, s.argv, lr, args.seeds[0]).dump_dir].final("tune"))
+            make_job(args.out_dir, s, lr, args.seeds[0]).dump_dir].final("tune"))
         for name, s in sized.items()
     }  # fmt: skip
     print("compare: chosen on the tune split: "
           + ", ".join(f"{n} lr={lr:g}" for n, lr in chosen.items()), flush=True)  # fmt: skip
     seeds = [
-        make_job(args.out_dir, name, s.argv, chosen[name], seed)
+        make_job(args.out_dir, s, chosen[name], seed)
         for name, s in sized.items()
         for seed in args.seeds[1:]
     ]
-    print(f"compare: phase 2/2, more seeds at the chosen rates: {len(seeds)} runs", flush=True)
+    print(f"compare: phase 3/3, more seeds at the chosen rates: {len(seeds)} runs", flush=True)
     ran.append(train_all(seeds, args, curves))
     if not any(ran):
         print(f"compare: nothing to do: every run in {out} is done (rewriting the report)")

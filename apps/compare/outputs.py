@@ -18,7 +18,7 @@ def _rows(args: CompareArgs, sized: dict, chosen: dict, curves: dict) -> list[di
     for name, s in sized.items():
 
         def curve(lr: float, seed: int, _name=name, _s=s):
-            return curves[make_job(args.out_dir, _name, _s.argv, lr, seed).dump_dir]
+            return curves[make_job(args.out_dir, _s, lr, seed).dump_dir]
 
         sweep = [curve(lr, args.seeds[0]) for lr in args.row_lrs(name)]
         seeds = [curve(chosen[name], seed) for seed in args.seeds]
@@ -44,10 +44,8 @@ def checks(args: CompareArgs, sized: dict, rows: list[dict], curves: dict) -> li
     if args.repeat_check:
         s = sized[args.reference]
         lr = args.row_lrs(args.reference)[0]
-        first = curves[make_job(args.out_dir, s.name, s.argv, lr, args.seeds[0]).dump_dir]
-        again = curves[
-            make_job(args.out_dir, s.name, s.argv, lr, args.seeds[0], "_repeat").dump_dir
-        ]
+        first = curves[make_job(args.out_dir, s, lr, args.seeds[0]).dump_dir]
+        again = curves[make_job(args.out_dir, s, lr, args.seeds[0], "_repeat").dump_dir]
         diff = max(abs(a - b) for a, b in zip(first.bpb["test"], again.bpb["test"]))
         lines.append(
             f"determinism: {args.reference} lr={lr:g} seed={args.seeds[0]} trained twice: "

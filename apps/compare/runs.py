@@ -52,10 +52,14 @@ class Job:
         return record
 
 
-def make_job(out_dir: str, row: str, argv: list[str], lr: float, seed: int, tag: str = "") -> Job:
-    dump_dir = Path(out_dir) / "runs" / row / f"lr{lr:g}_seed{seed}{tag}"
-    full = [*argv, f"dump_dir={dump_dir}", f"seed={seed}", f"optim.lr={lr!r}"]
-    return Job(row, lr, seed, dump_dir, full)
+def make_job(out_dir: str, sized, lr: float, seed: int, tag: str = "") -> Job:
+    """The run of a sized row at `lr` and `seed`: the seed is the trainer's and the weight
+    initialisation's (`<section>.seed`, which the top-level seed does not set)."""
+    size = sized.size.replace("=", "-") or "as-configured"
+    dump_dir = Path(out_dir) / "runs" / sized.name / size / f"lr{lr:g}_seed{seed}{tag}"
+    seeds = [f"seed={seed}", f"{sized.section}.seed={seed}"]
+    full = [*sized.argv, f"dump_dir={dump_dir}", *seeds, f"optim.lr={lr!r}"]
+    return Job(sized.name, lr, seed, dump_dir, full)
 
 
 def _env(threads: int) -> dict[str, str]:

@@ -40,6 +40,7 @@ class Sized:
     size: str  # "key=value" the sizing chose, or "" for an unsized row
     bytes_per_patch: float  # what the sizing assumed (1 for a byte LM)
     variant: str = ""  # BLT: its patching; H-Net: its number of stages
+    section: str = "model"  # the config section of the architecture's args (its `seed` key)
 
 
 def blt_patching(
@@ -158,7 +159,9 @@ def measure(args: CompareArgs, name: str, argv: list[str], patch_mean: float, si
     else:
         mean = patch_mean if spec.patched else 1.0
         variant = args.rows[name].patching or ""
-    return Sized(name, argv, train.arch, spec.patched, flops, params, size, mean, variant)
+    return Sized(
+        name, argv, train.arch, spec.patched, flops, params, size, mean, variant, spec.section
+    )
 
 
 def patch_means(args: CompareArgs) -> dict[str, float]:
@@ -174,40 +177,57 @@ def patch_means(args: CompareArgs) -> dict[str, float]:
     return means
 
 
+def _candidates(args, name: str, base: list[str], mean: float) -> list[Sized]:
+    row = args.rows[name]
+    if row.size_key is None:
+        return [measure(args, name, base, mean)]
+    return [
+        measure(args, name, [*base, f"{row.size_key}={v}"], mean, f"{row.size_key}={v}")
+        for v in row.size_values
+    ]
+
+
+def _closest(candidates: list[Sized], target: float, correction: float = 1.0) -> Sized:
+    return min(candidates, key=lambda c: abs(math.log(c.flops_per_byte * correction / target)))
+
+
 def size_rows(
     args: CompareArgs,
     splits: dict[str, Path],
     entropy_dir: str | None = None,
     threshold: float | None = None,
+    previous: dict[str, Sized] | None = None,
+    real: dict[str, float] | None = None,
 ) -> dict[str, Sized]:
-    """Every row's argv with its size chosen by the rule in this module's docstring."""
+    """Every row's argv with its size chosen by the rule in this module's docstring.
+
+    Calibration (`previous` sizes and the FLOPs per byte their runs `real`ly trained at): a row
+    within the tolerance of the reference's real value keeps its size; another is sized again
+    with every candidate's prediction scaled by its real / predicted ratio (what its measured
+    patch or chunk counts did to the count). Without `real`, a row that cannot be matched is a
+    ConfigError."""
     means = patch_means(args)
-
-    def base(name: str) -> list[str]:
-        return row_argv(args, name, splits, means[name], entropy_dir, threshold)
-
     ref = args.reference
-    sized = {ref: measure(args, ref, base(ref), means[ref])}
-    target = sized[ref].flops_per_byte
+    ref_argv = row_argv(args, ref, splits, means[ref], entropy_dir, threshold)
+    sized = {ref: measure(args, ref, ref_argv, means[ref])}
+    target = sized[ref].flops_per_byte if real is None else real[ref]
     for name in (n for n in args.rows if n != ref):
-        row = args.rows[name]
-        if row.size_key is None:
-            sized[name] = measure(args, name, base(name), means[name])
+        if real is not None and abs(real[name] / target - 1) <= args.flops_tolerance:
+            sized[name] = previous[name]
             continue
-        candidates = [
-            measure(args, name, [*base(name), f"{row.size_key}={v}"], means[name],
-                    f"{row.size_key}={v}")
-            for v in row.size_values
-        ]  # fmt: skip
-        sized[name] = min(candidates, key=lambda c: abs(math.log(c.flops_per_byte / target)))
-    for name, s in sized.items():
-        ratio = s.flops_per_byte / target
-        if abs(ratio - 1) > args.flops_tolerance:
-            raise ConfigError(
-                f"rows.{name}: FLOPs per byte {s.flops_per_byte / 1e6:.3f} M is {ratio:.3f}x the "
-                f"{ref}'s ({target / 1e6:.3f} M), outside flops_tolerance="
-                f"{args.flops_tolerance}; change rows.{name}.size_values or its overrides"
-            )
+        base = row_argv(args, name, splits, means[name], entropy_dir, threshold)
+        candidates = _candidates(args, name, base, means[name])
+        correction = 1.0 if real is None else real[name] / previous[name].flops_per_byte
+        sized[name] = _closest(candidates, target, correction)
+    if real is None:
+        for name, s in sized.items():
+            ratio = s.flops_per_byte / target
+            if abs(ratio - 1) > args.flops_tolerance:
+                raise ConfigError(
+                    f"rows.{name}: FLOPs per byte {s.flops_per_byte / 1e6:.3f} M is {ratio:.3f}x "
+                    f"the {ref}'s ({target / 1e6:.3f} M), outside flops_tolerance="
+                    f"{args.flops_tolerance}; change rows.{name}.size_values or its overrides"
+                )
     return {n: sized[n] for n in args.rows}
 
 
