@@ -106,7 +106,17 @@ def calibrate(args, splits, entropy_dir, threshold, sized, sweep, curves):
     return again, lines
 
 
-def dry_run(args: CompareArgs, sized: dict[str, Sized]) -> int:
+def dry_run(args: CompareArgs) -> int:
+    """The sizing, the runs and the expected training time
+    (no run is trained; without the corpus the validation paths are placeholders)."""
+    try:
+        corpus_files(args)
+        splits = write_splits(args)
+    except UserError as e:
+        print(f"compare: dry run without the data ({e.one_line()})")
+        splits = {s: Path(args.out_dir) / "splits" / f"{s}.jsonl" for s in ("tune", "test", "ood")}
+    sized = size_rows(args, splits)
+    print("\n".join(sizing_lines(args, sized)))
     n_runs = sum(len(args.row_lrs(n)) + len(args.seeds) - 1 for n in sized) + args.repeat_check
     train_bytes = args.steps * args.batch_size * args.row_bytes
     flops = sum(
@@ -153,12 +163,11 @@ def curves_of(job: Job):
 def compare(args: CompareArgs, argv: list[str]) -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if args.dry_run:
+        return dry_run(args)
     corpus_files(args)  # a missing corpus and every config error before anything trains
     splits = write_splits(args)
     sized = size_rows(args, splits)
-    if args.dry_run:
-        print("\n".join(sizing_lines(args, sized)))
-        return dry_run(args, sized)
     check_config(args)
     entropy_dir, threshold, ran = None, None, []
     if any(r.patching == "entropy" for r in args.rows.values()):

@@ -65,6 +65,11 @@ class CompareArgs(BaseModel):
     out_dir: str = Field("runs/compare", description="runs, compare.md, compare.png, compare.json")
     data_root: str = Field("data", description="data.root_dir of every run")
     source: str = Field("stdlib", description="the corpus (a source folder under data_root)")
+    val_file: str | None = Field(
+        None,
+        description="held-out documents (JSONL or Parquet with a text column) split into tune and "
+        "test; default: the corpus's own <source>.val.jsonl",
+    )
     ood_files: list[str] = Field(
         default_factory=lambda: ["{python}/LICENSE.txt", "/usr/share/common-licenses/*"],
         description="out-of-domain text (globs; {python} is the Python standard library folder); "

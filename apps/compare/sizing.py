@@ -141,7 +141,8 @@ def measure(args: CompareArgs, name: str, argv: list[str], patch_mean: float, si
     """A `Sized` for `argv`: FLOPs per byte from the registry counter, params on the meta device."""
     import torch
 
-    train = parse_args(TrainArgs, argv)
+    # each run gets its own dump_dir later; a config may leave it mandatory (???)
+    train = parse_args(TrainArgs, [*argv, f"dump_dir={args.out_dir}/runs/{name}"])
     spec = get_arch(train.arch)
     factory = spec.resolve("flops")
     if factory is None:
@@ -169,7 +170,14 @@ def patch_means(args: CompareArgs) -> dict[str, float]:
     means = {}
     for name, row in args.rows.items():
         if row.patching == "space":
-            means[name] = space_patch_mean(args)
+            try:
+                means[name] = space_patch_mean(args)
+            except DataError:
+                if not args.dry_run:
+                    raise
+                means[name] = args.bytes_per_patch  # no corpus here: the dry run assumes N
+                print(f"sizing: {name}: no training text to measure space patches on; the dry "
+                      f"run assumes {args.bytes_per_patch:g} bytes per patch")  # fmt: skip
         elif row.patching is not None:
             means[name] = args.bytes_per_patch
         else:
@@ -181,10 +189,17 @@ def _candidates(args, name: str, base: list[str], mean: float) -> list[Sized]:
     row = args.rows[name]
     if row.size_key is None:
         return [measure(args, name, base, mean)]
-    return [
-        measure(args, name, [*base, f"{row.size_key}={v}"], mean, f"{row.size_key}={v}")
-        for v in row.size_values
-    ]
+    valid, errors = [], []
+    for v in row.size_values:  # a value the architecture refuses (a width too small) is skipped
+        try:
+            valid.append(
+                measure(args, name, [*base, f"{row.size_key}={v}"], mean, f"{row.size_key}={v}")
+            )
+        except ConfigError as e:
+            errors.append(e)
+    if not valid:
+        raise errors[0]
+    return valid
 
 
 def _closest(candidates: list[Sized], target: float, correction: float = 1.0) -> Sized:

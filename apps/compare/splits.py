@@ -25,11 +25,17 @@ SPLITS = ("tune", "test", "ood")
 
 
 def _val_documents(args: CompareArgs) -> list[str]:
-    path = Path(args.data_root) / args.source / f"{args.source}.val.jsonl"
+    default = Path(args.data_root) / args.source / f"{args.source}.val.jsonl"
+    path = Path(args.val_file) if args.val_file else default
     if not path.exists():
         raise DataError(f"{path}: no validation file (python -m bytelatent.data.prepare --out "
-                        f"{path.parent})")  # fmt: skip
-    docs = [json.loads(line)["text"] for line in path.read_text().splitlines() if line.strip()]
+                        f"{default.parent}, or set val_file)")  # fmt: skip
+    if path.suffix in (".parquet", ".pq"):
+        import pyarrow.parquet as pq
+
+        docs = [str(t) for t in pq.read_table(path, columns=["text"]).column("text").to_pylist()]
+    else:
+        docs = [json.loads(line)["text"] for line in path.read_text().splitlines() if line.strip()]
     if len(docs) < 2:
         raise DataError(f"{path}: {len(docs)} document(s); the tune and test splits need two")
     return docs

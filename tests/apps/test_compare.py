@@ -93,7 +93,9 @@ def test_calibration_resizes_a_row_from_its_real_flops(tmp_path, corpus_root):
 def test_splits_are_disjoint_held_out_and_out_of_domain(tmp_path, corpus_root):
     args = parse_args(CompareArgs, [CPU, f"out_dir={tmp_path}", f"data_root={corpus_root}"])
     paths = write_splits(args)
-    docs = {s: [json.loads(x)["text"] for x in p.read_text().splitlines()] for s, p in paths.items()}
+    docs = {
+        s: [json.loads(x)["text"] for x in p.read_text().splitlines()] for s, p in paths.items()
+    }
     assert docs["tune"] and docs["test"] and docs["ood"]
     assert not set(docs["tune"]) & set(docs["test"])
     training = "".join(p.read_text() for p in (corpus_root / "stdlib").glob("*.chunk.*.jsonl"))
