@@ -11,7 +11,7 @@ from pathlib import Path
 
 from apps.compare import __doc__ as DESCRIPTION
 from apps.compare.args import CompareArgs
-from apps.compare.outputs import finish
+from apps.compare.outputs import finish, status
 from apps.compare.report import read_curve
 from apps.compare.runs import Job, corpus_files, entropy_model, make_job, pick_threshold, run_local
 from apps.compare.sizing import Sized, size_rows, sizing_lines
@@ -21,7 +21,16 @@ from bytelatent.errors import ConfigError, UserError
 
 USAGE = "usage: python -m apps.compare config=configs/compare_cpu.yaml [key=value ...]"
 # keys that change how the runs are scheduled, not what they compute: free to change on a rerun
-SCHEDULING = {"parallel", "nice", "launcher", "slurm", "poll_s", "dry_run", "expected_flops_per_s"}
+SCHEDULING = {
+    "parallel",
+    "nice",
+    "launcher",
+    "slurm",
+    "poll_s",
+    "dry_run",
+    "expected_flops_per_s",
+    "status",
+}
 
 
 def load_average() -> str:
@@ -165,6 +174,8 @@ def compare(args: CompareArgs, argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.dry_run:
         return dry_run(args)
+    if args.status:
+        return status(args)
     corpus_files(args)  # a missing corpus and every config error before anything trains
     splits = write_splits(args)
     sized = size_rows(args, splits)

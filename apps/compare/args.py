@@ -127,6 +127,7 @@ class CompareArgs(BaseModel):
     dry_run: bool = Field(
         False, description="size the rows, print the plan and time; train nothing"
     )
+    status: bool = Field(False, description="list the finished runs so far; train nothing")
     entropy: EntropyArgs = Field(default_factory=EntropyArgs)
     rows: dict[str, RowArgs] = Field(description="the rows of the table, in order")
 

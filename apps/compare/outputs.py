@@ -95,3 +95,35 @@ def finish(args: CompareArgs, sized: dict, chosen: dict, curves: dict, sizing: l
         print(f"compare: wrote {out / 'compare.md'} and {out / 'compare.json'}; no compare.png: "
               "matplotlib is not installed (pip install 'bytelatent[plot]')")  # fmt: skip
     return 0
+
+
+def status(args: CompareArgs) -> int:
+    """`status=true`: the finished runs of out_dir so far (an unfinished study's partial table),
+    written to compare_partial.md; trains nothing."""
+    from apps.compare.report import read_curve
+
+    out = Path(args.out_dir)
+    lines = [
+        "| row | size | lr | seed | test bpb | ood bpb | tune bpb | FLOPs/byte (M) | bytes/patch "
+        "| train s | wall s | CPU s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    found = 0
+    for name in args.rows:
+        for done in sorted((out / "runs" / name).glob("*/*/done.json")):
+            run = done.parent
+            lr_text, _, seed_text = run.name.partition("_seed")
+            record = json.loads(done.read_text())
+            c = read_curve(name, float(lr_text[2:]), int(seed_text.split("_")[0]), run, record)
+            found += 1
+            lines.append(
+                f"| {name} | {run.parent.name} | {c.lr:g} | {seed_text} | {c.final('test'):.4f} | "
+                f"{c.final('ood'):.4f} | {c.final('tune'):.4f} | {c.flops_per_byte / 1e6:.3f} | "
+                f"{c.bytes_per_patch:.2f} | {c.step_s:.0f} | {c.wall_s:.0f} | {c.cpu_s:.0f} |"
+            )
+    text = "\n".join(lines) + "\n"
+    (out / "compare_partial.md").write_text(text)
+    print(text, end="")
+    print(f"compare: {found} finished run(s) in {out} (written to {out / 'compare_partial.md'}); "
+          "rerun without status=true to train the rest")  # fmt: skip
+    return 0
