@@ -233,16 +233,14 @@ def size_rows(
         base = row_argv(args, name, splits, means[name], entropy_dir, threshold)
         candidates = _candidates(args, name, base, means[name])
         correction = 1.0 if real is None else real[name] / previous[name].flops_per_byte
-        sized[name] = _closest(candidates, target, correction)
-    if real is None:
-        for name, s in sized.items():
-            ratio = s.flops_per_byte / target
-            if abs(ratio - 1) > args.flops_tolerance:
-                raise ConfigError(
-                    f"rows.{name}: FLOPs per byte {s.flops_per_byte / 1e6:.3f} M is {ratio:.3f}x "
-                    f"the {ref}'s ({target / 1e6:.3f} M), outside flops_tolerance="
-                    f"{args.flops_tolerance}; change rows.{name}.size_values or its overrides"
-                )
+        sized[name] = s = _closest(candidates, target, correction)
+        ratio = s.flops_per_byte / target
+        if real is None and abs(ratio - 1) > args.flops_tolerance:  # stop at the first one
+            raise ConfigError(
+                f"rows.{name}: FLOPs per byte {s.flops_per_byte / 1e6:.3f} M is {ratio:.3f}x "
+                f"the {ref}'s ({target / 1e6:.3f} M), outside flops_tolerance="
+                f"{args.flops_tolerance}; change rows.{name}.size_values or its overrides"
+            )
     return {n: sized[n] for n in args.rows}
 
 

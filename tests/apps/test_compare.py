@@ -64,25 +64,31 @@ def test_quick_preset_end_to_end_rerun_and_changed_config(tmp_path, corpus_root)
     assert len(lines) == 1 and lines[0].startswith("config error:") and "steps" in lines[0]
 
 
-def test_sizing_matches_every_row_and_refuses_an_unmatchable_one(tmp_path, corpus_root):
-    argv = [CPU, f"out_dir={tmp_path}", f"data_root={corpus_root}"]
+@pytest.fixture(scope="module")
+def sized_cpu(tmp_path_factory, corpus_root):
+    """The CPU preset's splits and sizes (built once: ~100 candidate models on the meta device)."""
+    out = tmp_path_factory.mktemp("sized")
+    argv = [CPU, f"out_dir={out}", f"data_root={corpus_root}"]
     args = parse_args(CompareArgs, argv)
     splits = write_splits(args)
-    sized = size_rows(args, splits)
+    return argv, splits, size_rows(args, splits)
+
+
+def test_sizing_matches_every_row_and_refuses_an_unmatchable_one(sized_cpu):
+    argv, splits, sized = sized_cpu
     assert list(sized) == ROWS
     target = sized["lm"].flops_per_byte
     for s in sized.values():
         assert abs(s.flops_per_byte / target - 1) <= 0.03, s
     assert sized["blt_static"].bytes_per_patch == 4.0 and sized["hnet_2stage"].variant == "2-stage"
-    args = parse_args(CompareArgs, [*argv, "rows.blt_space.size_values=[16]"])
-    with pytest.raises(ConfigError, match="rows.blt_space: FLOPs per byte"):
+    args = parse_args(CompareArgs, [*argv, "rows.blt_entropy.size_values=[16]"])
+    with pytest.raises(ConfigError, match="rows.blt_entropy: FLOPs per byte"):
         size_rows(args, splits)
 
 
-def test_calibration_resizes_a_row_from_its_real_flops(tmp_path, corpus_root):
-    args = parse_args(CompareArgs, [CPU, f"out_dir={tmp_path}", f"data_root={corpus_root}"])
-    splits = write_splits(args)
-    sized = size_rows(args, splits)
+def test_calibration_resizes_a_row_from_its_real_flops(sized_cpu):
+    argv, splits, sized = sized_cpu
+    args = parse_args(CompareArgs, argv)
     real = {n: s.flops_per_byte for n, s in sized.items()}
     real["hnet_1stage"] *= 0.8  # its chunks came out longer than the target: fewer FLOPs
     again = size_rows(args, splits, previous=sized, real=real)
@@ -137,6 +143,7 @@ def test_flops_seconds_and_spread():
     assert middle_first([1, 2, 3]) == [2, 1, 3] and middle_first([1, 2, 3, 4]) == [3, 1, 2, 4]
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_plan_and_time_and_trains_nothing(tmp_path, corpus_root):
     res = run_compare(
         [f"out_dir={tmp_path}", f"data_root={corpus_root}", "dry_run=true"], config=CPU
