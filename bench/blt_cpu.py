@@ -7,7 +7,7 @@ every layer), hash n-grams n=3..8 x 50002 x 1 function, RoPE theta 5e5. Batch 4 
 static 4-byte patches passed as patch_lengths ([1, 4, ..., 4]: rows sum to N+1), AdamW.
 
 Each (implementation, precision) runs in its own subprocess (clean peak RSS); the 2048^3 matmul
-throughput is measured in the same run, and model FLOP/s (bytelatent.model.flops.blt_flops_per_byte,
+throughput is measured in the same run, and model FLOP/s (bytelatent.archs.blt.sizes.blt_flops_per_byte,
 identical for both implementations) is reported as a fraction of the bf16 matmul throughput.
 
     python bench/blt_cpu.py                       # all rows
@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from bytelatent.model.blt_args import ByteLatentTransformerArgs
+    from bytelatent.archs.blt.args import ByteLatentTransformerArgs
 
 # run from a checkout without installing: the repository root holds the bytelatent package
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -59,7 +59,7 @@ ROWS = ("ours:fp32", "ours:bf16", "ours-compile:bf16", "hf:fp32", "hf:bf16", "tr
 
 
 def blt_args() -> ByteLatentTransformerArgs:
-    from bytelatent.model.blt_args import ByteLatentTransformerArgs
+    from bytelatent.archs.blt.args import ByteLatentTransformerArgs
 
     return ByteLatentTransformerArgs(
         dim=GLOBAL_DIM,
@@ -90,7 +90,7 @@ def blt_args() -> ByteLatentTransformerArgs:
 
 
 def build_ours(compile_model: bool) -> torch.nn.Module:
-    from bytelatent.model.blt import ByteLatentTransformer
+    from bytelatent.archs.blt.model import ByteLatentTransformer
 
     with torch.device("meta"):
         model = ByteLatentTransformer(blt_args())
@@ -434,7 +434,7 @@ def main() -> None:
         print(json.dumps(run_worker(impl, dtype, opts.steps, opts.warmup)))
         return
 
-    from bytelatent.model.flops import blt_flops_per_byte
+    from bytelatent.archs.blt.sizes import blt_flops_per_byte
 
     load_before = os.getloadavg()
     flops_per_byte = blt_flops_per_byte(

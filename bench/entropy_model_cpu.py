@@ -33,10 +33,10 @@ import torch.nn.functional as F
 # run from a checkout without installing the package
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bytelatent.archs.lm.model import LMTransformer
 from bytelatent.model.args import LMTransformerArgs
 from bytelatent.model.attention import chunked as attention
 from bytelatent.model.flops import lm_flops_per_token
-from bytelatent.model.transformer import LMTransformer
 from bytelatent.tokenizers.constants import EOS_ID, OFFSET
 
 DEFAULT_CHUNK = attention.SDPA_CHUNK

@@ -45,15 +45,15 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs  # noqa: E402
+from bytelatent.archs.blt.model import ByteLatentTransformer  # noqa: E402
+from bytelatent.archs.hnet.args import HNetArgs  # noqa: E402
+from bytelatent.archs.hnet.model import HNet  # noqa: E402
+from bytelatent.archs.lm.model import LMTransformer  # noqa: E402
 from bytelatent.data.entropy import calculate_entropies  # noqa: E402
 from bytelatent.data.patcher import PatcherArgs  # noqa: E402
 from bytelatent.eval.generation import GenerationArgs, Generator  # noqa: E402
 from bytelatent.model.args import LMTransformerArgs  # noqa: E402
-from bytelatent.model.blt import ByteLatentTransformer  # noqa: E402
-from bytelatent.model.blt_args import ByteLatentTransformerArgs  # noqa: E402
-from bytelatent.model.hnet_args import HNetArgs  # noqa: E402
-from bytelatent.model.hnet_model import HNet  # noqa: E402
-from bytelatent.model.transformer import LMTransformer  # noqa: E402
 
 PROMPT = "def fibonacci(n):\n    # return the n-th Fibonacci number, iteratively\n    a, b ="
 

@@ -1,4 +1,4 @@
-"""The H-Net dechunk EMA on CPU: the blocked parallel scan (bytelatent.model.hnet.ema_scan)
+"""The H-Net dechunk EMA on CPU: the blocked parallel scan (bytelatent.archs.hnet.dc.ema_scan)
 against a sequential loop over positions, one thread, fp32.
 
 Each row is one call on ``[B, L, D]`` (decay shared by the channels of a position, resets at a
@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bytelatent.model.hnet.ema import ema_scan, ema_scan_sequential  # noqa: E402
+from bytelatent.archs.hnet.dc.ema import ema_scan, ema_scan_sequential  # noqa: E402
 
 
 def make_inputs(batch: int, length: int, dim: int) -> tuple[torch.Tensor, ...]:

@@ -7,7 +7,7 @@ AdamW, clipping, the real data loader on the stdlib corpus, synchronous loading)
 `Trainer.train_step`, alternating H-Net and BLT steps round after round (same machine load for
 both). Reported: medians over the timed rounds of process CPU seconds (user + system) and wall
 seconds per step, bytes/s (input bytes / CPU s), and training FLOPs per byte from each
-architecture's registry `flops` (`ArchSpec.flops`, what MFU uses).
+architecture's registry `flops` (`ArchSpec.sizes.flops`, what MFU uses).
 
 EMA share: every `ema_scan` call of one H-Net step is recorded (the dechunk layer's inputs), and
 the same calls (forward + backward, fresh leaves) are timed alone in the same rounds; the share is
@@ -34,10 +34,10 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bytelatent.archs.hnet.dc import chunking  # noqa: E402
 from bytelatent.args import TrainArgs  # noqa: E402
 from bytelatent.config import parse_args  # noqa: E402
 from bytelatent.distributed.env import detect_env  # noqa: E402
-from bytelatent.model.hnet import chunking  # noqa: E402
 from bytelatent.model.registry import get_arch  # noqa: E402
 from bytelatent.trainer.throughput import BatchSizes  # noqa: E402
 from bytelatent.trainer.trainer import Trainer  # noqa: E402
@@ -52,7 +52,7 @@ def trainer(config: str, root: str, dump: str, extra: list[str]) -> Trainer:
 
 
 def flops_per_byte(t: Trainer, batches) -> float:
-    count = get_arch(t.args.arch).resolve("flops")(t.args.active_model_args(), t.args.data)
+    count = get_arch(t.args.arch).sizes.flops(t.args.active_model_args(), t.args.data)
     sizes = [BatchSizes.of(b) for b in batches]
     return sum(count(s.tokens, s.patches) for s in sizes) / sum(s.tokens for s in sizes)
 

@@ -19,12 +19,12 @@ import time
 
 import torch
 
+from bytelatent.archs.blt.model import ByteLatentTransformer
 from bytelatent.args import TrainArgs
 from bytelatent.config.parser import parse_args
 from bytelatent.data.patcher import PatcherArgs
 from bytelatent.eval.generation import GenerationArgs, Generator, load_generator
 from bytelatent.eval.generation.engines import CachedEngine
-from bytelatent.model.blt import ByteLatentTransformer
 
 PROMPTS = ["def main(argv):\n    ", "The quick brown fox ", "import os\nimport sys\n", "Hello"]
 

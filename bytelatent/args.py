@@ -9,16 +9,23 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+from bytelatent.archs.blt.reference_format import looks_like_reference, reference_hint
 from bytelatent.checkpoint.args import CheckpointArgs
-from bytelatent.config.reference_format import looks_like_reference, reference_hint
 from bytelatent.data.args import DataArgs
 from bytelatent.distributed.args import DistributedArgs
 from bytelatent.eval.args import EvalArgs
 from bytelatent.launch.args import EnvVars
 from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.registry import arch_name_from_config, get_arch
 from bytelatent.trainer.actions import ActionArgs
 from bytelatent.trainer.args import LoggingArgs, OptimArgs, ProfilerArgs
@@ -38,6 +45,10 @@ def _arch_args_errors(exc: ValidationError, arch: str) -> str:
         f"arch_args.{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (arch {arch})"
         for e in exc.errors()
     )
+
+
+# Validation context key: False when the config was not written by this run's user.
+ALLOW_ARCH_IMPORT = "allow_arch_import"
 
 
 class TrainArgs(BaseModel):
@@ -159,16 +170,23 @@ class TrainArgs(BaseModel):
         )
 
     @model_validator(mode="after")
-    def _arch_section(self) -> TrainArgs:
+    def _arch_section(self, info: ValidationInfo) -> TrainArgs:
+        # The user's own config may name a plugin module (importing it is their choice); a
+        # config read back from a checkpoint (`from_saved`) may not make us import anything.
+        allow_import = (info.context or {}).get(ALLOW_ARCH_IMPORT, True)
         try:
-            spec = get_arch(self.arch)
+            spec = get_arch(self.arch, allow_import=allow_import)
         except ValueError as exc:
             raise ValueError(f"arch: {exc}") from None
         if ":" not in self.arch:
             self.arch = spec.name  # an alias (lm) is saved as the name it stands for
         if spec.name == "entropy":
             self.train_entropy_model = True  # old readers of config.yaml / params.json
+        if spec.section == "entropy_model" and self.model is not None:
+            if not self.model.model_dump(exclude_defaults=True):
+                self.model = None  # the BLT's defaults, unread: as `model: null` did
         if spec.section == "arch_args":
+            self._refuse_unread_sections(spec.name)
             if not isinstance(self.arch_args, spec.args_class):
                 try:
                     self.arch_args = spec.args_class.model_validate(self.arch_args or {})
@@ -180,6 +198,26 @@ class TrainArgs(BaseModel):
                 f"reads `{spec.section}`"
             )
         return self
+
+    def _refuse_unread_sections(self, arch: str) -> None:
+        """An `arch_args` architecture reads neither `model` nor `entropy_model`: a key set there
+        would change nothing, so it is a config error. A `model` section nobody wrote (the BLT's
+        defaults) is dropped."""
+        if self.entropy_model is not None:
+            raise ValueError(
+                f"entropy_model: arch={arch} does not read it (its args are `arch_args`); "
+                "remove the entropy_model section"
+            )
+        if self.model is None:
+            return
+        changed = sorted(self.model.model_fields_set)
+        if changed:
+            keys = ", ".join(f"model.{key}" for key in changed)
+            raise ValueError(
+                f"{keys}: arch={arch} does not read the model section (its args are "
+                "`arch_args`); remove it or set the matching arch_args key"
+            )
+        self.model = None
 
     @model_validator(mode="after")
     def _cross_section_rules(self) -> TrainArgs:
@@ -196,10 +234,16 @@ class TrainArgs(BaseModel):
                 f"eval.async_launch.mode={self.eval.async_launch.mode}: evaluates checkpoint.eval "
                 "saves, but checkpoint.eval.every=0; set it > 0"
             )
-        check_run = get_arch(self.arch).resolve("check_run")
+        check_run = get_arch(self.arch).check_run
         if check_run is not None:
             check_run(self)
         return self
+
+    @classmethod
+    def from_saved(cls, saved: Any) -> TrainArgs:
+        """The config a checkpoint's params.json holds: an arch `"pkg.module:name"` whose module
+        this process has not imported is a validation error, never an import."""
+        return cls.model_validate(saved, context={ALLOW_ARCH_IMPORT: False})
 
     @classmethod
     def config_format_hint(cls, tree: dict, path: str | None) -> str | None:

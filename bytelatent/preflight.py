@@ -4,8 +4,9 @@ Mistakes that the model build (10-40 s of imports, process group and meta model)
 each found here in about a second from the config, the environment and the files alone, with
 nothing written (no dump_dir, no train.log): a missing data source or `data.root_dir` (with a
 close name when there is one), a missing validation file, a mesh that does not fill the launched
-world (`dp_shard=2` without torchrun), a `model.global_init.path` that is not a HF folder, and a
-resume whose global batch differs from the checkpoint's data stream. Every check reads what the
+world (`dp_shard=2` without torchrun), a `model.global_init.path` that is not a HF folder, a
+resume whose global batch differs from the checkpoint's data stream, and a data file that changed
+since the checkpoint's data state was saved. Every check reads what the
 run itself would read next; torch-free (tests/test_preflight.py checks it never loads torch).
 """
 
@@ -16,6 +17,7 @@ import json
 from bytelatent.args import TrainArgs
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.checkpoint.layout import FolderStore, train_state_name
+from bytelatent.data.changed_files import changed_files
 from bytelatent.data.elastic import check_layout, packing_base
 from bytelatent.data.iterators.streams import StreamsIteratorState
 from bytelatent.distributed.world import launch_ranks, resolve_layout
@@ -36,11 +38,14 @@ def preflight(args: TrainArgs) -> None:
     resume = resume_folder(args)
     if args.dry_run:
         return  # a dry run reads no data, no checkpoint and no pretrained weights
+    if args.checkpoint.load_path:
+        check_load_path(args.checkpoint.load_path, args.checkpoint.s3_profile)
     if resume is not None and _already_complete(args, resume):
         return  # nothing to do: the run says so in one line, whatever its data or config now
     if resume is not None:
         check_resumed_config(args, resume)
         check_resumed_batch(args, resume, layout.dp_size)
+        check_resumed_data_files(args, resume)
     elif (init := getattr(args.active_model_args(), "global_init", None)) is not None:
         check_global_init(init.path, f"{get_arch(args.arch).section}.global_init")
     for source in args.data.source_weights():
@@ -61,6 +66,22 @@ def resume_folder(args: TrainArgs) -> str | None:
         return None
     complete = FolderStore(fs, path).complete()
     return complete[-1].path if complete else None
+
+
+def check_load_path(path: str, s3_profile: str | None = None) -> None:
+    """`checkpoint.load_path` is a folder (a step folder the resume loads), checked before the
+    model is built and before anything is written to dump_dir."""
+    fs = cfs.get_fs(path, s3_profile)
+    if not cfs.exists(fs, path):
+        what = "does not exist"
+    elif not cfs.isdir(fs, path):
+        what = "is a file, not a step folder"
+    else:
+        return
+    raise CheckpointError(
+        f"checkpoint.load_path {path}: {what}; point it at a step folder "
+        "(e.g. runs/x/checkpoints/0000001000), or unset it to resume from dump_dir"
+    )
 
 
 def _already_complete(args: TrainArgs, folder: str) -> bool:
@@ -118,6 +139,14 @@ def check_resumed_batch(args: TrainArgs, folder: str, dp_size: int) -> None:
         args.data.batch_size,
         args.grad_acc_steps,
     )
+
+
+def check_resumed_data_files(args: TrainArgs, folder: str) -> None:
+    """A data file the checkpoint's data state reads from must be the one it was saved with
+    (`data/fingerprint.py`); the data loader finds the same, but after the model build."""
+    error = changed_files(_saved_data_state(args, folder), args.data.fsspec_options() or None)
+    if error is not None:
+        raise error
 
 
 def check_global_init(path: str, key: str = "model.global_init") -> None:

@@ -128,8 +128,20 @@ def dry_run(args: TrainArgs) -> int:
             total, mem = write_model_info(model, args, mesh, env.rank)
             ranks = f"{env.world_size} rank{'s' if env.world_size > 1 else ''}"
             print(f"dry run ({ranks}): {summary_line(total, mem)}")
+            for line in memory_advice(model, args, mesh, mem, env.device.type):
+                print(line)
             print(f"dry run: wrote {os.path.join(args.dump_dir, MODEL_INFO)}; nothing trained")
     return proc.code
+
+
+def memory_advice(model, args: TrainArgs, mesh, mem, device_type: str) -> list[str]:
+    """The knobs that bring an estimate over the device's memory under it (none when it fits)."""
+    from bytelatent.trainer.memory_advice import advice_lines, device_memory_gib
+    from bytelatent.trainer.model_info import parameter_table
+
+    device_gib, source = device_memory_gib(args, device_type)
+    shape = dict(zip(mesh.mesh_dim_names, mesh.shape)) if mesh is not None else {}
+    return advice_lines(model, parameter_table(model), args, shape, mem, device_gib, source)
 
 
 def run(args: TrainArgs) -> int:

@@ -52,6 +52,11 @@ SKIP = [
     ),
     ("sudo ", "installs system packages (CI's scripts/ci_slurm_setup.sh)"),
     ("launch.slurm --nodes", "submits to a SLURM cluster (tests/integration/test_slurm.py)"),
+    (
+        "dump_dir=runs/gpu_",
+        "needs GPUs and your corpus (docs/scaling.md; the configs' dry runs: "
+        "tests/trainer/test_dry_run.py, tests/trainer/test_memory_advice.py)",
+    ),
     ("launch.slurm --nproc", "submits to a SLURM cluster (tests/integration/test_slurm.py)"),
     ("async_launch.mode=slurm", "submits to a SLURM cluster (tests/eval/test_async_slurm.py)"),
     ("tasks=[my_task]", "needs your lm-eval task YAMLs (tests/generation/test_harness.py)"),
@@ -75,6 +80,11 @@ REWRITES = [
     (r"\.venv/bin/python\b", "python", "the venv exists already"),
     (r"mode: online", "mode: offline", "wandb online needs an account and network"),
     (r"ckpt=DIR\b", "ckpt=runs/debug/checkpoints/0000000200", "DIR: the quick start's checkpoint"),
+    (
+        r"sft_debug/checkpoints/0000000600",
+        "sft_debug/checkpoints/0000000060",
+        "configs/sft_debug.yaml's 600 steps, shortened",
+    ),
     (r'prompt="\.\.\."', 'prompt="import "', '"..." stands for your prompt'),
     (
         r"(bytelatent\.data\.prepare --out \S+)",

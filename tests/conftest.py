@@ -201,3 +201,17 @@ def tiny_entropy_run(tmp_path_factory, corpus_root) -> Path:
     """A tiny entropy model trained 20 steps: dump_dir with checkpoints/0000000020."""
     return built_once(tmp_path_factory, "tiny_entropy",
                       lambda d: train_tiny(str(ENTROPY_CONFIG), d, corpus_root, 20, TINY_ENTROPY))  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def fake_cuda_shim(tmp_path_factory) -> Path:
+    """The fake-CUDA shim (tests/distributed/fake_cuda/shim.py), built once per test run; the test
+    skips, saying why, where it cannot be built (no g++, no torch headers, a GPU build of torch)."""
+    from tests.distributed.fake_cuda.shim import LIBRARY, build_shim, shim_skip_reason
+
+    if reason := shim_skip_reason():
+        pytest.skip(reason)
+    folder = built_once(
+        tmp_path_factory, "fake_cuda", lambda out: build_shim(out, timeout=hang_limit(120))
+    )
+    return folder / LIBRARY

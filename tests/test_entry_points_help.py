@@ -19,7 +19,7 @@ ENTRY_POINTS = {
     "bytelatent.data.prepare": "usage:",
     "bytelatent.checkpoint.__main__": "usage: python -m bytelatent.checkpoint",
     "bytelatent.launch.slurm": "usage:",
-    "bytelatent.config.from_reference": "usage:",
+    "bytelatent.archs.blt.from_reference": "usage:",
     "apps.plot": "usage:",
     "apps.preprocess_entropies": "usage:",
     "apps.compare.__main__": "usage: python -m apps.compare",
@@ -88,7 +88,7 @@ def test_help_usage_config_errors_and_print_config_never_load_torch():
         ("bytelatent.train", ["config=configs/entropy_debug.yaml", "optim.lr=fast"], 2),
         ("bytelatent.print_config", ["config=configs/debug.yaml", "model.dim=64"], 0),
         ("bytelatent.print_config", ["--help", "model"], 0),
-        ("bytelatent.config.from_reference", ["--help"], 0),
+        ("bytelatent.archs.blt.from_reference", ["--help"], 0),
     ]
     script = f"COMMANDS = {commands!r}\n{NO_TORCH_SCRIPT}"
     res = subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True,

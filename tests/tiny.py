@@ -11,8 +11,13 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ENTROPY_CONFIG = CONFIGS / "entropy_debug.yaml"
 BLT_CONFIG = CONFIGS / "debug.yaml"
 
+# The debug configs validate every 100 steps; a test's tiny run does when the test asks for it
+# (eval.every=N after these lists): its own data roots need no *.val.jsonl, and runs stay short.
+NO_EVAL = ["eval.every=0"]
+
 # The entropy model (ENTROPY_CONFIG shrunk): data.seq_len up to max_seqlen.
 TINY_ENTROPY_MODEL = [
+    *NO_EVAL,
     "entropy_model.dim=32",
     "entropy_model.n_layers=1",
     "entropy_model.n_heads=2",
@@ -22,6 +27,7 @@ TINY_ENTROPY_MODEL = [
 
 # The BLT (BLT_CONFIG shrunk, space patching): data.seq_len (patches) up to 48.
 TINY_BLT_MODEL = [
+    *NO_EVAL,
     "model.dim=32",
     "model.n_layers=1",
     "model.n_heads=2",

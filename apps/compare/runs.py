@@ -8,6 +8,7 @@ trained with another command. `threshold.json` does the same for the entropy thr
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -22,6 +23,30 @@ from apps.compare.args import CompareArgs
 from bytelatent.errors import ConfigError, DataError, UserError
 
 DONE = "done.json"
+
+
+def read_record(path: Path, keys: tuple[str, ...], redo: str) -> dict:
+    """A step's JSON record with `keys`; a damaged one (a kill mid-write, an edit) is one line
+    saying to delete it (`redo`: what the next run then does again)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{path}: unreadable ({exc}); delete it to {redo}") from None
+    missing = [k for k in keys if not isinstance(record, dict) or k not in record]
+    if missing:
+        raise DataError(f"{path}: damaged (no {missing[0]!r}); delete it to {redo}")
+    return record
+
+
+def checked_threshold(value: object, where: str, redo: str) -> float:
+    """An entropy threshold: a finite number >= 0 (entropies are), else one line."""
+    try:
+        threshold = float(value)
+    except (TypeError, ValueError):
+        threshold = float("nan")
+    if not (math.isfinite(threshold) and threshold >= 0):
+        raise DataError(f"{where}: threshold {value!r} is not a finite number >= 0; {redo}")
+    return threshold
 
 
 @dataclass
@@ -43,7 +68,12 @@ class Job:
         path = self.dump_dir / DONE
         if not path.exists():
             return None
-        record = json.loads(path.read_text())
+        redo = f"train {self.label} again"
+        record = read_record(path, ("argv", "wall_s", "cpu_s"), redo)
+        for key in ("wall_s", "cpu_s"):
+            value = record[key]
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise DataError(f"{path}: damaged ({key}={value!r}); delete it to {redo}")
         if record["argv"] != self.argv:
             raise ConfigError(
                 f"{self.dump_dir} was trained with another command (see {path}); the config "
@@ -205,16 +235,17 @@ def pick_threshold(args: CompareArgs, entropy_dir: str) -> tuple[float, bool]:
     ]  # fmt: skip
     cache = Path(args.out_dir) / "threshold.json"
     if cache.exists():
-        record = json.loads(cache.read_text())
+        redo = "delete it to pick the threshold again"
+        record = read_record(cache, ("command", "threshold"), "pick the threshold again")
         if record["command"] == cmd[1:]:
-            return float(record["threshold"]), False
+            return checked_threshold(record["threshold"], str(cache), redo), False
     log = Path(args.out_dir) / "patch_size.out"
     print(f"compare: picking the entropy threshold for {args.bytes_per_patch:g} bytes per patch")
     run_logged(cmd, log, args.threads, "python -m bytelatent.data.patch_size")
     found = re.search(r"^threshold=(\S+)$", log.read_text(), re.MULTILINE)
     if found is None:
         raise UserError(f"patch_size printed no threshold=<value> line (see {log})")
-    threshold = float(found.group(1))
+    threshold = checked_threshold(found.group(1), f"patch_size (see {log})", "check its output")
     record = {"command": cmd[1:], "threshold": threshold, "output": log.name}
     cache.write_text(json.dumps(record, indent=1) + "\n")
     return threshold, True

@@ -4,7 +4,7 @@ The rule (printed by the recipe): the reference row (`reference`, the byte LM by
 FLOPs per byte do not depend on any patching) is trained as configured; every other row's
 `size_key` takes the value among `size_values` whose training FLOPs per byte is closest to the
 reference's (smallest |log ratio|); a row off by more than `flops_tolerance` stops the recipe with
-one config-error line. FLOPs per byte is the architecture's registry counter (`ArchSpec.flops`,
+one config-error line. FLOPs per byte is the architecture's registry counter (`ArchSpec.sizes.flops`,
 what the trainer's MFU uses) on a row of `row_bytes` bytes, with the patch counts the row will
 really see: static patching at exactly `bytes_per_patch`; space patching at the mean measured by
 the patcher on the first `entropy.sample_bytes` of the training shards; entropy patching at the
@@ -144,7 +144,7 @@ def measure(args: CompareArgs, name: str, argv: list[str], patch_mean: float, si
     # each run gets its own dump_dir later; a config may leave it mandatory (???)
     train = parse_args(TrainArgs, [*argv, f"dump_dir={args.out_dir}/runs/{name}"])
     spec = get_arch(train.arch)
-    factory = spec.resolve("flops")
+    factory = spec.sizes.flops
     if factory is None:
         raise ConfigError(f"rows.{name}: arch {train.arch} has no FLOPs counter; cannot size it")
     count = factory(train.active_model_args(), train.data)

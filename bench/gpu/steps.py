@@ -102,6 +102,7 @@ class CompileWatch:
         from torch._dynamo.utils import counters
 
         total, ok = counters["frames"]["total"], counters["frames"]["ok"]
+        graphs = counters["stats"]["unique_graphs"]  # fullgraph compiles count here only
         started = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -122,8 +123,10 @@ class CompileWatch:
         new_ok = counters["frames"]["ok"] - ok
         if new_total > new_ok:
             self.uncompiled.append(f"{label}: dynamo gave up on {new_total - new_ok} frame(s)")
-        if new_ok:
-            self.compiles.append({"case": label, "seconds": round(seconds, 2), "frames": new_ok})
+        new_graphs = counters["stats"]["unique_graphs"] - graphs
+        if new_ok or new_graphs:
+            self.compiles.append({"case": label, "seconds": round(seconds, 2), "frames": new_ok,
+                                  "graphs": new_graphs})  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,7 +362,7 @@ def _patch_cross_cases(ctx: Ctx, backends, tol, failures) -> list[dict]:
     from per-query key bounds), encoder and decoder side, with padded patches (empty rows)."""
     import torch
 
-    from bytelatent.model import patch_utils as PU
+    from bytelatent.archs.blt import patch_utils as PU
 
     n_bytes, k = (200, 2) if ctx.quick else (4096, 2)
     gen = torch.Generator().manual_seed(n_bytes)
@@ -736,65 +739,143 @@ def _peak_mem(ctx: Ctx) -> float | None:
     return round(torch.cuda.max_memory_allocated() / 2**30, 2) if ctx.cuda else None
 
 
+BLT_1B_QUICK = [
+    "model.dim=64",
+    "model.n_layers=2",
+    "model.n_heads=4",
+    "model.dim_local_encoder=32",
+    "model.dim_local_decoder=32",
+    "model.n_heads_local_encoder=2",
+    "model.n_heads_local_decoder=2",
+    "model.cross_attn_nheads=2",
+    "model.n_layers_local_decoder=2",
+    "model.encoder_hash_byte_group_vocab=1001",
+    "data.seq_len=64",
+    "model.max_seqlen=64",
+    "data.max_encoder_seq_length=256",
+    "model.max_encoder_seq_length=256",
+]
+
+
 def step_blt_1b(ctx: Ctx) -> dict:
-    """One ~1B BLT step: MFU from FlopCounterMode's count, next to an 8192^3 bf16 matmul."""
+    """BLT-1B (configs/blt_1b.yaml) at its own batch, without activation checkpointing unless
+    it does not fit (then selective, said in the entry), entropy-like patch lengths; >= 2
+    warm-up and >= 5 timed steps (CUDA events). MFU: the analytic model FLOPs of the real bytes
+    and patches (the trainer's FlopsCounter, what `mfu` in metrics.jsonl is); HFU: what
+    FlopCounterMode counts in one step (executed work: padding, recompute); both against a bf16
+    matmul measured here (quick: fp32, tiny shapes)."""
+    import torch
+
+    matmul = _matmul_tflops(ctx)
+    argv = ["config=configs/blt_1b.yaml", "data.preprocess_dir=null",
+            "data.patcher_args.patching_mode=space", "distributed.single_device_fsdp=true"]  # fmt: skip
+    argv += BLT_1B_QUICK if ctx.quick else []
+    entry: dict[str, Any] = {"activation_checkpointing": "none"}
+    try:
+        entry |= _blt_1b_run(ctx, [*argv, "distributed.activation_checkpointing=none"], matmul)
+    except torch.cuda.OutOfMemoryError as e:
+        entry = {"activation_checkpointing": "selective", "oom_without_ac": str(e)[:160]}
+        torch.cuda.empty_cache()
+        argv.append("distributed.activation_checkpointing=selective")
+        entry |= _blt_1b_run(ctx, argv, matmul)
+    return entry
+
+
+def _blt_1b_run(ctx: Ctx, argv: list[str], matmul: dict) -> dict:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    matmul = _matmul_tflops(ctx)
-    argv = [
-        "config=configs/blt_1b.yaml",
-        "data.preprocess_dir=null",
-        "data.patcher_args.patching_mode=space",
-        "distributed.single_device_fsdp=true",
-    ]
-    if ctx.quick:
-        argv += [
-            "model.dim=64",
-            "model.n_layers=2",
-            "model.n_heads=4",
-            "model.dim_local_encoder=32",
-            "model.dim_local_decoder=32",
-            "model.n_heads_local_encoder=2",
-            "model.n_heads_local_decoder=2",
-            "model.cross_attn_nheads=2",
-            "model.n_layers_local_decoder=2",
-            "model.encoder_hash_byte_group_vocab=1001",
-            "data.seq_len=64",
-            "model.max_seqlen=64",
-            "data.max_encoder_seq_length=512",
-            "model.max_encoder_seq_length=512",
-            "data.batch_size=2",
-        ]
-    else:
-        argv += ["data.batch_size=2", "distributed.activation_checkpointing=selective"]
+    from bytelatent.trainer.throughput import BatchSizes, FlopsCounter
+
+    warmup, timed = (2, 5)
     trainer = make_trainer(ctx, "blt_1b", argv)
     try:
+        mean_patch = trainer.args.data.max_encoder_seq_length / trainer.args.data.seq_len
+        batches = [
+            [entropy_like(b, mean_patch, seed=i) for b in trainer.next_batches()]
+            for i in range(warmup + timed + 1)
+        ]
+        for b in batches[:warmup]:
+            trainer.train_step(b)
         counter = FlopCounterMode(display=False)
-        try:
-            with counter:
-                trainer.train_step(trainer.next_batches())
-        except Exception as e:  # noqa: BLE001 - report, then time the step without the count
-            raise CheckFailed(f"FlopCounterMode could not count the step: {e}") from e
-        step_flops = counter.get_total_flops()
-        timing = _time_steps(ctx, trainer, warmup=0, steps=2 if ctx.quick else 3)
-        flops_per_s = step_flops / timing["step_s"]
-        entry = {
+        with counter:
+            trainer.train_step(batches[warmup])
+        counted = counter.get_total_flops()
+        seconds = _timed_steps(ctx, trainer, batches[warmup + 1 :])
+        flops = FlopsCounter(trainer.args)
+        sizes = [BatchSizes.of(x) for b in batches[warmup + 1 :] for x in b]
+        useful = sum(flops.useful(s) for s in sizes) / timed
+        executed = sum(flops.executed(s) for s in sizes) / timed
+        step_s = seconds / timed
+        peak = matmul["tflops"] * 1e12
+        real_bytes = sum(s.real_tokens for s in sizes)
+        return {
             "n_params": trainer.n_params,
-            "flops_per_step": step_flops,
-            **timing,
-            "tflops_per_s": round(flops_per_s / 1e12, 3),
+            "batch_size": trainer.args.data.batch_size,
+            "bytes_per_row": int(batches[0][0].x.shape[1]),
+            "mean_patch_bytes": round(real_bytes / sum(s.real_patches for s in sizes), 2),
+            "warmup_steps": warmup,
+            "timed_steps": timed,
+            "step_s": round(step_s, 4),
+            "real_bytes_per_s": round(real_bytes / seconds, 1),
+            "padding_frac": round(1 - real_bytes / sum(s.tokens for s in sizes), 4),
+            "model_flops_per_step": useful,
+            "model_flops_per_step_padded": executed,
+            "counted_flops_per_step": counted,
             "matmul_tflops": matmul,
+            "mfu": round(useful / step_s / peak, 4),
+            "hfu": round(counted / step_s / peak, 4),
+            "peak_mem_gib": _peak_mem(ctx),
         }
-        entry["mfu_vs_matmul"] = round(flops_per_s / 1e12 / matmul["tflops"], 4)
-        if ctx.cuda:
-            entry["mfu_vs_989_tflops"] = round(flops_per_s / 989e12, 4)
-        return entry
     finally:
         trainer.close()
         del trainer
         if ctx.cuda:
             torch.cuda.empty_cache()
+
+
+def _timed_steps(ctx: Ctx, trainer, batches: list) -> float:
+    """Seconds of `batches`' steps: CUDA events around them on a GPU, else perf_counter."""
+    import torch
+
+    if not ctx.cuda:
+        t0 = time.perf_counter()
+        for b in batches:
+            trainer.train_step(b)
+        return time.perf_counter() - t0
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for b in batches:
+        trainer.train_step(b)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1000
+
+
+def entropy_like(batch, mean: float, seed: int):
+    """`batch` with patch lengths shaped like entropy patching's (the 1B is defined with it, and
+    no entropy model is at hand): first patch 1, then geometric lengths of mean `mean` (many short
+    patches, a long tail), each row summing to L + 1 within the batch's patch columns."""
+    import numpy as np
+
+    from bytelatent.data.batch import Batch
+
+    rng = np.random.default_rng(seed)
+    rows, length = batch.x.shape
+    columns = batch.patch_lengths.shape[1]
+    lengths = np.zeros((rows, columns), dtype=np.int64)
+    for row in range(rows):
+        draws = np.minimum(rng.geometric(1 / mean, size=columns - 1), 64)
+        ends = np.cumsum(draws)
+        n = min(columns - 1, int(np.searchsorted(ends, length)) + 1)
+        draws = draws[:n]
+        draws[-1] += length - draws.sum()  # the last patch closes the row (or takes the rest)
+        if draws[-1] < 1:  # cannot happen when searchsorted cut at the row end; keep it exact
+            raise CheckFailed("entropy_like: a row's patch lengths do not sum to L + 1")
+        lengths[row, 0] = 1
+        lengths[row, 1 : n + 1] = draws
+    return Batch(batch.x, batch.y, batch.mask, lengths)
 
 
 def _matmul_tflops(ctx: Ctx) -> dict:
@@ -856,7 +937,10 @@ def step_profiler(ctx: Ctx) -> dict:
 
 
 def step_generation(ctx: Ctx) -> dict:
-    """Generation bytes/s on this device and on CPU (random-init debug models)."""
+    """Generation bytes/s on this device and on CPU (random-init debug models: lm, blt cached,
+    blt speculative k=3, hnet cached); on CUDA each device engine is run once more under
+    `torch.cuda.set_sync_debug_mode("warn")` and every host sync it makes is listed as
+    file:line with its count (per new byte in `syncs_per_byte`)."""
     sys.path.insert(0, str(REPO / "bench"))
     import generation_cpu as g
 
@@ -864,17 +948,24 @@ def step_generation(ctx: Ctx) -> dict:
     from bytelatent.eval.generation import GenerationArgs, Generator
 
     n_new = 32 if ctx.quick else 256
-    rows = {}
-    entropy = g.entropy_model(2048)
+    max_bytes = 512 if ctx.quick else 2048
+    entropy = g.entropy_model(max_bytes)
     patcher = PatcherArgs(patching_mode="entropy", threshold=g.calibrated_threshold(entropy))
-    blt = g.debug_blt(2048)
-    devices = ["cpu"] + (["cuda"] if ctx.cuda else [])
-    for dev in devices:
-        entropy.to(dev)
-        blt.to(dev)
-        for name, gen in (("lm", Generator(entropy)), ("blt", Generator(blt, patcher, entropy))):
-            args = GenerationArgs(max_new_bytes=n_new, stop_at_eos=False)
-            gen.generate([g.PROMPT], GenerationArgs(max_new_bytes=4, stop_at_eos=False))
+    blt, hnet = g.debug_blt(max_bytes), _generation_hnet(max_bytes)
+    engines = {
+        "lm": (lambda: Generator(entropy), {}),
+        "blt": (lambda: Generator(blt, patcher, entropy), {}),
+        "blt_spec3": (lambda: Generator(blt, patcher, entropy), {"speculative_k": 3}),
+        "hnet": (lambda: Generator(hnet), {}),
+    }
+    rows: dict[str, Any] = {"new_bytes": n_new}
+    for dev in ["cpu"] + (["cuda"] if ctx.cuda else []):
+        for model in (entropy, blt, hnet):
+            model.to(dev)
+        for name, (make, extra) in engines.items():
+            gen = make()
+            args = GenerationArgs(max_new_bytes=n_new, stop_at_eos=False, **extra)
+            gen.generate([g.PROMPT], args.model_copy(update={"max_new_bytes": 4}))
             ctx.sync()
             t0 = time.perf_counter()
             result = gen.generate([g.PROMPT], args)[0]
@@ -882,4 +973,108 @@ def step_generation(ctx: Ctx) -> dict:
             rows[f"{name}_{dev}_bytes_per_s"] = round(
                 len(result.tokens) / (time.perf_counter() - t0), 1
             )
-    return {"new_bytes": n_new, **rows}
+            if dev == "cuda":
+                rows[f"{name}_syncs"] = _sync_sites(gen, [g.PROMPT], args)
+    if not ctx.cuda:
+        rows["syncs"] = "n/a on cpu (torch.cuda.set_sync_debug_mode needs CUDA)"
+    return rows
+
+
+def _generation_hnet(max_bytes: int):
+    """A random-init one-stage H-Net sized like bench/generation_cpu.py's (no calibration)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import generation_cpu as g
+
+    from bytelatent.archs.hnet.args import HNetArgs
+    from bytelatent.archs.hnet.model import HNet
+
+    stage = dict(dim=64, n_heads=4, n_layers_encoder=1, n_layers_decoder=1, sliding_window=64,
+                 target_ratio=4.0)  # fmt: skip
+    args = HNetArgs(stages=[stage], dim=128, n_layers=2, n_heads=4, max_seqlen=max_bytes,
+                    multiple_of=64, rope_theta=5e5)  # fmt: skip
+    return g.build(HNet, args, 2)
+
+
+def _sync_sites(gen, prompts: list[str], args) -> dict:
+    """Host syncs of `gen.generate(prompts, args)` under sync-debug "warn": count, per new byte,
+    and file:line sites."""
+    import collections
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            gen.generate(prompts, args)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    sites = collections.Counter(
+        f"{Path(w.filename).parent.name}/{Path(w.filename).name}:{w.lineno}"
+        for w in caught
+        if "synchroniz" in str(w.message)
+    )
+    total = sum(sites.values())
+    n_new = len(prompts) * args.max_new_bytes
+    return {
+        "total": total,
+        "per_byte": round(total / n_new, 2),
+        "sites": dict(sites.most_common(16)),
+    }
+
+
+def step_hnet_flex(ctx: Ctx) -> dict:
+    """H-Net (configs/hnet_debug.yaml) with flex attention over 12 steps of real data: its inner
+    widths change with the routing, so this counts flex's compiles (a bounded number, each timed)
+    and fails if flex ever runs uncompiled (CompileWatch: the recompile limit raises). On a GPU
+    12 training steps; on CPU (flex has no CPU backward) 12 forwards, flex compiled with
+    aot_eager and allowed on CPU for the forward."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from bytelatent.archs.hnet.dc import chunking
+    from bytelatent.model.attention import flex
+
+    argv = ["config=configs/hnet_debug.yaml", "arch_args.attn_impl=flex_attention"]
+    argv += ["data.batch_size=2", "data.seq_len=128"] if ctx.quick else []
+    if not ctx.cuda:
+        flex.FlexBackend.unavailable_reason = lambda self, device: None  # this forked child only
+        flex._require_cuda = lambda q: None
+        flex._flex_fn = flex.compile_flex("aot_eager")
+    widths: list[int] = []
+    original = chunking.padded_width
+
+    def recording(num_tokens, limit: int) -> int:
+        widths.append(original(num_tokens, limit))
+        return widths[-1]
+
+    chunking.padded_width = recording
+    trainer = make_trainer(ctx, "hnet_flex", argv)
+    graphs = counters["stats"]["unique_graphs"]
+    steps, t0 = 12, time.perf_counter()
+    try:
+        with CompileWatch(limit=8) as watch:  # dynamo's default limit: what a run gets
+            for i in range(steps):
+                batches = trainer.next_batches()
+                with watch.call(f"step {i}"):
+                    if ctx.cuda:
+                        trainer.train_step(batches)
+                    else:
+                        with torch.no_grad():
+                            for b in batches:
+                                trainer.model(torch.as_tensor(b.x))
+    finally:
+        chunking.padded_width = original
+        trainer.close()
+    compiled = counters["stats"]["unique_graphs"] - graphs
+    expect(not watch.uncompiled, f"flex ran uncompiled: {watch.uncompiled[:3]}")
+    expect(len(set(widths)) > 1, f"the chunk level kept one width {set(widths)}: nothing tested")
+    return {
+        "steps": steps,
+        "mode": "train" if ctx.cuda else "forward (aot_eager, CPU)",
+        "distinct_widths": len(set(widths)),
+        "flex_graphs_compiled": compiled,
+        "compiling_steps": watch.compiles,
+        "seconds_total": round(time.perf_counter() - t0, 2),
+    }

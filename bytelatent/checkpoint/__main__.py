@@ -1,7 +1,8 @@
 """`python -m bytelatent.checkpoint consolidate DIR [--out OUT] [--with-optim] [--s3-profile P]
 [--progress auto|on|off] [--format pth|safetensors]`.
 
-Also `export-hf CKPT OUT [--entropy-model DIR] [--allow-window-mismatch]` (a folder for transformers' BltForCausalLM),
+Also `export-hf CKPT OUT [--entropy-model DIR] [--allow-window-mismatch] [--allow-arch-import]`
+(a folder for transformers' BltForCausalLM),
 `import-hf HFDIR OUT` (back to our consolidated layout) and `verify DIR [--sizes-only]` (check
 a step folder, or every step folder under DIR, against its manifests).
 """
@@ -13,7 +14,7 @@ import logging
 import sys
 
 from bytelatent.checkpoint.consolidate import consolidate
-from bytelatent.checkpoint.hf import export_hf, import_hf
+from bytelatent.checkpoint.hf_folder import export_hf, import_hf
 from bytelatent.checkpoint.verify import verify_tree
 from bytelatent.errors import UserError
 from bytelatent.progress import PROGRESS_MODES
@@ -34,6 +35,12 @@ def _add_hf_commands(commands: argparse._SubParsersAction) -> None:
         help="export a model whose attention window is shorter than its rows (HF has no window: "
         "its logits then equal ours only on rows no longer than the window)",
     )
+    export.add_argument(
+        "--allow-arch-import",
+        action="store_true",
+        help="import the module an arch 'pkg.module:name' in params.json names (runs its code: "
+        "only for a checkpoint you trust)",
+    )
     imp = commands.add_parser(
         "import-hf", help="Hugging Face BLT folder -> params.json + consolidated.pth"
     )
@@ -47,6 +54,7 @@ def _run_export_hf(args: argparse.Namespace) -> str:
         args.out,
         entropy_model=args.entropy_model,
         allow_window_mismatch=args.allow_window_mismatch,
+        allow_arch_import=args.allow_arch_import,
     )
     for note in notes:
         print(f"note: {note}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Hugging Face ``LlamaForCausalLM`` decoder layers -> the global transformer ("byteify") of a BLT
 (``model.global_init``) or an H-Net (``arch_args.global_init``: the same class and names).
 
-An adapter at the edge, like ``checkpoint/hf.py``: a name/layout map plus a shape check that names
+An adapter at the edge, like ``archs/blt/hf.py``: a name/layout map plus a shape check that names
 every mismatch; the model code does not know where its weights came from.
 
 * ``check_hf_llama(model_args)`` reads ``config.json`` (and the shard index) and raises one

@@ -49,37 +49,13 @@ def _rope_values(block: Any, max_seqlen: int) -> int:
 
 def lower_bound(args: Any) -> tuple[int, int]:
     """(values at least, blocks) of the model `args` describes, without building anything, by its
-    architecture (`ArchSpec.size_lower_bound`; (0, 0) for one without).
+    architecture (`Sizes.lower_bound` of its spec; (0, 0) for one without).
 
     Never more than the real count (tests check it against meta builds): only the parts every
     variant has are counted.
     """
-    bound = arch_of_args(args).resolve("size_lower_bound")
+    bound = arch_of_args(args).sizes.lower_bound
     return bound(args) if bound is not None else (0, 0)
-
-
-def lm_lower_bound(args: Any) -> tuple[int, int]:
-    """`lower_bound` of a byte LM (LMTransformerArgs)."""
-    vocab, dim = args.vocab_size, args.dim
-    embeddings = vocab * dim * (1 if args.weight_tying else 2)
-    rope = _rope_values(args, args.max_seqlen)
-    return args.n_layers * _block_params(args) + embeddings + rope, args.n_layers
-
-
-def blt_lower_bound(args: Any) -> tuple[int, int]:
-    """`lower_bound` of a BLT (ByteLatentTransformerArgs)."""
-    enc, dec, glob = args.encoder_block_args(), args.decoder_block_args(), args.global_block_args()
-    vocab = args.vocab_size + args.pm_size
-    values = sum(b.n_layers * _block_params(b) for b in (enc, dec, glob))
-    values += vocab * args.dim_local_encoder + vocab * args.dim_local_decoder  # bytes in, out
-    if args.encoder_hash_byte_group_size:
-        n_tables = (
-            len(args.encoder_hash_byte_group_size) * args.encoder_hash_byte_group_nb_functions
-        )
-        values += n_tables * args.encoder_hash_byte_group_vocab * args.dim_local_encoder
-    values += sum(args.ngram_sizes().values()) * args.dim_local_encoder
-    values += _rope_values(glob, args.max_seqlen)
-    return values, enc.n_layers + dec.n_layers + glob.n_layers
 
 
 def exact_count(args: Any) -> int:

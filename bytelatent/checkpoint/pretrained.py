@@ -21,13 +21,12 @@ import torch
 from pydantic import BaseModel, ValidationError
 from torch import nn
 
+from bytelatent.archs.blt.reference_compat import lm_args_from_reference
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.checkpoint.consolidate import METADATA_FILE, load_dcp_state_dict
 from bytelatent.checkpoint.model_size import require_model_fits
 from bytelatent.errors import CheckpointError, UserError
 from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.reference_compat import blt_args_from_reference, lm_args_from_reference
 from bytelatent.model.registry import ArchSpec, arch_name_from_params, get_arch
 
 logger = logging.getLogger("bytelatent")
@@ -96,20 +95,30 @@ def _read_safetensors(fs: Any, local: str, where: str) -> dict[str, torch.Tensor
         ) from None
 
 
-def _resolve_kind(params: dict[str, Any], kind: Kind, where: str = "params.json") -> ArchSpec:
+def _resolve_kind(
+    params: dict[str, Any], kind: Kind, where: str = "params.json", allow_import: bool = False
+) -> ArchSpec:
     """The spec of `kind`, or with "auto" of the arch params.json names (checkpoints from before
-    `arch`: `train_entropy_model: true` or no `model` section means entropy, else blt)."""
+    `arch`: `train_entropy_model: true` or no `model` section means entropy, else blt).
+
+    A `"pkg.module:name"` the file names is imported only with `allow_import` (the caller's
+    opt-in); a `kind` the caller names is its own choice."""
     name = arch_name_from_params(params) if kind == "auto" else kind
     try:
-        return get_arch(name)
+        return get_arch(name, allow_import=allow_import or kind != "auto")
     except ValueError as exc:
         raise CheckpointError(f"{where}: {exc}") from None
 
 
-def model_args_from_params(params: dict[str, Any], kind: Kind = "auto", where: str = "params.json"):
+def model_args_from_params(
+    params: dict[str, Any],
+    kind: Kind = "auto",
+    where: str = "params.json",
+    allow_arch_import: bool = False,
+):
     """(model args, arch name, reference fields without effect) for either params.json layout."""
-    spec = _resolve_kind(params, kind, where)
-    read = spec.resolve("read_params")
+    spec = _resolve_kind(params, kind, where, allow_arch_import)
+    read = spec.adapters.read_params
     if read is not None:
         args, ignored = read(params, where)
         return args, spec.name, ignored
@@ -124,22 +133,6 @@ def model_args_from_params(params: dict[str, Any], kind: Kind = "auto", where: s
         raise CheckpointError(f"{where}: {spec.section} args invalid: {exc}") from None
 
 
-def blt_args_from_params(params: dict[str, Any], where: str = "params.json"):
-    """The BLT spec's `read_params`: (args, ignored reference fields) from our `model` section
-    or the reference's."""
-    section = params.get("model")
-    if not isinstance(section, dict):
-        raise CheckpointError(f"{where}: no 'model' section; is this a BLT checkpoint?")
-    try:
-        return ByteLatentTransformerArgs.model_validate(section), []
-    except ValidationError:
-        pass  # not our layout: read it as the reference's
-    try:
-        return blt_args_from_reference(section)
-    except (ValidationError, ValueError, UserError) as exc:
-        raise CheckpointError(f"{where}: model args invalid: {exc}") from None
-
-
 def entropy_args_from_params(params: dict[str, Any], where: str = "params.json"):
     """The entropy spec's `read_params` (its reference fields are logged, not returned)."""
     return entropy_model_args(params, where), []
@@ -152,7 +145,7 @@ def build_and_load(args: BaseModel, kind: str, state: dict, device: torch.device
         model = spec.build(args)
     model.to_empty(device=device)
     model.init_weights()  # recomputes non-persistent buffers (RoPE tables) too
-    adapt = spec.resolve("reference_state_dict")
+    adapt = spec.adapters.reference_state_dict
     if adapt is not None and reference:
         state, notes = adapt(state, args)
         for note in notes:
@@ -165,7 +158,12 @@ def build_and_load(args: BaseModel, kind: str, state: dict, device: torch.device
     return model
 
 
-def load_pretrained(path: str, device: str | torch.device = "cpu", kind: Kind = "auto"):
+def load_pretrained(
+    path: str,
+    device: str | torch.device = "cpu",
+    kind: Kind = "auto",
+    allow_arch_import: bool = False,
+):
     """Load a checkpoint directory; returns `(model, model_args)`, model in eval mode.
 
     A consolidated or released folder, or a DCP step folder as training writes it (read in this
@@ -173,11 +171,12 @@ def load_pretrained(path: str, device: str | torch.device = "cpu", kind: Kind = 
 
     `kind="auto"` picks the architecture params.json names (`arch`; from before `arch`: the
     entropy model when it says `train_entropy_model: true` or has no `model` section, else the
-    BLT). Reference fields with no effect here are counted in one
-    short warning line (listed with reasons at DEBUG level). `model(tokens)` (entropy model) / `model(tokens, patch_lengths=...)` (BLT) give logits
-    `[batch, length, vocab]`.
+    BLT). Reference fields with no effect here are counted in one short warning line (listed
+    with reasons at DEBUG level). An arch `"pkg.module:name"` is imported only with
+    `allow_arch_import=True` (else it must already be imported). `model(tokens)` (entropy model)
+    / `model(tokens, patch_lengths=...)` (BLT) give logits `[batch, length, vocab]`.
     """
-    model, args, _ = load_any_checkpoint(path, device, kind)
+    model, args, _ = load_any_checkpoint(path, device, kind, allow_arch_import)
     return model, args
 
 
@@ -198,12 +197,18 @@ def warn_ignored_fields(where: str, ignored: list[str], shown: int = 4) -> None:
     logger.debug("%s: reference fields without effect here: %s", where, ", ".join(ignored))
 
 
-def load_any_checkpoint(path: str, device: str | torch.device = "cpu", kind: Kind = "auto"):
+def load_any_checkpoint(
+    path: str,
+    device: str | torch.device = "cpu",
+    kind: Kind = "auto",
+    allow_arch_import: bool = False,
+):
     """`(model, model_args, params)` from a DCP step folder, a consolidated or a released folder.
 
     The one loader behind evaluation, generation and export: a DCP step folder (`.metadata` +
     `params.json`, as the trainer writes it) is read in this process without a process group;
     anything else goes through `load_pretrained`'s readers. The model is in eval mode.
+    `allow_arch_import`: the user trusts the module a `"pkg.module:name"` arch names.
     """
     path = str(path).rstrip("/")
     fs = cfs.get_fs(path)
@@ -211,7 +216,7 @@ def load_any_checkpoint(path: str, device: str | torch.device = "cpu", kind: Kin
         raise CheckpointError(f"{path}: does not exist")
     params = read_params(path)
     where = _join(path, "params.json")
-    args, resolved, ignored = model_args_from_params(params, kind, where)
+    args, resolved, ignored = model_args_from_params(params, kind, where, allow_arch_import)
     if ignored:
         warn_ignored_fields(where, ignored)
     require_model_fits(args, device, where)  # before reading or allocating any weight

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from bytelatent.data.empty_files import drop_empty
 from bytelatent.data.iterators.base import StatefulIterator, numpy_rng_state
 from bytelatent.data.iterators.file import (
     FileIteratorState,
@@ -30,8 +31,9 @@ from bytelatent.data.iterators.sequence import SequenceArgs, SequenceIteratorSta
 from bytelatent.data.iterators.states import load_state
 from bytelatent.data.patcher_args import PatcherArgs, PatchingMode
 from bytelatent.data.readers import formats
+from bytelatent.data.readers.base import DEFAULT_MAX_DOCUMENT_BYTES
 from bytelatent.data.sources import file_formats, source_files
-from bytelatent.errors import ConfigError
+from bytelatent.errors import ConfigError, DataError
 from bytelatent.tokenizers.args import TokenizerArgs
 
 DATASET_FILES_SOURCE = "dataset_files"
@@ -134,6 +136,19 @@ class DataArgs(BaseModel):
     skip_bad_records: bool = Field(
         False, description="skip (and count) unreadable records instead of failing"
     )
+    max_document_bytes: int | None = Field(
+        DEFAULT_MAX_DOCUMENT_BYTES,
+        ge=1,
+        description="a record (JSONL line, table text) longer than this is a bad record: one "
+        "error naming it, or skipped and counted with skip_bad_records; read without holding it "
+        "whole; null: no limit (docs/data.md)",
+    )
+    chat_template: Literal["bytelatent-chat-v1"] | None = Field(
+        None,
+        description="records are conversations (messages, prompt/response or "
+        "instruction/input/output), encoded with this chat template, loss on the answers only "
+        "(docs/sft.md); stored with the run so generation and the harness use it too",
+    )
 
     @field_validator("file_format")
     @classmethod
@@ -214,7 +229,16 @@ class DataArgs(BaseModel):
         self, source: str, rank: int, world: int, files_cache: dict[str, list[str]]
     ) -> SequenceIteratorState:
         if source not in files_cache:
-            files_cache[source] = self.files_of(source)
+            listed = self.files_of(source)
+            files, _ = drop_empty(
+                listed, file_formats(listed, self.file_format), self.fsspec_options() or None
+            )
+            if listed and not files:
+                raise DataError(
+                    f"data source '{source}': none of its {len(listed)} file(s) has a row "
+                    f"({listed[0]}{', ...' if len(listed) > 1 else ''}); check the data folder"
+                )
+            files_cache[source] = files
         files = files_cache[source]
         shards = assign_shards(files, rank, world, file_formats(files, self.file_format))
         file_state = FileIteratorState(
@@ -222,7 +246,9 @@ class DataArgs(BaseModel):
             storage_options=self.fsspec_options() or None,
             arrow_batch_size=self.arrow_batch_size,
             skip_bad_records=self.skip_bad_records,
+            max_document_bytes=self.max_document_bytes,
             text_field=self.text_field,
+            chat=self.chat_template is not None,
             open_files=self.open_files,
             order_seed=self.seed if self.shuffle_files else None,
         )
@@ -306,7 +332,9 @@ class DataArgs(BaseModel):
             storage_options=options or None,
             arrow_batch_size=self.arrow_batch_size,
             skip_bad_records=self.skip_bad_records,
+            max_document_bytes=self.max_document_bytes,
             text_field=self.text_field,
+            chat=self.chat_template is not None,
         )
         patches = self.packing_mode == "patches"
         preprocess = PreprocessIteratorState(

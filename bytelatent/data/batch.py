@@ -14,12 +14,17 @@ class Batch:
 
     patch_lengths: int64 [B, P] (patch mode) whose rows sum to L + 1 (the next token is included,
     as the BLT forward expects), first column 1, right-padded with 0; None in byte mode.
+
+    loss_mask: bool [B, L], the targets that count in the loss and in bpb (chat data: the answers'
+    bytes, docs/sft.md), always within `mask`; None: every real target counts. `mask` keeps
+    saying which positions are real (throughput, patch statistics), `target_mask` what is scored.
     """
 
     x: np.ndarray
     y: np.ndarray
     mask: np.ndarray
     patch_lengths: np.ndarray | None = None
+    loss_mask: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.x.shape != self.y.shape or self.x.shape != self.mask.shape or self.x.ndim != 2:
@@ -34,12 +39,17 @@ class Batch:
             )
 
     @property
+    def target_mask(self) -> np.ndarray:
+        """bool [B, L]: the targets the loss sums over (mask, and loss_mask when set)."""
+        return self.mask if self.loss_mask is None else self.mask & self.loss_mask
+
+    @property
     def batch_size(self) -> int:
         return int(self.x.shape[0])
 
     def n_target_bytes(self) -> int:
-        """Unmasked targets (the bpb denominator for byte tokenizers)."""
-        return int(self.mask.sum())
+        """Scored targets (the bpb denominator for byte tokenizers)."""
+        return int(self.target_mask.sum())
 
     def to_python_dict(self) -> dict[str, Any]:
         """JSON-able form (lists of ints/bools)."""
@@ -48,11 +58,12 @@ class Batch:
             "y": self.y.tolist(),
             "mask": self.mask.tolist(),
             "patch_lengths": None if self.patch_lengths is None else self.patch_lengths.tolist(),
+            "loss_mask": None if self.loss_mask is None else self.loss_mask.tolist(),
         }
 
     @classmethod
     def from_python_dict(cls, data: dict[str, Any]) -> Batch:
-        patch_lengths = data.get("patch_lengths")
+        patch_lengths, loss_mask = data.get("patch_lengths"), data.get("loss_mask")
         return cls(
             x=np.asarray(data["x"], dtype=np.int64),
             y=np.asarray(data["y"], dtype=np.int64),
@@ -60,11 +71,14 @@ class Batch:
             patch_lengths=None
             if patch_lengths is None
             else np.asarray(patch_lengths, dtype=np.int64),
+            loss_mask=None if loss_mask is None else np.asarray(loss_mask, dtype=bool),
         )
 
     def equals(self, other: Batch) -> bool:
         """Exact equality of every array (for tests and resume checks)."""
         if (self.patch_lengths is None) != (other.patch_lengths is None):
+            return False
+        if not np.array_equal(self.target_mask, other.target_mask):
             return False
         same = all(
             np.array_equal(a, b)

@@ -25,6 +25,7 @@ from bytelatent.data.readers import (
     open_fs,
     text_keys,
 )
+from bytelatent.data.readers.base import DEFAULT_MAX_DOCUMENT_BYTES
 from bytelatent.data.sources import file_formats, source_files
 from bytelatent.errors import DataError, UserError
 
@@ -108,7 +109,11 @@ def check_records(report: FileReport, options: ReadOptions, tokenizer) -> None:
 
 
 def check_file(
-    report: FileReport, options: dict | None, tokenizer, text_field: str = "text"
+    report: FileReport,
+    options: dict | None,
+    tokenizer,
+    text_field: str = "text",
+    max_document_bytes: int | None = DEFAULT_MAX_DOCUMENT_BYTES,
 ) -> FileReport:
     fs, fs_path = open_fs(report.path, options)
     try:
@@ -122,7 +127,11 @@ def check_file(
     if size == 0:
         report.bad("empty file (0 bytes)")
         return report
-    read_options = ReadOptions(text_keys=text_keys(text_field), storage_options=options)
+    read_options = ReadOptions(
+        text_keys=text_keys(text_field),
+        storage_options=options,
+        max_document_bytes=max_document_bytes,
+    )
     try:
         check_records(report, read_options, tokenizer)
     except (OSError, DataError) as exc:
@@ -217,7 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     storage = args.data.fsspec_options() or None
     formats = file_formats([path for _, path in files], args.data.file_format)
     reports = [
-        check_file(FileReport(role, path, fmt), storage, tokenizer, args.data.text_field)
+        check_file(
+            FileReport(role, path, fmt),
+            storage,
+            tokenizer,
+            args.data.text_field,
+            args.data.max_document_bytes,
+        )
         for (role, path), fmt in _progress(list(zip(files, formats)), "checking data")
     ]
     print_table(reports)

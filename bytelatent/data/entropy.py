@@ -119,9 +119,7 @@ def per_document_outputs(
     pieces: list[tuple[int, int, int]] = []  # (doc index, start, end)
     for index, doc in enumerate(docs):
         if doc.dim() != 1:
-            raise ValueError(
-                f"document {index} must be 1-D, got shape {tuple(doc.shape)}"
-            )
+            raise ValueError(f"document {index} must be 1-D, got shape {tuple(doc.shape)}")
         for start in range(0, doc.numel(), window):
             pieces.append((index, start, min(start + window, doc.numel())))
     # longest first: each batch pads only to its own longest window
@@ -155,9 +153,7 @@ def document_entropies(
 ) -> list[torch.Tensor]:
     """Entropies (float32, nats) per token of each document (ragged list in, list out)."""
     tensors = [torch.as_tensor(doc, dtype=torch.long) for doc in docs]
-    return per_document_outputs(
-        tensors, entropy_model, entropy, batch_size, device, max_length
-    )
+    return per_document_outputs(tensors, entropy_model, entropy, batch_size, device, max_length)
 
 
 def calculate_entropies(
@@ -174,9 +170,7 @@ def calculate_entropies(
     if tokens.dim() != 2:
         raise ValueError(f"tokens must be [B, N], got shape {tuple(tokens.shape)}")
     rows = list(tokens.detach().to("cpu", torch.long).unbind(0))
-    values = per_document_outputs(
-        rows, entropy_model, entropy, batch_size, device, max_length
-    )
+    values = per_document_outputs(rows, entropy_model, entropy, batch_size, device, max_length)
     if not values:
         return torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
     return torch.stack(values).to(tokens.device)

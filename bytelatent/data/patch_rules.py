@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from bytelatent.data.chat import turn_starts
 from bytelatent.data.patcher_args import PatcherArgs, PatchingMode
 from bytelatent.errors import ConfigError, DataError
 from bytelatent.tokenizers.constants import BPE_ID, OFFSET
@@ -39,6 +40,7 @@ def patch_lengths(
     batch, seq_len = tokens.shape
     length = seq_len + int(include_next_token)
     mode = args.patching_mode
+    turns = turn_starts(tokens, length)  # chat markers end a patch in every mode (data/chat.py)
     if mode == PatchingMode.static:
         lengths = static_patch_lengths(batch, length, int(args.patch_size))
     elif mode == PatchingMode.byte:
@@ -46,9 +48,12 @@ def patch_lengths(
     else:
         if starts is None:
             starts = _rule_starts(args, tokens, scores, length, threshold)
-        lengths = lengths_from_starts(starts)
+        lengths = lengths_from_starts(starts | turns if turns.any() else starts)
     if args.max_patch_length is not None:
         lengths = split_long_patches(lengths, args.max_patch_length)
+    if mode == PatchingMode.static and turns.any():
+        # static: the document's grid, then a cut after each marker (what generation decides)
+        lengths = lengths_from_starts(starts_from_lengths(lengths, length) | turns)
     lengths = trim_zero_columns(lengths)
     if lengths.shape[1] and not np.all(lengths.sum(axis=1) == length):
         raise RuntimeError(f"patch lengths do not sum to {length}: {lengths.sum(axis=1)}")
@@ -177,6 +182,15 @@ def lengths_from_starts(starts: np.ndarray) -> np.ndarray:
     start_ids[rows, slots] = cols
     last = np.full((batch, min(1, n_patches)), length, dtype=np.int64)
     return np.concatenate([start_ids[:, 1:], last], axis=1) - start_ids
+
+
+def starts_from_lengths(lengths: np.ndarray, length: int) -> np.ndarray:
+    """Patch lengths [B, P] (rows summing to `length`) -> start mask [B, length]."""
+    starts = np.zeros((lengths.shape[0], length), dtype=bool)
+    begins = np.cumsum(lengths, axis=1) - lengths
+    rows, cols = np.nonzero(lengths > 0)
+    starts[rows, begins[rows, cols]] = True
+    return starts
 
 
 def split_long_patches(lengths: np.ndarray, max_length: int) -> np.ndarray:

@@ -89,9 +89,7 @@ class PatcherArgs(BaseModel):
     @classmethod
     def _check_device(cls, value: str) -> str:
         if not _DEVICE_RE.match(value):
-            raise ValueError(
-                f"{value!r} is not a device; use auto, cpu, cuda or cuda:N"
-            )
+            raise ValueError(f"{value!r} is not a device; use auto, cpu, cuda or cuda:N")
         return value
 
     @model_validator(mode="after")
@@ -103,11 +101,7 @@ class PatcherArgs(BaseModel):
             raise ValueError(
                 f"patching_mode=static needs an integer patch_size >= 1, got {self.patch_size}"
             )
-        if (
-            mode == PatchingMode.entropy
-            and self.threshold is None
-            and self.patch_size <= 0
-        ):
+        if mode == PatchingMode.entropy and self.threshold is None and self.patch_size <= 0:
             raise ValueError(
                 "threshold=None (top-k entropy patching) needs patch_size > 0, "
                 f"got {self.patch_size}"
@@ -129,10 +123,11 @@ class PatcherArgs(BaseModel):
         if self.max_patch_length is not None and self.max_patch_length < 1:
             raise ValueError(f"max_patch_length={self.max_patch_length} must be >= 1")
         if self.patching_batch_size < 1:
-            raise ValueError(
-                f"patching_batch_size={self.patching_batch_size} must be >= 1"
-            )
-        if "auto" not in (self.device, self.patching_device) and self.device != self.patching_device:
+            raise ValueError(f"patching_batch_size={self.patching_batch_size} must be >= 1")
+        if (
+            "auto" not in (self.device, self.patching_device)
+            and self.device != self.patching_device
+        ):
             raise ValueError(
                 f"patching_device={self.patching_device!r} and device={self.device!r} disagree; "
                 "set patching_device only"

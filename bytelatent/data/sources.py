@@ -173,7 +173,9 @@ def source_files(
             raise DataError(f"{option} {location}: does not exist")
         hint = _missing_source_hint(source, root_dir, storage_options)
         if source == DEFAULT_CORPUS:
-            build = f"build the default corpus with: python -m bytelatent.data.prepare --out {location}"
+            build = (
+                f"build the default corpus with: python -m bytelatent.data.prepare --out {location}"
+            )
             hint = f"{hint}; or {build}" if hint.endswith("does not exist") else build
         raise DataError(f"data source '{source}': {location} does not exist ({hint})")
     files = _directory_files(location, storage_options, file_format)

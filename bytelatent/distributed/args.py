@@ -89,6 +89,12 @@ class DistributedArgs(BaseModel):
         description="bitwise-reproducible runs: deterministic torch algorithms, "
         "CUBLAS_WORKSPACE_CONFIG, no cuDNN autotuning; slower (docs/gpu.md)",
     )
+    device_memory_gib: float | None = Field(
+        None,
+        gt=0,
+        description="GiB of one GPU for the dry run's advice when its estimate does not fit; "
+        "null: the CUDA device's, or 80 (an H100) when the dry run runs on CPU",
+    )
     timeout_s: float = Field(
         600.0,
         description="seconds a collective waits for its peers after the first step; then the "

@@ -233,10 +233,17 @@ def _finish_wandb(code: int) -> None:
 
 
 def host_to_device(array, device: torch.device) -> torch.Tensor:
-    """A numpy array on `device`. To CUDA it goes through pinned memory with a non-blocking copy:
+    """A numpy array on `device`, without the host waiting (`host_tensor_to_device`)."""
+    return host_tensor_to_device(torch.from_numpy(array), device)
+
+
+def host_tensor_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`. To CUDA it goes through pinned memory with a non-blocking copy:
     `non_blocking` from pageable memory would be a synchronous copy in disguise (the host waits).
-    The caching host allocator keeps the pinned block until the copy has run."""
-    tensor = torch.from_numpy(array)
+    The caching host allocator keeps the pinned block until the copy has run. Elsewhere a plain
+    `.to(device)` (the same tensor when it is there already)."""
     if device.type != "cuda":
         return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
+    if not tensor.is_pinned():
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)

@@ -212,6 +212,7 @@ _OPTIONAL_SAVE_OPS = (
     ("xformers", "efficient_attention_forward_ck"),
     ("xformers_flash", "flash_fwd"),
     ("xformers_flash3", "flash_fwd"),
+    ("bytelatent", "chunked_attention"),  # the CPU chunk plan's op (model/attention/chunked.py)
 )
 
 
@@ -280,8 +281,14 @@ def _checkpoint_forward(block: nn.Module, mode: str) -> None:
 
 
 def apply_compile(model: nn.Module, cache_size_limit: int = 8, backend: str = "inductor") -> None:
-    """torch.compile each block in place (identical blocks share one compiled graph)."""
+    """torch.compile each block in place (identical blocks share one compiled graph).
+
+    Past `cache_size_limit` recompiles of a block dynamo would run it eagerly without a word
+    (slower, and more memory); `fail_on_recompile_limit_hit` makes that an error naming the
+    limit. Shapes that change with the data (H-Net's inner widths, validation lengths, a short
+    last batch) take dynamo's automatic dynamic shapes: one more graph, not one per shape."""
     torch._dynamo.config.cache_size_limit = cache_size_limit
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
     for block in checkpoint_blocks(model):
         block.compile(backend=backend)
 

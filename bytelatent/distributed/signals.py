@@ -1,5 +1,9 @@
 """Preemption signals: a handler that only sets a flag; ranks agree on it at step boundaries.
 
+An interactive Ctrl-C (SIGINT) is treated as a preemption too: the run saves at the next step
+boundary and exits as a preempted run does; a second Ctrl-C stops the process at once (exit 130,
+no save: the previous complete checkpoint stays the one a rerun resumes from).
+
 Torch-free (torch is imported where the ranks agree): `python -m bytelatent.train` installs the
 process's flag on its first line (`early_flag`), so a SIGUSR2/SIGTERM while the run starts
 (config, process group, model build, checkpoint restore, data set-up) is kept, not fatal: the
@@ -15,11 +19,12 @@ import subprocess
 
 logger = logging.getLogger("bytelatent")
 
-PREEMPTION_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+PREEMPTION_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+INTERRUPT_EXIT_CODE = 128 + int(signal.SIGINT)  # a second Ctrl-C: the shell's convention
 
 
 class PreemptionFlag:
-    """Set asynchronously by SIGUSR2/SIGTERM; `agreed()` all-reduces it so every rank stops together.
+    """Set asynchronously by SIGUSR2/SIGTERM/SIGINT; `agreed()` all-reduces it so every rank stops together.
 
     A rank-local flag would let ranks that did not receive the signal keep training while the
     others stop, and the job would hang in the next collective; the decision is a MAX all-reduce.
@@ -32,8 +37,12 @@ class PreemptionFlag:
     def install(self) -> PreemptionFlag:
         """Handle the preemption signals from now on (a second call changes nothing)."""
         for sig in PREEMPTION_SIGNALS:
-            if sig not in self._previous:
-                self._previous[sig] = signal.signal(sig, self._handle)
+            if sig in self._previous:
+                continue
+            # A shell starts `cmd &` with SIGINT ignored: that job is not the terminal's to stop.
+            if sig == signal.SIGINT and signal.getsignal(sig) is signal.SIG_IGN:
+                continue
+            self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def uninstall(self) -> None:
@@ -42,13 +51,24 @@ class PreemptionFlag:
         self._previous.clear()
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
-        if self.received is None:
-            self.received = signum
-            # Logging from a handler is unsafe (re-entrant locks); write straight to the fd.
-            os.write(
-                2,
-                f"bytelatent: received {signal.Signals(signum).name}; saving at the next step boundary\n".encode(),
-            )
+        # Logging from a handler is unsafe (re-entrant locks); write straight to the fd.
+        if signum == signal.SIGINT and self.received is not None:
+            # A second Ctrl-C (or one after a preemption signal): the user wants out now.
+            os.write(2, b"\nbytelatent: second Ctrl-C: stopping now, without saving\n")
+            os._exit(INTERRUPT_EXIT_CODE)
+        if self.received is not None:
+            return
+        self.received = signum
+        if signum == signal.SIGINT:
+            line = "\nbytelatent: Ctrl-C: saving at the next step boundary (Ctrl-C again to stop now)\n"
+        else:
+            line = f"bytelatent: received {signal.Signals(signum).name}; saving at the next step boundary\n"
+        os.write(2, line.encode())
+
+    @property
+    def interactive(self) -> bool:
+        """Whether the stop was asked for by Ctrl-C (SIGINT) rather than a scheduler."""
+        return self.received == signal.SIGINT
 
     def agreed(self, device, group=None) -> bool:
         """True on every rank iff any rank received a signal (one tiny all-reduce when distributed)."""

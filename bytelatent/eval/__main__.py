@@ -34,6 +34,7 @@ from bytelatent.distributed.args import DistributedArgs
 from bytelatent.distributed.lifecycle import Process
 from bytelatent.distributed.mesh import build_mesh, dp_group
 from bytelatent.distributed.parallelize import parallelize_model
+from bytelatent.distributed.threads import set_tool_cpu_threads
 from bytelatent.errors import ConfigError, UserError
 from bytelatent.eval.args import EvalArgs
 from bytelatent.eval.validate import Validator, append_jsonl, summary_line
@@ -63,6 +64,17 @@ class StandaloneEvalArgs(BaseModel):
     metrics_file: str | None = Field(None, description="also append the results line here")
     lease: str | None = Field(None, description="reader lease file to remove when done")
     device: str | None = Field(None, description="default: the distributed env's device")
+    allow_arch_import: bool = Field(
+        False,
+        description="import the module an arch 'pkg.module:name' in the checkpoint's params.json "
+        "names (runs its code: only for a checkpoint you trust)",
+    )
+    num_threads: int | None = Field(
+        None,
+        ge=1,
+        description="CPU threads; null: $OMP_NUM_THREADS when set (torchrun, async jobs), else "
+        "this process's share of the cores less one, as the trainer chooses",
+    )
 
 
 def parse_standalone_args(argv: list[str]) -> StandaloneEvalArgs:
@@ -97,12 +109,13 @@ def evaluate(args: StandaloneEvalArgs, env) -> dict:
                 "activation_checkpointing": "none", "selective_activation_checkpointing": False}
     )  # fmt: skip
     device = torch.device(args.device) if args.device else env.device
+    set_tool_cpu_threads(device.type, args.num_threads)  # a shared CPU does not collapse
     validator = Validator(
         args.eval, args.data, distributed=distributed, device=device,
         dp_rank=env.rank, dp_size=env.world_size,
         progress=args.eval.progress if args.eval.progress is not None else sys.stderr.isatty(),
     )  # fmt: skip
-    model, _, _ = load_any_checkpoint(args.ckpt, device)
+    model, _, _ = load_any_checkpoint(args.ckpt, device, allow_arch_import=args.allow_arch_import)
     mesh = build_mesh(distributed, env.world_size, device.type)
     if mesh is not None:
         model = parallelize_model(model, mesh, distributed)

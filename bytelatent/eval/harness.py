@@ -30,6 +30,14 @@ from torch import nn
 from bytelatent.checkpoint.pretrained import load_any_checkpoint
 from bytelatent.config.help import entry_help
 from bytelatent.config.parser import parse_args
+from bytelatent.data.chat import (
+    END_ID,
+    TEMPLATE_NAME,
+    answer_of,
+    has_markers,
+    render_chat,
+    text_tokens,
+)
 from bytelatent.data.patcher import Patcher, PatcherArgs, PatchingMode
 from bytelatent.errors import ConfigError, UserError
 from bytelatent.eval.generation import (
@@ -40,9 +48,9 @@ from bytelatent.eval.generation import (
 )
 from bytelatent.eval.generation.engines import model_spec
 from bytelatent.eval.tasks import register_task
-from bytelatent.model.patch_utils import first_token_alone
+from bytelatent.model.patch_lengths import first_token_alone
 from bytelatent.model.registry import arch_of
-from bytelatent.tokenizers.constants import BOS_ID, OFFSET
+from bytelatent.tokenizers.constants import BOS_ID
 
 try:
     from lm_eval.api.model import LM
@@ -53,7 +61,8 @@ logger = logging.getLogger("bytelatent")
 
 
 def _byte_tokens(text: str) -> list[int]:
-    return [b + OFFSET for b in text.encode("utf-8")]
+    """Byte ids; chat-template markers in text form (`apply_chat_template`) become their ids."""
+    return text_tokens(text)
 
 
 class BytelatentLM(LM):
@@ -85,6 +94,18 @@ class BytelatentLM(LM):
     @property
     def max_tokens(self) -> int:
         return self.generator.max_tokens
+
+    @property
+    def tokenizer_name(self) -> str:
+        """lm-eval caches chat-templated requests by this name."""
+        return TEMPLATE_NAME
+
+    def apply_chat_template(
+        self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        """The training template (data/chat.py) in text form; `_byte_tokens` maps it back."""
+        turns = [(m["role"], m["content"]) for m in chat_history]
+        return render_chat(turns, add_generation_prompt)
 
     @torch.no_grad()
     def token_logprobs(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,10 +171,22 @@ class BytelatentLM(LM):
             args = generation_args_from_lm_eval(requests[indices[0]].args[1])
             args = args.model_copy(update={"batch_size": len(indices)})
             contexts = [requests[i].args[0] for i in indices]
-            results = self.generator.generate(contexts, args, truncate=True, allow_empty=True)
-            for i, result in zip(indices, results, strict=True):
-                out[i] = result.text
+            if any(has_markers(c) for c in contexts):  # chat-templated: stop at the turn's end
+                out_texts = self._chat_answers(contexts, args)
+            else:
+                results = self.generator.generate(contexts, args, truncate=True, allow_empty=True)
+                out_texts = [result.text for result in results]
+            for i, text in zip(indices, out_texts, strict=True):
+                out[i] = text
         return out
+
+    def _chat_answers(self, contexts: list[str], args: GenerationArgs) -> list[str]:
+        """Answers to chat-templated contexts: the bytes before the end-of-turn marker."""
+        keep = self.max_tokens - 2
+        rows = [[BOS_ID, *_byte_tokens(c)[-keep:]] for c in contexts]  # keep BOS and the end
+        args = args.model_copy(update={"stop_ids": sorted({*args.stop_ids, END_ID})})
+        results = self.generator.generate_tokens(rows, args)
+        return [answer_of(r.tokens)[0].decode("utf-8", errors="replace") for r in results]
 
     def generation_batches(self, requests) -> list[list[int]]:
         """Request indices in batches of at most ``batch_size`` that share generation kwargs,
@@ -268,6 +301,11 @@ class HarnessArgs(BaseModel):
     )
     device: str = Field("cpu", description="torch device, e.g. cpu, cuda, cuda:1")
     progress: bool | None = Field(None, description="tqdm progress bars; null: only on a terminal")
+    allow_arch_import: bool = Field(
+        False,
+        description="import the module an arch 'pkg.module:name' in the checkpoint's params.json "
+        "names (runs its code: only for a checkpoint you trust)",
+    )
 
 
 def run(args: HarnessArgs) -> dict[str, Any]:
@@ -276,7 +314,10 @@ def run(args: HarnessArgs) -> dict[str, Any]:
     # unknown task names fail before the checkpoint is loaded
     manager = TaskManager(include_path=args.include_path, include_defaults=args.include_defaults)
     check_tasks(args.tasks, manager)
-    gen = load_generator(args.ckpt, args.device, args.entropy_ckpt, args.patcher or None)
+    gen = load_generator(
+        args.ckpt, args.device, args.entropy_ckpt, args.patcher or None,
+        allow_arch_import=args.allow_arch_import,
+    )  # fmt: skip
     results = run_harness(
         gen.model,
         args.tasks,

@@ -53,6 +53,7 @@ PROVIDERS: dict[str, str] = {
     "bpb": "bytelatent.eval.validate",
     "harness": "bytelatent.eval.harness",
     "generation": "bytelatent.eval.generation",
+    "chat": "bytelatent.eval.chat",
 }
 
 

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from bytelatent.data.args import DataArgs
 from bytelatent.data.batch import Batch
 from bytelatent.distributed.args import DistributedArgs
+from bytelatent.distributed.env import host_to_device
 from bytelatent.distributed.parallelize import forward_context
 from bytelatent.errors import DataError
 from bytelatent.eval.args import EvalArgs
@@ -103,7 +104,12 @@ def _progress_lines(iterable: Any, what: str) -> Any:
 
 
 def validation_bpb(ctx: EvalContext) -> dict[str, float]:
-    """bpb = Σ CE (nats) / ln 2 / Σ bytes the targets stand for, per source and overall."""
+    """bpb = Σ CE (nats) / ln 2 / Σ bytes the targets stand for, per source and overall.
+
+    Host syncs: one device-to-host read per call (the sums, at the end) besides the model's own
+    forward's (an H-Net's `padded_width` per stage); batches go to the device by pinned,
+    non-blocking copies and the byte counts come from the host batch
+    (tests/generation/test_device_syncs.py)."""
     data = _eval_data_args(ctx)
     val = ctx.eval_args.validation
     names = sorted(ctx.validation_sources)
@@ -115,13 +121,15 @@ def validation_bpb(ctx: EvalContext) -> dict[str, float]:
         )  # fmt: skip
         n_targets = n_bytes = 0
         for batch in _progress(ctx, batches, name):
-            y, mask = torch.from_numpy(batch.y), torch.from_numpy(batch.mask)
-            loss_sum = masked_cross_entropy_sum(
-                ctx.forward(batch), y.to(ctx.device), mask.to(ctx.device)
+            # pinned, non-blocking copies as training's: the step never waits for the device
+            y, mask = (
+                host_to_device(batch.y, ctx.device),
+                host_to_device(batch.target_mask, ctx.device),
             )
+            loss_sum = masked_cross_entropy_sum(ctx.forward(batch), y, mask)
             sums[i, 0] += loss_sum.double()
-            n_targets += int(batch.mask.sum())
-            n_bytes += ctx.tokenizer.n_bytes(batch.y, batch.mask)
+            n_targets += int(batch.target_mask.sum())
+            n_bytes += ctx.tokenizer.n_bytes(batch.y, batch.target_mask)
         sums[i, 1] += n_targets
         sums[i, 2] += n_bytes
     if ctx.dp_group is not None or (ctx.dp_size > 1 and dist.is_initialized()):

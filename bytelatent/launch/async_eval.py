@@ -142,6 +142,9 @@ class AsyncEvalLauncher:
         self.jobs: dict[int, EvalJob] = {}
         self.failed: list[int] = []
         self._last_poll = 0.0
+        # The run's own config names a plugin arch: its evals may import that module (the eval
+        # job would otherwise refuse the checkpoint's "pkg.module:name", docs/reliability.md).
+        self.allow_arch_import = False
 
     @classmethod
     def for_training(cls, args: Any, rank: int, checkpoints: Any) -> AsyncEvalLauncher:
@@ -150,6 +153,7 @@ class AsyncEvalLauncher:
         if launch.mode == "local" and launch.devices:
             check_eval_devices(launch.devices, os.environ)
         launcher = cls(launch, args.dump_dir, args.name, rank == 0, checkpoints)
+        launcher.allow_arch_import = ":" in getattr(args, "arch", "")
         checkpoints.on_complete = launcher.on_checkpoint
         checkpoints.hold = launcher.retention_hold
         return launcher
@@ -221,6 +225,7 @@ class AsyncEvalLauncher:
         argv = [
             f"ckpt={folder}", f"dump_dir={out}", f"step={step}", f"lease={lease}",
             f"metrics_file={Path(self.dump_dir) / 'metrics.eval.jsonl'}", "eval.progress=false",
+            *(["allow_arch_import=true"] if self.allow_arch_import else []),
             *self.args.overrides,
         ]  # fmt: skip
         job = EvalJob(step, folder, lease)

@@ -1,6 +1,6 @@
 """Activations autograd keeps for one micro-batch: the estimate of `model-info.txt`
 (`bytelatent/trainer/model_info.py` explains what is counted), for the built-in architectures
-(`ArchSpec.activation_bytes` of `blt` and `entropy`). `args` is a TrainArgs."""
+(a spec's `Sizes.activation_bytes`: the blocks each architecture checkpoints). `args` is a TrainArgs."""
 
 from __future__ import annotations
 
@@ -102,30 +102,3 @@ def activation_bytes(model: nn.Module, args: Any, tp: int = 1) -> int:
     out_tokens = micro_batch * (get_arch(args.arch).row_length(args.data))
     logits = out_tokens * vocab * (act_bytes + 4)  # logits, then the loss's fp32 log-softmax
     return values * act_bytes + logits
-
-
-def hnet_activation_bytes(model: nn.Module, args: Any, tp: int = 1) -> int:
-    """The H-Net's estimate (`arch: hnet`): blocks of stage s see seq_len / (N_0 ... N_{s-1})
-    positions per row, the global transformer seq_len / (N_0 ... N_{S-1}) (the target ratios,
-    not learned ones); sdpa's dense masks per stage; the logits. Routing, chunking, the EMA and
-    the residual add a few values per position and stage, not counted."""
-    hnet, micro_batch = args.arch_args, args.data.batch_size
-    mode = args.distributed.activation_checkpointing
-    act_bytes = args.distributed.param_dtype.itemsize
-    seq_len = args.data.seq_len
-    positions = [seq_len / r for r in [1.0, *hnet.cumulative_ratios()]]  # per stage, then global
-    kept, peak_recompute, masks = 0, 0, 0
-    block_ids = {id(b) for b in checkpoint_blocks(model)}
-    for path, module in model.named_modules():
-        dims = _block_dims(module) if id(module) in block_ids else None
-        if dims is None:
-            continue
-        level = int(path.split(".")[1]) if path.startswith("stages.") else len(hnet.stages)
-        per_token, recompute = _block_values_per_token(dims, mode, tp)  # HNet.tp_plan: all
-        tokens = int(micro_batch * positions[level])
-        kept += per_token * tokens
-        peak_recompute = max(peak_recompute, recompute * tokens)
-    if hnet.attn_impl == "sdpa":
-        masks = int(sum(micro_batch * p**2 for p in positions))
-    logits = micro_batch * seq_len * hnet.vocab_size * (act_bytes + 4)
-    return int((kept + peak_recompute + masks) * act_bytes + logits)

@@ -262,18 +262,39 @@ class KVCache:
         keys, values = self.keys, self.values
         step.write(keys, xk, dim=2)
         step.write(values, xv, dim=2)
-        return F.scaled_dot_product_attention(
+        return cached_attention(
             xq.transpose(1, 2),
             keys[:, :, step.key_start : step.key_len],
             values[:, :, step.key_start : step.key_len],
-            attn_mask=step.mask,
-            enable_gqa=xq.shape[2] != xk.shape[2],
+            step.mask,
         )
 
     def keep_outputs(self, h: torch.Tensor) -> None:
         """Store the block's output h [B,S,dim] at the step's positions (when ``outputs`` is set)."""
         if self.outputs is not None:
             self.step.write(self.outputs, h)
+
+
+def cached_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """sdpa of q [B,H,S,D] over cached k/v [B,Hkv,K,D] under ``mask`` (bool [B|1,1,S,K] or None).
+
+    GQA with a mask never goes to sdpa as ``enable_gqa`` plus ``attn_mask``: only the math kernel
+    takes both (on CUDA: the S x K scores of every head in memory, no fused kernel). The
+    queries of each kv head are stacked instead, [B,Hkv,rep·S,D] over that head's keys, with the
+    mask tiled to rep·S rows: a plain masked call that the efficient kernel runs, and no copy of
+    the cache. Without a mask, ``enable_gqa`` (the flash kernel takes it)."""
+    n_heads, n_kv_heads = q.shape[1], k.shape[1]
+    if n_heads == n_kv_heads or mask is None:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, enable_gqa=n_heads != n_kv_heads
+        )
+    bsz, _, seqlen, head_dim = q.shape
+    rep = n_heads // n_kv_heads
+    grouped = q.reshape(bsz, n_kv_heads, rep * seqlen, head_dim)  # head h -> kv head h // rep
+    out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask.repeat(1, 1, rep, 1))
+    return out.reshape(bsz, n_heads, seqlen, head_dim)
 
 
 def _trunc_normal_(weight: torch.Tensor, std: float) -> None:

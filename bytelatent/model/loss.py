@@ -95,7 +95,7 @@ def batch_losses(
     """(Σ CE over `batch`'s unmasked targets, {aux loss name: float32 scalar}). The forward runs
     inside `forward_context` (autocast, tensor-parallel loss context); the losses outside it, in
     float32, as always."""
-    y, mask = host_to_device(batch.y, device), host_to_device(batch.mask, device)
+    y, mask = host_to_device(batch.y, device), host_to_device(batch.target_mask, device)
     with forward_context if forward_context is not None else contextlib.nullcontext():
         logits, aux = forward_outputs(model, batch, device)
     aux = {name: value.float() for name, value in aux.items()}

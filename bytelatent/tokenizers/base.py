@@ -28,11 +28,17 @@ class Tokenizer(ABC):
     def get_vocab_size(self) -> int:
         """Number of ids the model's embedding and output layers need."""
 
-    def encode_array(self, text: str, strict: bool = False) -> np.ndarray:
-        """`encode(text)` as an int64 array; `strict` raises UnicodeEncodeError on unpaired surrogates."""
+    def encode_array(self, text: str, strict: bool = False, dtype=np.int64) -> np.ndarray:
+        """`encode(text)` as an array of `dtype` (one that holds every id: `token_dtype`);
+        `strict` raises UnicodeEncodeError on unpaired surrogates."""
         if strict:
             text.encode("utf-8")
-        return np.asarray(self.encode(text), dtype=np.int64)
+        return np.asarray(self.encode(text), dtype=dtype)
+
+    def token_dtype(self) -> np.dtype:
+        """The smallest integer dtype that holds every id (the data pipeline keeps documents in
+        it: 2 bytes per byte-token instead of 8)."""
+        return np.dtype(np.int16 if self.get_vocab_size() <= np.iinfo(np.int16).max else np.int32)
 
     def n_bytes(self, target_ids: np.ndarray, mask: np.ndarray | None = None) -> int:
         """Number of bytes the targets stand for: UTF-8 bytes of their text plus one per BOS/EOS.

@@ -119,7 +119,7 @@ class BltTokenizer(Tokenizer):
             ids.append(EOS_ID)
         return ids
 
-    def encode_array(self, text: str, strict: bool = False) -> np.ndarray:
+    def encode_array(self, text: str, strict: bool = False, dtype=np.int64) -> np.ndarray:
         raw = self._raw_bytes(text, "strict" if strict else "ignore")
         body = (
             np.frombuffer(raw, dtype=np.uint8)
@@ -127,7 +127,7 @@ class BltTokenizer(Tokenizer):
             else np.asarray(raw, dtype=np.int64)
         )
         start = 1 if self.add_bos else 0
-        out = np.empty(len(body) + start + (1 if self.add_eos else 0), dtype=np.int64)
+        out = np.empty(len(body) + start + (1 if self.add_eos else 0), dtype=dtype)
         if self.add_bos:
             out[0] = BOS_ID
         out[start : start + len(body)] = body

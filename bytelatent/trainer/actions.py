@@ -2,6 +2,8 @@
 
 An action looks at the step and the metrics just produced and may ask the loop to stop
 (`Stop`): early stopping saves and exits 0; a guard may stop without saving and exit non-zero.
+`observe` sees a log step's record before it is written and may add an event to it (H-Net's
+router collapse warning, `bytelatent/archs/hnet/dc/monitor.py`, an action of its spec).
 Each action's state (best value, patience left, ...) is JSON in `TrainState.actions`, so it
 survives a resume. To add one: an args class with a unique `kind` literal (add it to
 `ActionArgs`), an `Action` subclass, and one line in `_ACTION_TYPES`.
@@ -63,6 +65,9 @@ class Action:
 
     kind: str = ""
 
+    def observe(self, step: int, metrics: dict[str, Any]) -> None:
+        """Before the log step's record is written: may add entries to it (an event)."""
+
     def run(self, step: int, metrics: dict[str, Any]) -> Stop | None:
         raise NotImplementedError
 
@@ -120,7 +125,9 @@ class NonFiniteStop(Action):
 
     def __init__(self, args: NonFiniteStopArgs):
         self.args = args
-        self.resumed: tuple[str, int] | None = None  # (checkpoint folder, step) this run resumed from
+        self.resumed: tuple[str, int] | None = (
+            None  # (checkpoint folder, step) this run resumed from
+        )
 
     def note_resume(self, path: str, step: int) -> None:
         self.resumed = (path, step)
@@ -184,6 +191,10 @@ class Actions:
         for action in self.actions:
             if hasattr(action, "note_resume"):
                 action.note_resume(path, step)
+
+    def observe(self, step: int, metrics: dict[str, Any]) -> None:
+        for action in self.actions:
+            action.observe(step, metrics)
 
     def run(self, step: int, metrics: dict[str, Any]) -> Stop | None:
         for action in self.actions:

@@ -23,6 +23,20 @@ class ParamGroupArgs(BaseModel):
     lr_scale: float = Field(1.0, ge=0.0, description="this group's lr: optim.lr times this")
     weight_decay: float | None = Field(None, ge=0.0, description="null: optim.weight_decay")
     freeze_until_step: int = Field(0, ge=0, description="no updates in optimizer steps 1..N")
+    frozen: bool = Field(
+        False,
+        description="no updates for the whole run, resumes included (byteify stage 1: the "
+        "backbone); excludes freeze_until_step",
+    )
+
+    @model_validator(mode="after")
+    def _frozen_or_until(self) -> ParamGroupArgs:
+        if self.frozen and self.freeze_until_step:
+            raise ValueError(
+                f"frozen=true and freeze_until_step={self.freeze_until_step} both set: frozen "
+                "already means every step, drop one"
+            )
+        return self
 
 
 class OptimArgs(BaseModel):

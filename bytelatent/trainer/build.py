@@ -34,7 +34,7 @@ def warm_start_from_spec(model: torch.nn.Module, args: TrainArgs) -> bool:
     copies a Llama's layers into its global transformer) into the materialised, maybe sharded
     model; False when it has none or the config asks for none. Fresh runs only: a resumed run's
     weights come from its own checkpoint."""
-    warm_start = get_arch(args.arch).resolve("warm_start")
+    warm_start = get_arch(args.arch).adapters.warm_start
     return bool(warm_start is not None and warm_start(model, args.active_model_args()))
 
 

@@ -120,11 +120,17 @@ class JsonlSink:
 
 
 class ConsoleSink:
-    """The one-line summary of a train record; other records (eval, ...) as `key value` pairs."""
+    """The one-line summary of a train record; other records (eval, ...) as `key value` pairs.
+
+    `health`: name prefixes of the architecture's own metrics (its spec's `aux_metrics`, logged
+    as `aux/<prefix><part>`), shown on the step line after the throughput fields."""
+
+    def __init__(self, health: tuple[str, ...] = ()):
+        self.health = tuple(health)
 
     def log(self, metrics: dict) -> None:
         if all(k in metrics for k in _CONSOLE_KEYS):
-            logger.info(console_line(metrics))
+            logger.info(console_line(metrics, self.health))
         else:
             logger.info(generic_line(metrics))
 
@@ -153,16 +159,18 @@ class MetricLogger:
         name: str,
         config: dict,
         start_step: int = 0,
+        health: tuple[str, ...] = (),
     ) -> MetricLogger:
         """metrics.jsonl, console and wandb on rank 0; nothing on the other ranks.
 
         `start_step`: the step the run resumed at (0: a new run), for sinks that continue a run.
+        `health`: the architecture's metric prefixes for the console line (`ConsoleSink`).
         """
         if rank != 0:
             return cls()
         sinks: list = [JsonlSink(os.path.join(dump_dir, "metrics.jsonl"))]
         if args.console:
-            sinks.append(ConsoleSink())
+            sinks.append(ConsoleSink(health))
         if args.wandb is not None:
             sinks.append(WandbSink(args.wandb, dump_dir, name, config, start_step))
         return cls(sinks=sinks)
@@ -237,8 +245,9 @@ class Timings:
         return out
 
 
-def console_line(m: dict) -> str:
-    return (
+def console_line(m: dict, health: tuple[str, ...] = ()) -> str:
+    """The step line: loss, bpb, optimizer and throughput, then the model's health fields."""
+    line = (
         f"step {m['global_step']:>6} | loss {m['loss']:.4f} | bpb {m['bpb']:.4f} | "
         f"grad {m['grad_norm']:.3g} | lr {m['lr']:.3g} | {m['bytes_per_s']:.0f} B/s | "
         f"{m['flops_per_s'] / 1e9:.1f} GFLOP/s | "
@@ -246,6 +255,22 @@ def console_line(m: dict) -> str:
         + f"step {1000 * m['step_time_s']:.0f} ms | "
         f"data {1000 * m['data_time_s']:.0f} ms | mem {m['peak_mem_gib']:.2f} GiB"
     )
+    return " | ".join([line, *health_fields(m, health)])
+
+
+def health_fields(m: dict, health: tuple[str, ...]) -> list[str]:
+    """What says whether the model segments its bytes as it should: real bytes per patch of a
+    patched architecture (`patch_len_mean`), and for each prefix in `health` the record's
+    `aux/<prefix>*` values, one field per prefix (`bytes_per_chunk 2.05/4.41`: stage 0, 1, ...)."""
+    fields = []
+    if "patch_len_mean" in m:
+        fields.append(f"patch {m['patch_len_mean']:.2f} B")
+    for prefix in health:
+        keys = sorted(k for k in m if k.startswith(f"aux/{prefix}"))
+        if keys:
+            name = prefix.rstrip("/_")
+            fields.append(f"{name} " + "/".join(f"{m[k]:.3g}" for k in keys))
+    return fields
 
 
 _CONSOLE_KEYS = (

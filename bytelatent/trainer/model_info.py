@@ -124,8 +124,8 @@ def component_totals(rows: list[ParamInfo]) -> dict[str, tuple[int, int]]:
 
 # ------------------------------------------------------------------------------ memory
 def activation_bytes(model: nn.Module, args: TrainArgs, tp: int = 1) -> int:
-    """The architecture's activation estimate (`ArchSpec.activation_bytes`); 0 without one."""
-    estimate = get_arch(args.arch).resolve("activation_bytes")
+    """The architecture's activation estimate (`Sizes.activation_bytes` of its spec); 0 without one."""
+    estimate = get_arch(args.arch).sizes.activation_bytes
     return estimate(model, args, tp) if estimate is not None else 0
 
 
@@ -202,17 +202,17 @@ def render(
 
 
 def flops_lines(args: TrainArgs) -> list[str]:
-    """Training FLOPs per byte of an unpatched architecture (`ArchSpec.flops` on one full row);
+    """Training FLOPs per byte of an unpatched architecture (`Sizes.flops` on one full row);
     where the model decides its own work (`measured_flops`: H-Net's chunk counts) this is the
     estimate at the targets, and the log's `flops_per_s` / `mfu` count what was measured."""
     spec = get_arch(args.arch)
-    factory = spec.resolve("flops")
+    factory = spec.sizes.flops
     if factory is None or spec.patched:
         return []
     seq_len = args.data.seq_len
     per_byte = factory(args.active_model_args(), args.data)(seq_len, 0) / seq_len
     line = f"training FLOPs per byte: {per_byte:,.0f}"
-    if spec.measured_flops is not None:
+    if spec.sizes.measured_flops is not None:
         line += (
             " (an estimate at the target chunk ratios; the log's flops_per_s and mfu count "
             "the measured chunks)"

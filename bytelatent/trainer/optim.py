@@ -3,7 +3,7 @@
 ``optim.groups`` splits the parameters into AdamW groups by glob over their names (as in our
 checkpoints; the first matching group wins, the rest form the default group): each group has its
 own learning-rate scale and weight decay, and may be frozen for its first ``freeze_until_step``
-optimizer steps. The schedule multiplies every group's lr. Freezing is ``requires_grad=False``:
+optimizer steps or, with ``frozen: true``, for the whole run. The schedule multiplies every group's lr. Freezing is ``requires_grad=False``:
 no gradients (hence no FSDP reduce-scatter for the group's units), no AdamW state until the
 group's first real update; the scheduler sets the flags, so they follow resumes.
 """
@@ -117,6 +117,8 @@ def lr_factor_fn(args: OptimArgs, n_steps: int):
 
 
 DEFAULT_GROUP = "default"
+# freeze_until_step of a `frozen: true` group: more optimizer steps than any run takes
+FROZEN = 2**62
 
 
 def group_index(name: str, groups: list[ParamGroupArgs]) -> int | None:
@@ -155,7 +157,7 @@ def _param_groups(
         wd = args.weight_decay if spec.weight_decay is None else spec.weight_decay
         param_groups.append({"params": params, "lr": args.lr * spec.lr_scale, "weight_decay": wd})
         labels.append(str(index) if index < len(args.groups) else DEFAULT_GROUP)
-        freeze.append(spec.freeze_until_step)
+        freeze.append(FROZEN if spec.frozen else spec.freeze_until_step)
     return param_groups, freeze, labels
 
 

@@ -25,7 +25,7 @@ from bytelatent.args import TrainArgs
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.checkpoint.manager import CheckpointManager, parse_step, train_state_name
 from bytelatent.checkpoint.verify import verify_step_folder
-from bytelatent.errors import ConfigError
+from bytelatent.errors import CheckpointError, ConfigError
 from bytelatent.model.registry import model_config_keys
 from bytelatent.trainer.build import build_model
 from bytelatent.trainer.loop_controls import resolve_stop_step
@@ -75,12 +75,30 @@ def _saved_state(fs, path: str) -> TrainState:
     step = parse_step(path.rstrip("/").rsplit("/", 1)[-1]) or 0
     if not cfs.exists(fs, file):
         return TrainState(step=step)
-    saved = json.loads(cfs.read_text(fs, file))
-    return TrainState(
-        step=saved.get("step", step),
-        relative_target=saved.get("relative_target"),
-        data_state=saved.get("data_state"),
-    )
+    try:
+        saved = json.loads(cfs.read_text(fs, file))
+        if not isinstance(saved, dict):
+            raise ValueError(f"a JSON {type(saved).__name__}, not an object")
+        return TrainState(
+            step=saved.get("step", step),
+            relative_target=saved.get("relative_target"),
+            data_state=saved.get("data_state"),
+        )
+    except (ValueError, UnicodeDecodeError) as exc:  # JSON and pydantic errors are ValueErrors
+        raise CheckpointError(
+            f"{file}: {_first_problem(exc)}; the checkpoint is damaged: set "
+            "checkpoint.load_path to an earlier step folder, or move this one aside"
+        ) from None
+
+
+def _first_problem(exc: Exception) -> str:
+    """One line for a JSON or validation error (pydantic's message spans several lines)."""
+    if isinstance(exc, pydantic.ValidationError):
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        why = err["msg"].removeprefix("Value error, ")
+        return f"{where}: {why} (got {type(err['input']).__name__})"
+    return str(exc)
 
 
 def _parameter_shapes(args: TrainArgs) -> dict[str, tuple[int, ...]]:
@@ -95,7 +113,7 @@ def refuse_shape_changes(args: TrainArgs, saved: dict, check: ResumeCheck) -> No
     if not model_keys:
         return
     try:
-        saved_args = TrainArgs.model_validate(saved)
+        saved_args = TrainArgs.from_saved(saved)
     except pydantic.ValidationError:
         return  # a config of another version: the checkpoint load reports what does not fit
     if _parameter_shapes(saved_args) == _parameter_shapes(args):

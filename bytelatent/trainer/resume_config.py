@@ -127,7 +127,7 @@ def _with_defaults(saved: dict) -> dict | None:
     """`params.json` with the defaults of keys it lacks (a checkpoint of an older version), so
     that only keys really set otherwise count as changes; None if it no longer validates."""
     try:
-        return redacted_dump(TrainArgs.model_validate(saved))
+        return redacted_dump(TrainArgs.from_saved(saved))
     except pydantic.ValidationError:
         return None
 

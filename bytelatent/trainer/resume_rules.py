@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from bytelatent.errors import ConfigError
 
-Decision = Literal["applied", "refused", "harmless", "ignored"]
+Decision = Literal["applied", "refused", "harmless", "ignored", "no effect on a resume"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,9 @@ _SCHEDULE = Rule("applied", "the lr schedule")
 _ADAMW = Rule("applied", "AdamW hyperparameters")
 _READ_AT_START = Rule("applied", "read at every start")
 _HARMLESS = Rule("harmless", "")
+# Keys read only when the weights are initialised (a fresh start): a resume loads the weights.
+_INIT_ONLY = Rule("no effect on a resume", "it sets the initial weights; a resume loads them")
+_INIT_KEYS = ("seed", "init_base_std", "init_std_factor", "global_init")
 
 RULES: dict[str, Rule] = {
     # top level
@@ -62,6 +65,11 @@ RULES: dict[str, Rule] = {
     "train_entropy_model": Rule("applied", "the model is built from the config"),
     "model": Rule("applied", "the model is built from the config"),
     "entropy_model": Rule("applied", "the model is built from the config"),
+    **{
+        f"{section}.{key}": _INIT_ONLY
+        for section in ("model", "entropy_model", "arch_args")
+        for key in _INIT_KEYS
+    },
     "distributed": Rule("applied", "the mesh is built at every start; data re-shards"),
     "env": _READ_AT_START,
     "checkpoint": _HARMLESS,
@@ -92,6 +100,9 @@ RULES: dict[str, Rule] = {
     "data.prefetch_size": _READ_AT_START,
     "data.async_persist_type": _HARMLESS,  # accepted for reference configs, read by nothing
     "data.virtual_streams": Rule("refused", "the data streams are fixed at the run's first start"),
+    # the one-line error for a bad row says to set it: it changes which rows are skipped from now
+    # on, not what was read (apply_skip_bad_records sets it in the resumed data state)
+    "data.skip_bad_records": Rule("applied", "whether a bad record is skipped from now on"),
 }
 
 _UNRULED = Rule(
@@ -192,6 +203,19 @@ def apply_source_weights(state: Any, weights: dict[str, float]) -> tuple[Any, bo
         return out
 
     return visit(state), changed
+
+
+def apply_skip_bad_records(state: Any, skip: bool) -> Any:
+    """`state` (a data state, as JSON) with every iterator's `skip_bad_records` set to `skip`
+    (the file readers and the preprocessing copy the config's value into their state)."""
+    if isinstance(state, list):
+        return [apply_skip_bad_records(v, skip) for v in state]
+    if not isinstance(state, dict):
+        return state
+    out = {k: apply_skip_bad_records(v, skip) for k, v in state.items()}
+    if "skip_bad_records" in out:
+        out["skip_bad_records"] = skip
+    return out
 
 
 def sampling_sources(state: Any) -> set[str]:

@@ -51,13 +51,13 @@ class BatchSizes:
 
 class FlopsCounter:
     """Training FLOPs (forward + backward) of a batch, from `BatchSizes`, by the run's
-    architecture (`ArchSpec.flops`; an architecture without one counts 0)."""
+    architecture (`ArchSpec.sizes.flops`; an architecture without one counts 0)."""
 
     def __init__(self, args) -> None:  # TrainArgs
         spec = get_arch(args.arch)
-        factory = spec.resolve("flops")
+        factory = spec.sizes.flops
         self.count = factory(args.active_model_args(), args.data) if factory else lambda t, p: 0.0
-        measured = spec.resolve("measured_flops")
+        measured = spec.sizes.measured_flops
         self._measured = (
             functools.partial(measured, args.active_model_args(), args.data) if measured else None
         )

@@ -45,7 +45,7 @@ from bytelatent.trainer.optim import build_optimizer
 from bytelatent.trainer.probe import build_probe
 from bytelatent.trainer.profiling import build_profiler
 from bytelatent.trainer.resume_check import complete_line
-from bytelatent.trainer.resume_rules import apply_source_weights
+from bytelatent.trainer.resume_rules import apply_skip_bad_records, apply_source_weights
 from bytelatent.trainer.run_files import (
     REPLAYED_METRICS,
     raise_log_file_error,
@@ -106,6 +106,9 @@ class Trainer:
         self.actions = Actions.build(
             with_nonfinite_stop(args.actions, args.optim.max_skipped_steps)
         )
+        if (arch_actions := get_arch(args.arch).actions) is not None:
+            for action in arch_actions(args, env.rank):  # e.g. H-Net's router collapse warning
+                self.actions.add(action)
         self.guard = NonFiniteGuard(self.optimizer, self.device)  # skips non-finite updates
         self.exit_code = 0  # set by an action that stops the run with an error
         self._resume_or_warm_start()
@@ -117,12 +120,13 @@ class Trainer:
         self.data = build_train_data(  # virtual streams: bytelatent/data/elastic.py
             args.data, self.dp_rank, self.dp_size, args.grad_acc_steps, self.state.data_state
         )
-        if env.rank == 0 and self.state.step > 0:
+        if env.rank == 0:  # also at step 0: an attempt that died before its first save
             self._set_aside_replayed_metrics()
         config = {**redacted_dump(args), "n_params": self.n_params}
         self.metrics = MetricLogger.build(
-            args.logging, args.dump_dir, env.rank, args.name, config, start_step=self.state.step
-        )
+            args.logging, args.dump_dir, env.rank, args.name, config, start_step=self.state.step,
+            health=get_arch(args.arch).aux_metrics,  # the architecture's own numbers, on the console
+        )  # fmt: skip
         self.metrics.set_summary({"n_params": self.n_params})
         self.interval = IntervalMetrics.for_run(args, env, self.dp_size, self._dp_group)
         self.timings = self.interval.timings  # eval and saves add `with self.timings.measure(...)`
@@ -169,6 +173,9 @@ class Trainer:
             self.state.data_state, _ = apply_source_weights(
                 self.state.data_state, self.args.data.source_weights()
             )
+            self.state.data_state = apply_skip_bad_records(
+                self.state.data_state, self.args.data.skip_bad_records
+            )
             self.scheduler.load_state_dict(self.state.scheduler)  # + the config's lr, AdamW values
             self.actions.load_state_dict(self.state.actions)
             self.actions.note_resume(path, self.state.step)
@@ -191,9 +198,14 @@ class Trainer:
             os.path.join(self.args.dump_dir, "metrics.jsonl"), self.state.step, aside
         )
         if moved:
+            before = (
+                "this resume"
+                if self.state.step
+                else "this start: an earlier attempt saved no checkpoint"
+            )
             logger.info(
-                "metrics.jsonl: %d records after step %d (logged before this resume) moved to %s",
-                moved, self.state.step, aside,
+                "metrics.jsonl: %d records after step %d (logged before %s) moved to %s",
+                moved, self.state.step, before, aside,
             )  # fmt: skip
 
     # ---------------------------------------------------------------- loop
@@ -293,7 +305,9 @@ class Trainer:
 
     def train_step(self, batches: list[Batch]) -> StepOutput:
         """One optimizer step over `grad_acc_steps` micro-batches; clipping happens once."""
-        local_targets = sum(int(b.mask.sum()) for b in batches)  # host-side numpy, no device sync
+        local_targets = sum(
+            int(b.target_mask.sum()) for b in batches
+        )  # host-side numpy, no device sync
         global_targets = self._all_reduce_count(local_targets)
         # FSDP averages gradients over data-parallel ranks, so scale by dp_size: the update is then
         # Σ_all ranks CE / Σ_all ranks targets, independent of how targets fall on ranks and micro-batches.
@@ -311,7 +325,7 @@ class Trainer:
         self.guard.step(loss_sum, grad_norm)  # optimizer.step() unless loss/grad norm non-finite
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        n_bytes = sum(self.tokenizer.n_bytes(b.y, b.mask) for b in batches)
+        n_bytes = sum(self.tokenizer.n_bytes(b.y, b.target_mask) for b in batches)
         return StepOutput(
             loss_sum=loss_sum, n_targets=local_targets, n_bytes=n_bytes, grad_norm=grad_norm,
             aux_sums=aux_sums, n_micro_batches=len(batches),
@@ -357,6 +371,7 @@ class Trainer:
             tokens_seen=self.state.tokens_seen,
             **self.guard.read(),
         )
+        self.actions.observe(self.state.step, self.last)  # events into this step's record
         self.metrics.log(self.last)
         raise_log_file_error()  # train.log could not be written: end the run with that line
         return self.last
@@ -411,8 +426,17 @@ class Trainer:
         return True
 
     def handle_preemption(self) -> None:
-        """Save (when this process trained a step since the last save), then requeue or stop."""
-        if self._last_saved_step != self.state.step and self.state.step > 0:
+        """Save (when this process trained a step since the last save), then requeue or stop.
+        A Ctrl-C is a preemption that says so in one line (`_interrupted_line`)."""
+        saving = self._last_saved_step != self.state.step and self.state.step > 0
+        if self.preemption.interactive:
+            if saving:
+                self.save("preempt")
+                self.checkpoints.wait()
+            if self.env.rank == 0:
+                logger.info("%s", self._interrupted_line(saving))
+            return
+        if saving:
             logger.info("preemption: saving at step %d", self.state.step)
             self.save("preempt")
             self.checkpoints.wait()
@@ -426,6 +450,16 @@ class Trainer:
                 self.state.step,
                 self.args.checkpoint.path,
             )
+
+    def _interrupted_line(self, saved: bool) -> str:
+        step = self.state.step
+        if saved:
+            what = f"saved step {step}"
+        elif step > 0:
+            what = f"step {step} was saved already"
+        else:
+            return "Ctrl-C before the first step: nothing to save"
+        return f"Ctrl-C at step {step}: {what}; run the same command again to resume"
 
     def close(self, exit_code: int = 0) -> None:
         self.preemption.uninstall()

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import apps.preprocess_entropies as prep
+from bytelatent.archs.lm.model import LMTransformer
 from bytelatent.data.entropy import entropy
 from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.transformer import LMTransformer
 from bytelatent.tokenizers.blt import BltTokenizer
 from tests.limits import hang_limit
 

@@ -44,6 +44,13 @@ def test_quick_check_on_cpu(tmp_path):
     assert len(list(out.iterdir())) <= check.MAX_OUT_FILES
     attention = next(s for s in summary["steps"] if s["step"] == "attention")
     assert attention["cases"] >= 16 and attention["worst_rel_err"]["float32"] < 1e-4
+    blt = next(s for s in summary["steps"] if s["step"] == "blt_1b")
+    assert blt["warmup_steps"] >= 2 and blt["timed_steps"] >= 5
+    assert blt["activation_checkpointing"] == "none" and blt["batch_size"] == 4  # the config's
+    assert 0 < blt["mfu"] and 0 < blt["hfu"]  # two numbers, stated apart
+    assert f"MFU {blt['mfu']:.2%}" in res.stdout and f"HFU {blt['hfu']:.2%}" in res.stdout
+    hnet = next(s for s in summary["steps"] if s["step"] == "hnet_flex")
+    assert hnet["distinct_widths"] > 1 and 1 <= hnet["flex_graphs_compiled"] <= 8
 
 
 def test_a_step_that_overruns_is_recorded_as_timeout(tmp_path, monkeypatch):
@@ -189,3 +196,36 @@ def test_default_timing_runs_without_the_deterministic_workspace(tmp_path, monke
     seen = steps._in_clean_child(ctx, lambda: os.environ.get("CUBLAS_WORKSPACE_CONFIG", "unset"))
     assert seen == "unset"
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+
+
+def test_summary_states_mfu_and_hfu_apart():
+    """MFU (analytic model FLOPs) and HFU (counted FLOPs) each get a line naming the peak."""
+    step = {"step": "blt_1b", "status": "ok", "seconds": 9.0, "mfu": 0.4123, "hfu": 0.4871,
+            "matmul_tflops": {"n": 8192, "dtype": "bfloat16", "tflops": 700.0}}  # fmt: skip
+    summary = {"device": "cuda", "quick": False, "budget_s": 400.0, "limits_s": {},
+               "steps": [step]}  # fmt: skip
+    lines = check.summary_table(summary).splitlines()
+    mfu = next(line for line in lines if line.startswith("MFU"))
+    hfu = next(line for line in lines if line.startswith("HFU"))
+    assert "41.23%" in mfu and "analytic" in mfu and "700.0 TFLOP/s" in mfu
+    assert "48.71%" in hfu and "FlopCounterMode" in hfu
+    failed = {**summary, "steps": [{"step": "blt_1b", "status": "fail", "seconds": 1.0}]}
+    assert not any(
+        line.startswith(("MFU", "HFU")) for line in check.summary_table(failed).splitlines()
+    )
+
+
+def test_entropy_like_patch_lengths_cover_each_row():
+    """Rows sum to L + 1, first patch 1, mean near the asked one, within the patch columns."""
+    import numpy as np
+    import steps
+
+    from bytelatent.data.batch import Batch
+
+    x = np.zeros((3, 400), dtype=np.int64)
+    batch = Batch(x, x, np.ones_like(x, dtype=bool), np.zeros((3, 100), dtype=np.int64))
+    lengths = steps.entropy_like(batch, 4.0, seed=0).patch_lengths
+    assert lengths.shape == (3, 100)
+    assert (lengths.sum(1) == 401).all() and (lengths[:, 0] == 1).all()
+    used = lengths > 0
+    assert 3.0 < lengths[used].mean() < 5.0 and len(set(lengths[used].tolist())) > 5

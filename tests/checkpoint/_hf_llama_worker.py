@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from bytelatent.archs.blt.model import ByteLatentTransformer
 from bytelatent.checkpoint.hf_llama import load_hf_llama
 from bytelatent.distributed.args import DistributedArgs
 from bytelatent.distributed.env import cleanup_and_exit, setup_distributed
 from bytelatent.distributed.mesh import build_mesh
 from bytelatent.distributed.parallelize import init_model_weights, parallelize_model
-from bytelatent.model.blt import ByteLatentTransformer
 from bytelatent.trainer.args import OptimArgs
 from bytelatent.trainer.optim import build_optimizer
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from bytelatent.checkpoint.hf_checks import check_weights, expected_shapes, weight_mismatches
+from bytelatent.archs.blt.hf_checks import check_weights, expected_shapes, weight_mismatches
 from bytelatent.errors import CheckpointError
 from bytelatent.model.args import LMTransformerArgs
 

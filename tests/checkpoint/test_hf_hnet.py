@@ -9,12 +9,13 @@ import json
 import pytest
 import torch
 
+from bytelatent.archs.hnet.args import HNetArgs
+from bytelatent.archs.hnet.model import HNet
 from bytelatent.checkpoint.__main__ import main as checkpoint_cli
-from bytelatent.checkpoint.hf import _write_consolidated, export_hf, import_hf
+from bytelatent.checkpoint.hf_folder import export_hf, import_hf
+from bytelatent.checkpoint.hf_folder import write_consolidated as _write_consolidated
 from bytelatent.checkpoint.pretrained import load_any_checkpoint
 from bytelatent.errors import CheckpointError
-from bytelatent.model.hnet_args import HNetArgs
-from bytelatent.model.hnet_model import HNet
 from bytelatent.model.registry import arch_of
 
 safetensors = pytest.importorskip("safetensors")

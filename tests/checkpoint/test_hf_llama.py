@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from bytelatent.archs.blt.model import ByteLatentTransformer, ByteLatentTransformerArgs
 from bytelatent.checkpoint.hf_llama import check_hf_llama, load_hf_llama
 from bytelatent.errors import CheckpointError
 from bytelatent.model.args import RopeScalingArgs
-from bytelatent.model.blt import ByteLatentTransformer, ByteLatentTransformerArgs
 from bytelatent.model.layers import precompute_freqs_cis
 from tests.extras import lazy_extra
 from tests.limits import hang_limit

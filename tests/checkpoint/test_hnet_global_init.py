@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bytelatent.archs.hnet.model import HNet
 from bytelatent.args import TrainArgs
 from bytelatent.errors import CheckpointError
-from bytelatent.model.hnet_model import HNet
 from bytelatent.preflight import check_global_init
 from bytelatent.trainer.build import warm_start_from_spec
 from tests.checkpoint.test_hf_llama import SCALING, save_tiny_llama, transformers

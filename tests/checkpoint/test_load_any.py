@@ -55,7 +55,7 @@ def test_reference_fields_without_effect_warn_in_one_short_line(caplog):
 
     from bytelatent.checkpoint.pretrained import warn_ignored_fields
 
-    # the notes as bytelatent.model.reference_compat words them
+    # the notes as bytelatent.archs.blt.reference_compat words them
     many = ["dim=128 (the reference ignores it for BLT; the global transformer uses dim_global)"]
     many += [f"field_{i} (no effect in the reference)" for i in range(60)]
     with caplog.at_level(logging.DEBUG, logger="bytelatent"):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bytelatent.archs.lm.model import LMTransformer
 from bytelatent.checkpoint.pretrained import load_entropy_model
 from bytelatent.data.entropy import (
     calculate_entropies,
@@ -18,7 +19,6 @@ from bytelatent.data.entropy import (
 )
 from bytelatent.errors import CheckpointError
 from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.transformer import LMTransformer
 from tests.paths import CONFORMANCE, require_conformance
 
 

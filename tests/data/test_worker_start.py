@@ -61,6 +61,7 @@ def test_two_ranks_one_without_data_says_only_the_data_error(tmp_path):
     output = res.stdout + res.stderr
     assert res.returncode != 0
     errors = [line for line in output.splitlines() if line.startswith("data error: ")]
-    assert len(errors) == 1 and "no readable documents for this rank" in errors[0], output[-4000:]
+    assert len(errors) == 1 and "the rows this data stream reads" in errors[0], output[-4000:]
+    assert "use fewer data-parallel ranks" in errors[0]
     assert "can only join a started process" not in output, output[-4000:]
     assert not [line for line in output.splitlines() if line.startswith("[rank")], output[-4000:]

@@ -10,6 +10,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+from bytelatent.archs.blt.model import ByteLatentTransformer
+from bytelatent.archs.hnet.args import HNetArgs
+from bytelatent.archs.hnet.model import HNet
+from bytelatent.archs.lm.model import LMTransformer
 from bytelatent.distributed.args import DistributedArgs
 from bytelatent.distributed.clip import clip_grad_norm_
 from bytelatent.distributed.parallelize import (
@@ -19,11 +24,6 @@ from bytelatent.distributed.parallelize import (
     set_gradient_sync,
 )
 from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.blt import ByteLatentTransformer
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.hnet_args import HNetArgs
-from bytelatent.model.hnet_model import HNet
-from bytelatent.model.transformer import LMTransformer
 
 SEED = 1234
 STEPS = 5

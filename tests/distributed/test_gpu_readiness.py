@@ -9,13 +9,13 @@ import pytest
 import torch
 from torch import nn
 
+from bytelatent.archs.blt import hashing
+from bytelatent.archs.blt.model import ByteLatentTransformer
 from bytelatent.distributed import parallelize
 from bytelatent.distributed.args import DistributedArgs
 from bytelatent.distributed.env import _set_numerics, host_to_device
 from bytelatent.errors import ConfigError
 from bytelatent.launch.async_eval import check_eval_devices
-from bytelatent.model import hashing
-from bytelatent.model.blt import ByteLatentTransformer
 from tests.distributed._parity import BLT_ARGS
 
 

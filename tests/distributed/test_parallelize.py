@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy
 
+from bytelatent.archs.lm.model import LMTransformer
 from bytelatent.distributed.args import DistributedArgs
 from bytelatent.distributed.clip import clip_grad_norm_
 from bytelatent.distributed.parallelize import (
@@ -30,7 +31,6 @@ from bytelatent.distributed.parallelize import (
     tp_parallelize_blocks,
 )
 from bytelatent.errors import ConfigError
-from bytelatent.model.transformer import LMTransformer
 
 FP32 = {"model_dtype": "fp32"}
 
@@ -125,8 +125,8 @@ def test_selective_policy_saves_flex_and_xformers_attention(monkeypatch):
 
 
 def test_cross_attention_layers_are_checkpointed_in_forward_order():
-    from bytelatent.model.blt import ByteLatentTransformer
-    from bytelatent.model.blt_args import ByteLatentTransformerArgs
+    from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+    from bytelatent.archs.blt.model import ByteLatentTransformer
 
     fields = {**_parity.BLT_ARGS.model_dump(), "n_layers_local_decoder": 2}
     fields.update(cross_attn_encoder=True, cross_attn_decoder=True, cross_attn_k=2)

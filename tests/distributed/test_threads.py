@@ -22,3 +22,27 @@ def test_explicit_settings_win(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert trainer_cpu_threads(None, 1, 1) is None  # torch already follows OMP_NUM_THREADS
     assert trainer_cpu_threads(5, 1, 1) == 5  # num_threads beats everything
+
+
+def test_generation_and_eval_threads_follow_the_trainers_rule(monkeypatch):
+    import torch
+
+    from bytelatent.distributed.threads import set_tool_cpu_threads, tool_cpu_threads
+    from bytelatent.eval.__main__ import parse_standalone_args  # noqa: F401 - torch-free enough
+    from bytelatent.generate import GenerateArgs
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(threads, "available_cores", lambda: 2)
+    assert tool_cpu_threads(None) == 1  # a shared 2-core machine: one core left over
+    monkeypatch.setattr(threads, "available_cores", lambda: 8)
+    assert tool_cpu_threads(None) == 7 and tool_cpu_threads(3) == 3
+    before = torch.get_num_threads()
+    try:
+        assert set_tool_cpu_threads("cuda", None) is None and torch.get_num_threads() == before
+        assert set_tool_cpu_threads("cpu", 2) == 2 and torch.get_num_threads() == 2
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        assert set_tool_cpu_threads("cpu", None) is None  # torch already follows it
+    finally:
+        torch.set_num_threads(before)
+    assert GenerateArgs(ckpt="x", prompt="a", num_threads=2).num_threads == 2

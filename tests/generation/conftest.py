@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+from bytelatent.archs.blt.model import ByteLatentTransformer
+from bytelatent.archs.lm.model import LMTransformer
 from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.blt import ByteLatentTransformer
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.transformer import LMTransformer
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from bytelatent.archs.lm.generation import IncrementalLM
 from bytelatent.data.patcher import PatcherArgs
 from bytelatent.eval.generation import GenerationArgs, Generator, encode_prompt
 from bytelatent.eval.generation.engines import CachedEngine, RecomputeEngine
-from bytelatent.eval.generation.lm import IncrementalLM
 from bytelatent.tokenizers.constants import EOS_ID
 from tests.generation.conftest import tiny_blt, tiny_lm
 

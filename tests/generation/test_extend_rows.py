@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bytelatent.archs.blt.generation import IncrementalBLT
+from bytelatent.archs.lm.generation import IncrementalLM
 from bytelatent.data.patcher import PatcherArgs
 from bytelatent.eval.generation import GenerationArgs, Generator, encode_prompt
-from bytelatent.eval.generation.blt import IncrementalBLT
 from bytelatent.eval.generation.engines import CachedEngine
-from bytelatent.eval.generation.lm import IncrementalLM
 from bytelatent.tokenizers.constants import EOS_ID
 from tests.generation.conftest import BLT_VARIANTS, tiny_blt, tiny_lm
 from tests.generation.test_generation_cache_api import assert_close

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from bytelatent.archs.blt.generation import IncrementalBLT
+from bytelatent.archs.lm.generation import IncrementalLM
 from bytelatent.data.patcher import Patcher, PatcherArgs
-from bytelatent.eval.generation.blt import IncrementalBLT
-from bytelatent.eval.generation.lm import IncrementalLM
 from bytelatent.eval.generation.patching import OnlinePatcher
 from tests.generation.conftest import BLT_VARIANTS, tiny_blt, tiny_lm
 

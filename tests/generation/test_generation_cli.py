@@ -86,6 +86,34 @@ def test_cli_on_trained_dcp_checkpoint(tiny_blt_run, tmp_path, capsys) -> None:
     assert proc.stdout.decode("utf-8") == rows[0]["continuation"] + "\n"
 
 
+@needs_fixtures
+def test_cli_ends_with_bytes_per_s_threads_and_speculative_acceptance(capsys, monkeypatch) -> None:
+    from bytelatent.distributed import threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(threads, "available_cores", lambda: 3)
+    before = torch.get_num_threads()
+    try:
+        # the released-layout fixture is slow per byte on CPU: a few bytes say it all
+        argv = [f"ckpt={CONFORMANCE / 'blt'}", "prompt=The cat", "max_new_bytes=3"]
+        assert main([*argv, "stop_at_eos=false"]) == 0
+        out, err = capsys.readouterr()
+        assert torch.get_num_threads() == 2  # the cores less one, as the trainer chooses
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("generated ") and last.endswith(" bytes/s (2 threads)"), last
+        n_bytes, seconds = int(last.split()[1]), float(last.split()[4])
+        rate = float(last.split(": ")[1].split()[0])
+        assert 0 < n_bytes <= 3 and rate == pytest.approx(n_bytes / seconds, rel=0.05, abs=0.1)
+        assert main([*argv, "stop_at_eos=false", "speculative_k=2", "num_threads=1"]) == 0
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert torch.get_num_threads() == 1 and "(1 thread); speculative acceptance " in last
+        accepted, drafted = last.split("(")[-1].split()[0].split("/")
+        assert 0 <= int(accepted) <= int(drafted) and int(drafted) > 0
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

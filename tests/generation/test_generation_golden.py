@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bytelatent.archs.lm.generation import IncrementalLM
 from bytelatent.data.patcher import PatcherArgs
 from bytelatent.eval.generation import GenerationArgs, Generator
-from bytelatent.eval.generation.lm import IncrementalLM
 from tests.generation.conftest import tiny_blt, tiny_lm
 
 PROMPTS = ["Hello, world", "def f(x):\n    return", "é"]

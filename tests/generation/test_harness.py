@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from bytelatent.data.patcher import Patcher, PatcherArgs
 from bytelatent.errors import ConfigError
-from bytelatent.model.patch_utils import first_token_alone
+from bytelatent.model.patch_lengths import first_token_alone
 from tests.generation.conftest import tiny_blt, tiny_lm
 from tests.generation.test_hnet_generation import STAGES, tiny_hnet
 

@@ -16,10 +16,10 @@ import pytest
 import torch
 import yaml
 
+from bytelatent.archs.hnet.args import HNetArgs
+from bytelatent.archs.hnet.generation import IncrementalHNet
+from bytelatent.archs.hnet.model import HNet
 from bytelatent.eval.generation import GenerationArgs, Generator, load_generator
-from bytelatent.eval.generation.hnet import IncrementalHNet
-from bytelatent.model.hnet_args import HNetArgs
-from bytelatent.model.hnet_model import HNet
 from bytelatent.model.registry import get_arch
 from bytelatent.tokenizers.constants import BOS_ID, EOS_ID
 from tests.conftest import train_tiny
@@ -147,7 +147,7 @@ def test_capacity_beyond_max_seqlen_is_refused() -> None:
 
 
 def test_spec_names_the_engine() -> None:
-    assert get_arch("hnet").resolve("generation_engine") is IncrementalHNet
+    assert get_arch("hnet").generation_engine() is IncrementalHNet
 
 
 # ---- a trained checkpoint through the CLI ----

@@ -10,10 +10,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from bytelatent.archs.blt.generation import IncrementalBLT
 from bytelatent.data.patcher import PatcherArgs
 from bytelatent.errors import ConfigError
 from bytelatent.eval.generation import GenerationArgs, Generator, encode_prompt
-from bytelatent.eval.generation.blt import IncrementalBLT
 from bytelatent.eval.generation.engines import CachedEngine
 from bytelatent.eval.generation.speculative import SpeculativeEngine, filtered_probs
 from bytelatent.tokenizers.constants import EOS_ID

@@ -14,7 +14,7 @@ import torch
 from bytelatent.data.patcher import Patcher, PatcherArgs
 from bytelatent.eval.generation import GenerationArgs, Generator
 from bytelatent.eval.generation.patching import OnlinePatcher, blt_patch_lengths
-from bytelatent.model.patch_utils import first_token_alone
+from bytelatent.model.patch_lengths import first_token_alone
 from tests.generation.conftest import tiny_blt
 
 STATIC = {

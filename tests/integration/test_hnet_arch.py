@@ -35,6 +35,11 @@ def test_hnet_trains_and_resumes_bitwise(runner, nproc: int) -> None:
         values = metric_by_step(reference.dump_dir, key)
         assert sorted(values) == list(range(1, 21)), f"{key} is not logged at every step"
         assert all(v > 0 and math.isfinite(v) for v in values.values()), (key, values)
+    last = read_metrics(reference.dump_dir)[-1]  # its health on the console's step line
+    step_line = next(
+        line for line in out.splitlines() if f"step {last['global_step']:>6} |" in line
+    )
+    assert f"| bytes_per_chunk {last['aux/bytes_per_chunk/stage0']:.3g}" in step_line, step_line
     for m in read_metrics(reference.dump_dir):  # byte tokens: bpb is the LM loss in bits, only
         assert m["bpb"] == pytest.approx(m["loss"] / math.log(2), rel=1e-12), m
         # the logged ratio term is alpha times the unweighted stage loss (alpha = 0.03)

@@ -1,4 +1,4 @@
-"""An architecture registered from the tests folder (`tests/model/toy_arch.py`) trains through
+"""An architecture registered from the tests folder (`tests/toy_arch/__init__.py`) trains through
 `python -m bytelatent.train`, resumes bitwise and runs on 2 FSDP ranks; its auxiliary loss term
 is logged as `aux/act_l2` and is not part of `loss` / `bpb` (issue 28, items 1 and 6)."""
 
@@ -11,10 +11,10 @@ import pytest
 from harness import losses_by_step, metric_by_step, read_metrics
 from test_resume import PREEMPT_AT, STEP_DELAY
 
-CONFIG = Path(__file__).resolve().parents[1] / "model" / "toy_arch.yaml"
+CONFIG = Path(__file__).resolve().parents[1] / "toy_arch" / "toy_arch.yaml"
 
 
-def toy_args(nproc: int, arch: str = "tests.model.toy_arch:toy") -> list[str]:
+def toy_args(nproc: int, arch: str = "tests.toy_arch:toy") -> list[str]:
     # one global batch (2 rows) whatever the number of ranks
     return [f"config={CONFIG}", f"arch={arch}", f"data.batch_size={2 // nproc}",
             f"distributed.dp_shard={nproc}"]  # fmt: skip
@@ -25,7 +25,7 @@ def toy_args(nproc: int, arch: str = "tests.model.toy_arch:toy") -> list[str]:
 def test_toy_arch_trains_and_resumes_bitwise(runner, nproc: int) -> None:
     reference = runner.start("reference", toy_args(nproc), nproc=nproc)
     out = reference.wait_ok()
-    assert "model: ToyByteLM (arch tests.model.toy_arch:toy)" in out
+    assert "model: ToyByteLM (arch tests.toy_arch:toy)" in out
     expected = losses_by_step(reference.dump_dir)
     assert sorted(expected) == list(range(1, 21))
     aux = metric_by_step(reference.dump_dir, "aux/act_l2")
@@ -53,9 +53,47 @@ def test_toy_aux_loss_is_trained_but_not_in_bpb(runner) -> None:
     """Weighted 0, the auxiliary term leaves the first step's loss and bpb exactly as they are
     (they never include it) but changes the losses after the first update (it is trained)."""
     with_aux = runner.start("aux", [*toy_args(1), "steps=4"])
-    without = runner.start("zero", [*toy_args(1, "tests.model.toy_arch:toy_zero_aux"), "steps=4"])
+    without = runner.start("zero", [*toy_args(1, "tests.toy_arch:toy_zero_aux"), "steps=4"])
     with_aux.wait_ok(), without.wait_ok()
     a, z = read_metrics(with_aux.dump_dir), read_metrics(without.dump_dir)
     assert a[0]["bpb"] == z[0]["bpb"] and a[0]["loss"] == z[0]["loss"]
     assert a[0]["aux/act_l2"] == z[0]["aux/act_l2"]  # logged unweighted
     assert a[-1]["loss"] != z[-1]["loss"], "the auxiliary term did not change training"
+
+
+def test_toy_folder_generates_cached_and_round_trips_an_hf_export(tmp_path: Path) -> None:
+    """The same folder's cached engine and HF adapter, picked by the spec (issue 37): cached
+    greedy generation equals re-running the model every byte, and export -> import gives the
+    same weights back. Nothing under bytelatent/ names the toy."""
+    import torch
+
+    import tests.toy_arch as toy
+    from bytelatent.checkpoint.hf_folder import export_hf, import_hf, write_consolidated
+    from bytelatent.checkpoint.pretrained import load_any_checkpoint
+    from bytelatent.eval.generation import GenerationArgs, Generator
+    from bytelatent.model.registry import get_arch
+
+    args = toy.ToyArgs(dim=8)
+    with torch.device("meta"):
+        model = get_arch("toy").build(args)
+    model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    model.init_weights()
+    ckpt = tmp_path / "ckpt"
+    params = {"arch": "toy", "arch_args": args.model_dump(mode="json")}
+    write_consolidated(ckpt, params, dict(model.state_dict()))
+    loaded, _, _ = load_any_checkpoint(str(ckpt))
+    prompts = ["abc", "hello, world"]
+    texts = {
+        cache: [r.tokens for r in Generator(loaded).generate(
+            prompts, GenerationArgs(max_new_bytes=12, use_cache=cache, stop_at_eos=False)
+        )]
+        for cache in (True, False)
+    }  # fmt: skip
+    assert texts[True] == texts[False] and all(len(t) > 0 for t in texts[True])
+    assert export_hf(str(ckpt), str(tmp_path / "hf")) == []
+    import_hf(str(tmp_path / "hf"), str(tmp_path / "back"))
+    back, _, _ = load_any_checkpoint(str(tmp_path / "back"))
+    tokens = torch.randint(4, 260, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(back(tokens)[0], loaded(tokens)[0])

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bytelatent.config.from_reference import convert, convert_file
-from bytelatent.config.reference_format import looks_like_reference
+from bytelatent.archs.blt.from_reference import convert, convert_file
+from bytelatent.archs.blt.reference_format import looks_like_reference
 from bytelatent.errors import ConfigError
 from tests.conftest import train_tiny
 from tests.limits import hang_limit
@@ -322,7 +322,7 @@ def test_train_entry_exit_code_on_a_reference_file(tmp_path):
         timeout=hang_limit(120),
     )
     assert result.returncode == 2
-    assert "python -m bytelatent.config.from_reference" in result.stderr
+    assert "python -m bytelatent.archs.blt.from_reference" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
@@ -333,14 +333,14 @@ def test_print_config_on_a_reference_file_names_the_converter(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"config error: {ref}: this is a reference (facebookresearch/blt) training config; convert "
-        f"it first: python -m bytelatent.config.from_reference {ref} -o converted.yaml"
+        f"it first: python -m bytelatent.archs.blt.from_reference {ref} -o converted.yaml"
     ]
 
 
 def test_cli_writes_output_and_report(tmp_path):
     ref = tmp_path / "entropy.yaml"
     ref.write_text(REFERENCE_ENTROPY_YAML)
-    result = _run("bytelatent.config.from_reference", str(ref), "-o", str(tmp_path / "out.yaml"))
+    result = _run("bytelatent.archs.blt.from_reference", str(ref), "-o", str(tmp_path / "out.yaml"))
     assert result.returncode == 0, result.stderr
     assert "needs you (2):" in result.stderr and "dropped (4):" in result.stderr
     assert yaml.safe_load((tmp_path / "out.yaml").read_text())["entropy_model"]["dim"] == 768
@@ -349,7 +349,7 @@ def test_cli_writes_output_and_report(tmp_path):
 def test_neither_ours_nor_reference_is_one_line_exit_2(tmp_path):
     bad = tmp_path / "other.yaml"
     bad.write_text("trainer:\n  max_epochs: 3\nmodel:\n  dim: 64\n")
-    result = _run("bytelatent.config.from_reference", str(bad))
+    result = _run("bytelatent.archs.blt.from_reference", str(bad))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "config error: trainer: neither a bytelatent nor a reference (facebookresearch/blt) config key"
@@ -376,7 +376,7 @@ def test_released_params_json_converts(name, tmp_path):
     assert sorted(report.fields) == sorted(_leaves(params))
     converted = yaml.safe_load(converted_text)
     if name == "blt":
-        from bytelatent.model.reference_compat import blt_args_from_reference
+        from bytelatent.archs.blt.reference_compat import blt_args_from_reference
 
         expected, _ = blt_args_from_reference(params["model"])
         model = dict(converted["model"])

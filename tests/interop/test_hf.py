@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bytelatent.checkpoint.hf import (
+from bytelatent.archs.blt.hf import (
     OURS_KEY,
     export_hf,
     import_hf,
@@ -19,7 +19,9 @@ from tests.extras import lazy_extra
 from tests.paths import CONFORMANCE
 
 transformers = lazy_extra("transformers", reason="pip install 'bytelatent[hf]'")
-modeling_blt = lazy_extra("transformers.models.blt.modeling_blt", reason="pip install 'bytelatent[hf]'")
+modeling_blt = lazy_extra(
+    "transformers.models.blt.modeling_blt", reason="pip install 'bytelatent[hf]'"
+)
 safetensors_torch = lazy_extra("safetensors.torch", reason="pip install 'bytelatent[hf]'")
 
 REPO = Path(__file__).resolve().parents[2]
@@ -145,7 +147,10 @@ def test_import_of_a_plain_hf_config(conformance_export, tmp_path):
 def test_entropy_model_only_export(tmp_path):
     out = str(tmp_path / "ent")
     refused = _cli("export-hf", str(CONFORMANCE / "entropy_model"), out)
-    assert refused.returncode == 2 and "entropy_model.sliding_window=512 < max_seqlen=8192" in refused.stderr
+    assert (
+        refused.returncode == 2
+        and "entropy_model.sliding_window=512 < max_seqlen=8192" in refused.stderr
+    )
     result = _cli("export-hf", str(CONFORMANCE / "entropy_model"), out, "--allow-window-mismatch")
     assert result.returncode == 0, result.stderr
     patcher = modeling_blt.BltPatcher.from_pretrained(tmp_path / "ent", dtype=torch.float32).eval()
@@ -170,7 +175,9 @@ def test_trained_debug_model(tiny_blt_run, tmp_path):
     hf = _hf(tmp_path / "hf")
     ours, _, _ = load_any_checkpoint(str(step))
     text = "def export(model):\n    return model.state_dict()  # ok"
-    ids = torch.tensor([transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")(text).input_ids])
+    ids = torch.tensor(
+        [transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")(text).input_ids]
+    )
     lengths, _ = Patcher(PatcherArgs(patching_mode="space")).patch(ids, include_next_token=False)
     with torch.no_grad():
         mine = ours(ids, patch_lengths=lengths)
@@ -179,8 +186,8 @@ def test_trained_debug_model(tiny_blt_run, tmp_path):
 
 
 def _save_ours(folder: Path, **overrides) -> Path:
-    from bytelatent.model.blt import ByteLatentTransformer
-    from bytelatent.model.blt_args import ByteLatentTransformerArgs
+    from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+    from bytelatent.archs.blt.model import ByteLatentTransformer
 
     fields = dict(
         dim=32,
@@ -262,7 +269,7 @@ def _compare(
     """max |ours - HF| for a small random model; `bypass` exports without the refusal check."""
     from unittest import mock
 
-    import bytelatent.checkpoint.hf as hf_module
+    import bytelatent.archs.blt.hf as hf_module
 
     ckpt = _save_ours(tmp_path / "ckpt", **overrides)
     with mock.patch.object(

@@ -200,8 +200,6 @@ def test_bad_arguments_raise():
         self_attn_mask("sliding", tokens)
     with pytest.raises(ValueError, match="fmha"):
         self_attn_mask("causal", tokens, backend="fmha")
-    with pytest.raises(ValueError, match="exactly one"):
-        AttnMask()
     with pytest.raises(ValueError, match="must be bool"):
         AttnMask.from_dense(torch.ones(1, 1, 2, 2))
     with pytest.raises(ValueError, match="flex_attention builds its masks from key intervals"):
@@ -314,16 +312,6 @@ def test_a_mask_runs_only_on_a_backend_that_has_its_representation():
         attend(q, k, v, flex_mask, backend="sdpa")
     with pytest.raises(ValueError, match="cannot run on sdpa"):
         attend(q, k, v, XformersBlockDiagonal(bias=None), backend="sdpa")
-
-
-def test_old_keyword_constructor_builds_the_variant():
-    """patch_utils still builds its flex cross mask as AttnMask(block_mask=..., ...)."""
-    has_key = torch.ones(1, 1, 4, 1, dtype=torch.bool)
-    mask = AttnMask(block_mask="bm", query_has_key=has_key, backend="flex_attention")
-    assert isinstance(mask, FlexMask) and mask.block_mask == "bm" and mask.query_has_key is has_key
-    assert isinstance(AttnMask(dense=torch.ones(1, 1, 2, 2, dtype=torch.bool)), SdpaDense)
-    with pytest.raises(ValueError, match="no sdpa mask holds"):
-        AttnMask(block_mask="bm")
 
 
 def test_key_intervals_dense_matches_the_bounds():

@@ -6,15 +6,15 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from bytelatent.errors import CheckpointError, ConfigError
-from bytelatent.model.blt import ByteLatentTransformer
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.reference_compat import (
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+from bytelatent.archs.blt.model import ByteLatentTransformer
+from bytelatent.archs.blt.reference_compat import (
     adapt_reference_blt_state_dict,
     blt_args_from_reference,
     lm_args_from_reference,
     patcher_settings_from_reference,
 )
+from bytelatent.errors import CheckpointError, ConfigError
 from tests.paths import CONFORMANCE
 
 SMALL = {

@@ -5,12 +5,12 @@ import json
 import pytest
 import torch
 
-from bytelatent.model.blt import ByteLatentTransformer
-from bytelatent.model.patch_utils import (
+from bytelatent.archs.blt.model import ByteLatentTransformer
+from bytelatent.archs.blt.patch_utils import (
     decoder_patch_ids_from_lengths,
     patch_ids_from_lengths,
 )
-from bytelatent.model.reference_compat import (
+from bytelatent.archs.blt.reference_compat import (
     adapt_reference_blt_state_dict,
     blt_args_from_reference,
 )

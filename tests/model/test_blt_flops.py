@@ -17,13 +17,10 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from bytelatent.model.blt import ByteLatentTransformer
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.flops import (
-    blt_flops_breakdown,
-    blt_flops_per_byte,
-    mean_attended_keys,
-)
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+from bytelatent.archs.blt.model import ByteLatentTransformer
+from bytelatent.archs.blt.sizes import blt_flops_breakdown, blt_flops_per_byte
+from bytelatent.model.flops import mean_attended_keys
 
 SEQ_LEN, BATCH = 64, 2
 LENGTHS = [1] + [4] * 15 + [3]  # 17 patches, summing to N

@@ -3,11 +3,8 @@
 import pytest
 import torch
 
-from bytelatent.errors import DataError
-from bytelatent.model.args import parse_pooling
-from bytelatent.model.attention import FlexMask, KeyIntervals, SdpaDense, attend, build_mask
-from bytelatent.model.cross_attention import CrossAttention
-from bytelatent.model.patch_utils import (
+from bytelatent.archs.blt.cross_attention import CrossAttention
+from bytelatent.archs.blt.patch_utils import (
     build_cross_mask,
     check_patch_lengths,
     concat_patches,
@@ -18,6 +15,9 @@ from bytelatent.model.patch_utils import (
     patch_ids_from_lengths,
     pool_patches,
 )
+from bytelatent.errors import DataError
+from bytelatent.model.args import parse_pooling
+from bytelatent.model.attention import FlexMask, KeyIntervals, SdpaDense, attend, build_mask
 from tests.model.mask_helpers import LargestTensor, flex_elementwise
 
 

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
+from bytelatent.archs.lm.model import LMTransformer
 from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.transformer import LMTransformer
 from tests.paths import CONFORMANCE
 
 FIXTURES = CONFORMANCE

@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from bytelatent.model import hashing
+from bytelatent.archs.blt import hashing
+from bytelatent.archs.blt.hashing import byte_group_hash, compute_hash_embeddings, hash_table_specs
 from bytelatent.model.args import HASH_PRIMES
-from bytelatent.model.hashing import byte_group_hash, compute_hash_embeddings, hash_table_specs
 
 TOKENS = torch.tensor([[1, 76, 105, 120]])
 VOCAB = 500002

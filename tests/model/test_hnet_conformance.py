@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from bytelatent.model.hnet import (
+from bytelatent.archs.hnet.dc import (
     ChunkLayer,
     DCStage,
     RoutingModule,

@@ -1,4 +1,4 @@
-"""The H-Net model (`arch: hnet`, bytelatent/model/hnet_model.py): shapes, aux terms, document
+"""The H-Net model (`arch: hnet`, bytelatent/archs/hnet/model.py): shapes, aux terms, document
 isolation, the registry spec and its config rules, and a few training steps in-process."""
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from bytelatent.archs.hnet.args import HNetArgs
+from bytelatent.archs.hnet.model import HNet
+from bytelatent.archs.hnet.sizes import hnet_training_flops
 from bytelatent.args import TrainArgs
 from bytelatent.config import parse_args
 from bytelatent.data.batch import Batch
-from bytelatent.model.hnet_args import HNetArgs
-from bytelatent.model.hnet_model import HNet, hnet_training_flops
 from bytelatent.model.loss import forward_outputs
 from bytelatent.model.registry import arch_of, get_arch
 from bytelatent.trainer.build import build_parallel_model

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bytelatent.model.hnet import (
+from bytelatent.archs.hnet.dc import (
     ChunkLayer,
     DCStage,
     DeChunkLayer,
@@ -20,7 +20,8 @@ from bytelatent.model.hnet import (
     ratio_loss,
     straight_through,
 )
-from bytelatent.model.hnet.chunking import PROB_CLAMP
+from bytelatent.archs.hnet.dc.chunking import PROB_CLAMP
+from bytelatent.archs.hnet.dc.residual import merge_residual
 
 
 def scan_inputs(length: int, seed: int, batch: int = 2, dim: int = 3, reset_rate: float = 0.01):
@@ -243,3 +244,56 @@ def test_stage_builds_on_meta_and_initialises() -> None:
     assert not stage.residual_proj.weight.any()
     with pytest.raises(ValueError, match="exactly one of mask"):
         stage(torch.zeros(1, 4, 8))
+
+
+# ------------------------------------------------------- fp32 islands under bf16 autocast (#39)
+
+
+def _boundaries(length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    prob = torch.rand(2, length, generator=gen)
+    prob[:, 0] = 1.0
+    return prob > 0.5, torch.stack([1 - prob, prob], -1)
+
+
+def test_residual_projection_keeps_fp32_under_bf16_autocast() -> None:
+    proj = ResidualProjection(16)
+    with torch.no_grad():
+        proj.weight.normal_(generator=torch.Generator().manual_seed(0))
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = proj(x)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, proj(x), rtol=1e-6, atol=1e-6)  # not bf16's ~4e-3
+
+
+@pytest.mark.parametrize("kernel_dtype", [None, torch.bfloat16])
+def test_standalone_dechunk_runs_its_ema_as_without_autocast(kernel_dtype) -> None:
+    """Under bf16 autocast the EMA gives the values it gives without autocast (before: its scan
+    ran in bf16, ~1.5e-2 off the fp32 EMA)."""
+    mask, prob = _boundaries(300, 2)
+    chunks = torch.randn(2, int(mask.sum(-1).max()), 32, generator=torch.Generator().manual_seed(3))
+    reference = dechunk(chunks, mask, prob, kernel_dtype=kernel_dtype)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = dechunk(chunks, mask, prob, kernel_dtype=kernel_dtype)
+    assert out.dtype == reference.dtype == torch.float32
+    torch.testing.assert_close(out, reference, rtol=1e-6, atol=1e-6)
+
+
+def test_dc_stage_keeps_its_fp32_island_under_bf16_autocast() -> None:
+    """DCStage under bf16 autocast equals, given the router's (autocast) output, the fp32
+    composition: fp32 residual projection, fp32 EMA, fp32 merge."""
+    torch.manual_seed(0)
+    stage = DCStage(16)
+    with torch.no_grad():
+        stage.residual_proj.weight.normal_()
+    x = torch.randn(2, 64, 16)
+    mask = torch.ones(2, 64, dtype=torch.bool)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = stage(x, mask=mask)
+    routing = out.routing[0]
+    chunks = stage.chunk_layer(x, routing.boundary_mask, mask=mask)
+    spread = dechunk(chunks.hidden_states, routing.boundary_mask, routing.boundary_prob)
+    expected = merge_residual(spread, stage.residual_proj(x), routing.selected_probs)
+    assert out.hidden_states.dtype == torch.float32
+    torch.testing.assert_close(out.hidden_states, expected, rtol=1e-6, atol=1e-6)

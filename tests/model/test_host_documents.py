@@ -11,8 +11,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from bytelatent.archs.blt import model as blt
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+from bytelatent.archs.blt.model import ByteLatentTransformer
+from bytelatent.archs.blt.patch_utils import (
+    build_cross_mask,
+    decoder_patch_ids_from_lengths,
+    host_patch_has_eos,
+    patch_ids_from_lengths,
+)
+from bytelatent.archs.lm import model as transformer
+from bytelatent.archs.lm.model import LMTransformer
 from bytelatent.data.batch import Batch
-from bytelatent.model import blt, local_models, transformer
+from bytelatent.model import global_transformer
 from bytelatent.model.args import LMTransformerArgs
 from bytelatent.model.attention import (
     HostDocuments,
@@ -22,16 +33,7 @@ from bytelatent.model.attention import (
     self_attn_mask,
 )
 from bytelatent.model.attention import xformers as xformers_backend
-from bytelatent.model.blt import ByteLatentTransformer
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.loss import forward_logits
-from bytelatent.model.patch_utils import (
-    build_cross_mask,
-    decoder_patch_ids_from_lengths,
-    host_patch_has_eos,
-    patch_ids_from_lengths,
-)
-from bytelatent.model.transformer import LMTransformer
 from bytelatent.tokenizers.constants import BOE_ID
 from tests.generation.conftest import BLT_BASE, BLT_VARIANTS, build
 from tests.model.mask_helpers import FakeBias
@@ -181,7 +183,7 @@ def _fake_xformers_attention(q, k, v, mask):
 def xformers_on_cpu(monkeypatch):
     """Models resolve attn_impl=xformers to xformers on CPU, run by a dense stand-in; the mask
     builder's only device -> host path (document_lengths) raises."""
-    for module in (blt, local_models, transformer):
+    for module in (blt, global_transformer, transformer):
         monkeypatch.setattr(module, "resolve_backend", lambda impl, device: impl)
     monkeypatch.setattr(xformers_backend, "_import_fmha", lambda: _Fmha)
     monkeypatch.setattr(xformers_backend.BACKEND, "attend", _fake_xformers_attention)

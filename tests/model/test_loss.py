@@ -6,8 +6,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from bytelatent.archs.blt.model import ByteLatentTransformer
 from bytelatent.data.batch import Batch
-from bytelatent.model.blt import ByteLatentTransformer
 from bytelatent.model.loss import batch_loss_sum, forward_logits
 
 

@@ -1,6 +1,6 @@
 """The model registry (bytelatent/model/registry.py): specs by name, the config key `arch` and
 its compatibility rule, lookups by model and args, and the auxiliary-loss plumbing of the loss and
-the interval metrics (the toy architecture of tests/model/toy_arch.py)."""
+the interval metrics (the toy architecture of tests/toy_arch/__init__.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
 from bytelatent.args import TrainArgs
 from bytelatent.checkpoint.pretrained import model_args_from_params
 from bytelatent.data.batch import Batch
 from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.loss import batch_losses, forward_logits, masked_cross_entropy_sum
 from bytelatent.model.registry import (
     ArchSpec,
@@ -28,7 +28,8 @@ from bytelatent.model.registry import (
 from bytelatent.trainer.interval import IntervalMetrics, StepOutput
 from bytelatent.trainer.throughput import FlopsCounter
 
-TOY = "tests.model.toy_arch:toy"
+TOY = "tests.toy_arch:toy"
+get_arch(TOY, allow_import=True)  # registers the toy (the tests below look it up)
 LM_ARGS = {"dim": 16, "n_layers": 1, "n_heads": 2, "max_seqlen": 64}
 BYTE_DATA = {"seq_len": 32, "add_patches": False, "patcher_args": {"patching_mode": "byte"}}
 
@@ -43,10 +44,13 @@ def test_builtin_archs_and_aliases() -> None:
 
 
 def test_external_arch_is_imported_by_its_module_name() -> None:
-    spec = get_arch(TOY)
+    spec = get_arch(TOY, allow_import=True)
     assert spec.name == "toy" and spec.section == "arch_args" and spec.aux_losses
     with pytest.raises(ValueError, match="registered no arch 'other'"):
-        get_arch("tests.model.toy_arch:other")
+        get_arch("tests.toy_arch:other")
+    # a module nobody imported is imported only when the caller allows it (issue 38, item 1)
+    with pytest.raises(ValueError, match="would import module 'tests.model.not_imported'"):
+        get_arch("tests.model.not_imported:x")
     with pytest.raises(ValueError, match="already registered"):
         register_arch(
             ArchSpec(name="blt", args_class=LMTransformerArgs, section="model", model=None)
@@ -80,6 +84,21 @@ def test_arch_args_are_validated_by_the_arch_args_class() -> None:
         TrainArgs(dump_dir="d", arch="blt", arch_args={"dim": 8})
     with pytest.raises(ValueError, match="the toy trains on bytes"):  # the spec's check_run
         TrainArgs(dump_dir="d", arch=TOY, data={"patcher_args": {"patching_mode": "space"}})
+
+
+def test_a_section_the_arch_does_not_read_is_refused() -> None:
+    """An arch_args architecture (H-Net, the toy) reads neither `model` nor `entropy_model`: a key
+    set there is a config error, not a silently unused value; without one no `model: null` is
+    needed (issue 37)."""
+    hnet = TrainArgs(dump_dir="d", arch="hnet", data=BYTE_DATA)
+    assert hnet.model is None and hnet.entropy_model is None
+    with pytest.raises(ValueError, match="model.cross_attn_k: arch=hnet does not read"):
+        TrainArgs(dump_dir="d", arch="hnet", data=BYTE_DATA, model={"cross_attn_k": 2})
+    with pytest.raises(ValueError, match="entropy_model: arch=toy does not read it"):
+        TrainArgs(dump_dir="d", arch=TOY, data=BYTE_DATA, entropy_model=LM_ARGS)
+    assert TrainArgs(dump_dir="d", arch="hnet", data=BYTE_DATA, model=None).model is None
+    entropy = TrainArgs(dump_dir="d", arch="entropy", data=BYTE_DATA, entropy_model=LM_ARGS)
+    assert entropy.model is None  # the BLT's unread defaults, as `model: null` gave
 
 
 def test_old_params_json_layouts_resolve_as_before() -> None:

@@ -4,6 +4,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from bytelatent.archs.lm.model import LMTransformer
 from bytelatent.model import attention
 from bytelatent.model.args import LMTransformerArgs
 from bytelatent.model.layers import (
@@ -12,7 +13,6 @@ from bytelatent.model.layers import (
     apply_rotary_emb,
     precompute_freqs_cis,
 )
-from bytelatent.model.transformer import LMTransformer
 
 EOS = 2
 

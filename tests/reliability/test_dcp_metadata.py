@@ -12,6 +12,7 @@ import pickle
 import pytest
 import torch
 
+from bytelatent.archs.lm.model import LMTransformer
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.checkpoint.__main__ import main as checkpoint_cli
 from bytelatent.checkpoint.args import CheckpointArgs
@@ -27,7 +28,6 @@ from bytelatent.checkpoint.verify import (
 )
 from bytelatent.errors import CheckpointError
 from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.transformer import LMTransformer
 
 ARGS = {"dim": 32, "n_layers": 1, "n_heads": 2, "max_seqlen": 16}
 
@@ -142,7 +142,9 @@ def _plant_item(folder: str, sentinel: str) -> None:
         if index.fqn in (LR_ITEM, weight):
             del metadata.storage_data[index]
             info = type(next(iter(metadata.storage_data.values())))
-            metadata.storage_data[type(index)(index.fqn)] = info(shard, offset, len(payload.getvalue()))
+            metadata.storage_data[type(index)(index.fqn)] = info(
+                shard, offset, len(payload.getvalue())
+            )
     with open(os.path.join(folder, ".metadata"), "wb") as f:
         pickle.dump(metadata, f)
     fs = cfs.get_fs(folder)
@@ -203,7 +205,10 @@ def test_loads_refuse_a_planted_byte_item_even_unverified(planted_item, monkeypa
     monkeypatch.setattr(dcp_io, "_load_byte_items", lambda *a: None)
     assert verify_step_folder(folder, checksum=True).ok  # the folder check is blind now
     model = _model()
-    state = {"model": model.state_dict(), "optim": torch.optim.AdamW(model.parameters()).state_dict()}
+    state = {
+        "model": model.state_dict(),
+        "optim": torch.optim.AdamW(model.parameters()).state_dict(),
+    }
     loads = {
         "resume (dcp_load)": lambda: dcp_io.dcp_load(state, folder, "cannot load"),
         "consolidate": lambda: consolidate(folder, str(manager.path) + "/out"),

@@ -16,12 +16,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+from bytelatent.archs.blt.model import ByteLatentTransformer
 from bytelatent.args import TrainArgs
 from bytelatent.config import parse_args
 from bytelatent.errors import CheckpointError
 from bytelatent.model.args import block_head_counts
-from bytelatent.model.blt import ByteLatentTransformer
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
 from bytelatent.model.layers import ffn_hidden_dim
 from bytelatent.trainer.actions import NONFINITE_EXIT_CODE
 from bytelatent.trainer.guard import NonFiniteGuard

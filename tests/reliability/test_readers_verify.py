@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+from bytelatent.archs.lm.model import LMTransformer
 from bytelatent.checkpoint.__main__ import main as checkpoint_cli
 from bytelatent.checkpoint.args import CheckpointArgs
 from bytelatent.checkpoint.manager import CheckpointManager
@@ -15,7 +16,6 @@ from bytelatent.checkpoint.pretrained import load_any_checkpoint
 from bytelatent.errors import CheckpointError
 from bytelatent.generate import main as generate_cli
 from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.transformer import LMTransformer
 
 ARGS = {"dim": 32, "n_layers": 1, "n_heads": 2, "max_seqlen": 16}
 

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from bytelatent.archs.blt.args import ByteLatentTransformerArgs
+from bytelatent.archs.lm.model import LMTransformer
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.checkpoint import model_size
 from bytelatent.checkpoint.args import CheckpointArgs
@@ -29,8 +31,6 @@ from bytelatent.checkpoint.safe_paths import outside_reason
 from bytelatent.checkpoint.verify import write_folder_manifest
 from bytelatent.errors import CheckpointError
 from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.blt_args import ByteLatentTransformerArgs
-from bytelatent.model.transformer import LMTransformer
 from tests.limits import hang_limit
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,9 +75,7 @@ def test_small_params_json_loads_and_huge_one_is_refused_before_allocating(tmp_p
         assert "GiB in float32), more than this host's available memory" in line
 
 
-def test_model_just_over_the_available_memory_is_refused_with_its_exact_size(
-    tmp_path, monkeypatch
-):
+def test_model_just_over_the_available_memory_is_refused_with_its_exact_size(tmp_path, monkeypatch):
     """The exact count (meta build) decides when the analytic lower bound alone fits."""
     args = LMTransformerArgs(**ENTROPY)
     exact = model_size.exact_count(args)
@@ -217,7 +215,7 @@ def _safetensors_folder(folder: Path, shard_name: str) -> Path:
 )
 def test_hf_shard_index_outside_the_folder_is_refused(tmp_path, name):
     pytest.importorskip("safetensors")
-    from bytelatent.checkpoint.hf import read_hf_folder
+    from bytelatent.archs.blt.hf import read_hf_folder
     from bytelatent.checkpoint.hf_llama import weight_files
 
     _safetensors_folder(tmp_path / "elsewhere", "shard.st")
@@ -241,6 +239,8 @@ def test_hf_hub_cache_snapshot_symlinks_are_inside(tmp_path):
     snapshot = repo / "snapshots" / "abc123"
     snapshot.mkdir(parents=True)
     os.symlink("../../blobs/shard.st", snapshot / "shard.st")
-    os.symlink("../../blobs/model.safetensors.index.json", snapshot / "model.safetensors.index.json")
+    os.symlink(
+        "../../blobs/model.safetensors.index.json", snapshot / "model.safetensors.index.json"
+    )
     assert weight_files(str(snapshot)) == [f"{snapshot}/shard.st"]
     assert outside_reason("../../blobs/shard.st", str(snapshot)) == "has a '..' component"

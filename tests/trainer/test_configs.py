@@ -40,3 +40,13 @@ def test_every_shipped_config_parses(config):
         return
     args = parse_args(TrainArgs, [f"config={REPO / 'configs' / config}", *FILLED])
     assert args.dump_dir
+
+
+@pytest.mark.parametrize("config", ["debug.yaml", "hnet_debug.yaml", "entropy_debug.yaml"])
+def test_debug_configs_report_validation_bpb_cheaply(config):
+    """The quick start shows a validation bpb beside the training one (a training bpb that rises
+    late is then read against held-out data), at a cost of a few seconds per evaluation."""
+    args = parse_args(TrainArgs, [f"config={REPO / 'configs' / config}"])
+    assert args.eval.enabled and 0 < args.eval.every <= args.steps // 2
+    assert args.steps % args.eval.every == 0  # the last step is validated
+    assert args.eval.validation.max_batches is not None and args.eval.validation.max_batches <= 25

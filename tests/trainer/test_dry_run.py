@@ -69,6 +69,10 @@ def test_dry_run_blt_1b_single_process(tmp_path):
     assert _children_peak_rss_gib() < DRY_RUN_PEAK_GIB  # nothing allocated
     assert f"parameters: {BLT_1B_PARAMS:,}" in res.stdout, res.stdout
     assert "estimated memory per rank" in res.stdout
+    # 107.5 GiB on one rank: over 85% of an H100's 80 GiB (the CPU default): knobs are named
+    assert "(the CPU default: an 80 GiB H100; set distributed.device_memory_gib)" in res.stdout
+    assert "  distributed.activation_checkpointing=full: " in res.stdout
+    assert "  together: " in res.stdout and "(fits)" in res.stdout
     rows = info_rows(tmp_path / MODEL_INFO)
     assert sum(r[1] for r in rows) == BLT_1B_PARAMS
     assert all(r[1] == r[2] for r in rows)  # one process holds every parameter whole
@@ -83,7 +87,9 @@ def test_dry_run_blt_1b_two_ranks_fsdp(tmp_path):
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
         "-m", "bytelatent.train", *BLT_1B, f"dump_dir={tmp_path}", "distributed.dp_shard=2",
     ]  # fmt: skip
-    res = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=hang_limit(180))
+    res = subprocess.run(
+        cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=hang_limit(180)
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert _children_peak_rss_gib() < DRY_RUN_PEAK_GIB  # torchrun waited for both ranks
     assert "dry run (2 ranks)" in res.stdout and f"parameters: {BLT_1B_PARAMS:,}" in res.stdout

@@ -65,6 +65,30 @@ def test_console_sink_prints_eval_records_too(bl_log):
     assert "step      7 | val/bpb 1.235" in bl_log.text
 
 
+TRAIN_RECORD = {"global_step": 30, "loss": 2.0, "bpb": 2.9, "grad_norm": 0.5, "lr": 1e-3,
+                "bytes_per_s": 1000.0, "flops_per_s": 2e9, "step_time_s": 0.2,
+                "data_time_s": 0.01, "peak_mem_gib": 0.5}  # fmt: skip
+
+
+def test_step_line_carries_the_architectures_health_fields(bl_log):
+    from bytelatent.model.registry import get_arch
+
+    hnet = {**TRAIN_RECORD, "aux/ratio_loss": 0.03, "aux/ratio_loss/stage0": 1.01,
+            "aux/ratio_loss/stage1": 1.02, "aux/chunk_len_mean/stage0": 2.5,
+            "aux/chunk_len_mean/stage1": 2.1, "aux/bytes_per_chunk/stage0": 2.5,
+            "aux/bytes_per_chunk/stage1": 5.25}  # fmt: skip
+    ConsoleSink(get_arch("hnet").aux_metrics).log(hnet)
+    line = bl_log.text.strip().splitlines()[-1]
+    assert line.endswith(
+        "mem 0.50 GiB | ratio_loss 1.01/1.02 | chunk_len_mean 2.5/2.1 | bytes_per_chunk 2.5/5.25"
+    ), line
+    blt = {**TRAIN_RECORD, "patch_len_mean": 4.567, "patch_len_hist": [1, 2]}
+    ConsoleSink(get_arch("blt").aux_metrics).log(blt)
+    assert bl_log.text.strip().splitlines()[-1].endswith("mem 0.50 GiB | patch 4.57 B")
+    ConsoleSink(get_arch("entropy").aux_metrics).log(TRAIN_RECORD)  # no health numbers: none shown
+    assert bl_log.text.strip().splitlines()[-1].endswith("data 10 ms | mem 0.50 GiB")
+
+
 def test_timings_report_once_and_sum_within_an_interval():
     t = Timings()
     t.record("init_or_restore_s", 2.0)

@@ -15,7 +15,10 @@ Position
     row, a frame boundary, ...), and the same pair for every other open file (`others`), so a
     resume seeks straight to the next row without replaying a file. States written before the
     readers had one set of position fields shared by all formats; they load unchanged
-    (`_legacy_cursor`) and continue at the same row.
+    (`_legacy_cursor`) and continue at the same row. Each cursor also holds its file's
+    fingerprint (`data/fingerprint.py`), taken when the file enters the iterator: a resume opens
+    a file only if it is unchanged (one DataError naming it otherwise); None (older states):
+    nothing to compare.
 
 Bad records (a reader's BadRecord) raise one DataError naming the file and row, or are skipped
 and counted when `skip_bad_records` is true. A file whose rest cannot be read (BadFile: no
@@ -35,11 +38,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ValidationError,
     field_serializer,
     field_validator,
     model_validator,
 )
 
+from bytelatent.data.fingerprint import changed_file_error, describe_change, file_fingerprint
 from bytelatent.data.iterators.base import IteratorState, StatefulIterator
 from bytelatent.data.readers import (
     BadFile,
@@ -51,7 +56,7 @@ from bytelatent.data.readers import (
     get_format,
     text_keys,
 )
-from bytelatent.data.readers.base import LEGACY_CURSOR
+from bytelatent.data.readers.base import DEFAULT_MAX_DOCUMENT_BYTES, LEGACY_CURSOR
 from bytelatent.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -131,6 +136,7 @@ class Cursor(BaseModel):
 
     shard_index: int = 0
     position: dict[str, Any] = Field(default_factory=dict)
+    fingerprint: str | None = None  # the file's when it was opened (None: not opened, or older)
 
 
 def _legacy_cursor(fields: dict) -> dict:
@@ -167,15 +173,22 @@ class FileIteratorState(IteratorState):
     position: dict[str, Any] = Field(
         default_factory=dict, description="the reader's position in the current file"
     )
+    fingerprint: str | None = Field(
+        None, description="size and head CRC of the current file when opened (data/fingerprint.py)"
+    )
     others: list[Cursor] = Field(default_factory=list)
     opened: int | None = None
     open_files: int = Field(1, ge=1, description="files read in turn, one document each")
     order_seed: int | None = Field(None, description="None: files in list order")
     epoch: int = 0
     text_field: str = "text"
+    chat: bool = False  # records are conversations (data.chat_template)
     storage_options: dict[str, Any] | None = None
     arrow_batch_size: int = Field(20, ge=1, description="Arrow rows converted to Python at a time")
     skip_bad_records: bool = False
+    max_document_bytes: int | None = Field(
+        DEFAULT_MAX_DOCUMENT_BYTES, ge=1, description="a longer record is a bad record"
+    )
     n_skipped: int = 0
 
     @model_validator(mode="before")
@@ -201,29 +214,49 @@ class FileIteratorState(IteratorState):
         return FileIterator(self)
 
     def cursor(self) -> Cursor:
-        return Cursor(shard_index=self.shard_index, position=dict(self.position))
+        return Cursor(
+            shard_index=self.shard_index, position=dict(self.position), fingerprint=self.fingerprint
+        )
 
     def rewound(self, epoch: int | None = None) -> FileIteratorState:
         """The same shards from their first row (the start of epoch `epoch`)."""
-        update = {"shard_index": 0, "position": {}, "others": [], "opened": None}
+        update = {
+            "shard_index": 0,
+            "position": {},
+            "fingerprint": None,
+            "others": [],
+            "opened": None,
+        }
         return self.model_copy(update={**update, "epoch": self.epoch if epoch is None else epoch})
 
 
 class _Slot:
     """An open file of the iterator: its cursor, and its reader once opened."""
 
-    __slots__ = ("shard_index", "saved", "reader")
+    __slots__ = ("shard_index", "saved", "reader", "fingerprint", "verify")
 
-    def __init__(self, shard_index: int, saved: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        shard_index: int,
+        saved: dict[str, Any] | None = None,
+        fingerprint: str | None = None,
+        verify: bool = False,
+    ) -> None:
         self.shard_index = shard_index
         self.saved = saved or {}  # position to open at (until the reader exists)
         self.reader: Reader | None = None
+        self.fingerprint = fingerprint  # the file's when the slot was made (None: unknown)
+        self.verify = verify  # the fingerprint comes from a saved state: compare it at the open
 
     def saved_position(self) -> dict[str, Any]:
         return dict(self.saved) if self.reader is None else self.reader.position()
 
     def cursor(self) -> Cursor:
-        return Cursor(shard_index=self.shard_index, position=self.saved_position())
+        return Cursor(
+            shard_index=self.shard_index,
+            position=self.saved_position(),
+            fingerprint=self.fingerprint,
+        )
 
 
 class FileIterator(StatefulIterator[Document]):
@@ -239,25 +272,53 @@ class FileIterator(StatefulIterator[Document]):
             text_keys=text_keys(state.text_field),
             storage_options=state.storage_options,
             arrow_batch_size=state.arrow_batch_size,
+            chat=state.chat,
+            max_document_bytes=state.max_document_bytes,
         )
-        self.current = self._slot(state.shard_index, state.position)
-        self.others = [self._slot(c.shard_index, c.position) for c in state.others]
+        self.current = self._slot(state.shard_index, state.position, state.fingerprint)
+        self.others = [self._slot(c.shard_index, c.position, c.fingerprint) for c in state.others]
         self.opened = state.shard_index + 1 if state.opened is None else state.opened
         self._fill_slots()
         if not state.skip_bad_records:
             self._preflight()
 
-    def _slot(self, shard_index: int, saved: dict[str, Any]) -> _Slot:
+    def _slot(self, shard_index: int, saved: dict[str, Any], fingerprint: str | None) -> _Slot:
         """A saved cursor, its position checked (and an old state's cursor converted) by the
         format of its file."""
         if saved and shard_index < len(self.shards):
-            fmt = self.formats[self.shards[shard_index].format]
-            saved = fmt.position.load(saved).model_dump()
-        return _Slot(shard_index, saved)
+            shard = self.shards[shard_index]
+            try:
+                saved = self.formats[shard.format].position.load(saved).model_dump()
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                where = "".join(f"{p}: " for p in err["loc"])
+                why = err["msg"].removeprefix("Value error, ")
+                raise DataError(
+                    f"{shard.path}: the saved read position {saved} is not valid ({where}{why}): "
+                    "the checkpoint's data state is damaged; resume from an earlier checkpoint "
+                    "(checkpoint.load_path)"
+                ) from None
+        if fingerprint is None:  # a fresh start, or a state of an older version: nothing to check
+            return self._new_slot(shard_index, saved)
+        return _Slot(shard_index, saved, fingerprint, verify=True)
+
+    def _new_slot(self, shard_index: int, saved: dict[str, Any] | None = None) -> _Slot:
+        """A slot for a file this run starts (or goes on) reading, with the file's fingerprint as
+        it is now: every state taken from here on names it, including the states a sequence
+        buffer replays from before the file is opened."""
+        fingerprint = None
+        if shard_index < len(self.shards):
+            try:
+                fingerprint = file_fingerprint(
+                    self.shards[shard_index].path, self.options.storage_options
+                )
+            except DataError:
+                pass  # missing or unreadable: opening it says so, where errors are expected
+        return _Slot(shard_index, saved, fingerprint)
 
     def _fill_slots(self) -> None:
         while len(self.others) + 1 < self.state.open_files and self.opened < len(self.shards):
-            self.others.append(_Slot(self.opened))
+            self.others.append(self._new_slot(self.opened))
             self.opened += 1
 
     def get_state(self) -> FileIteratorState:
@@ -265,6 +326,7 @@ class FileIterator(StatefulIterator[Document]):
             update={
                 "shard_index": self.current.shard_index,
                 "position": self.current.saved_position(),
+                "fingerprint": self.current.fingerprint,
                 "others": [o.cursor() for o in self.others],
                 "opened": self.opened,
             }
@@ -304,6 +366,7 @@ class FileIterator(StatefulIterator[Document]):
         reader = slot.reader
         if reader is None:
             shard = self.shards[slot.shard_index]
+            self._check_unchanged(shard.path, slot)
             fmt = self.formats[shard.format]
             reader = slot.reader = fmt.open(shard, fmt.position.load(slot.saved), self.options)
         while True:
@@ -311,6 +374,17 @@ class FileIterator(StatefulIterator[Document]):
                 return reader.read()
             except BadRecord as exc:
                 self._bad(self.shards[slot.shard_index].path, exc.row, exc.reason)
+
+    def _check_unchanged(self, path: str, slot: _Slot) -> None:
+        """A state must be resumed in the files it was taken in: the position saved in a file,
+        and the documents a sequence buffer replays, refer to their content. A changed file is
+        not a bad record: no skipping it."""
+        if not slot.verify:
+            return
+        now = file_fingerprint(path, self.options.storage_options)
+        if slot.fingerprint != now:
+            raise changed_file_error(path, describe_change(slot.fingerprint, now))
+        slot.verify = False
 
     def _row(self, slot: _Slot) -> int:
         if slot.reader is not None:
@@ -321,12 +395,12 @@ class FileIterator(StatefulIterator[Document]):
     def _advance(self) -> None:
         """The current file is done: open the next one of the order, else take an open one."""
         if self.opened < len(self.shards):
-            self.current = _Slot(self.opened)
+            self.current = self._new_slot(self.opened)
             self.opened += 1
         elif self.others:
             self.current = self.others.pop(0)
         else:
-            self.current = _Slot(len(self.shards))
+            self.current = _Slot(len(self.shards))  # the end: no file
 
     def _bad(self, path: str, row: int, reason: str) -> None:
         if not self.state.skip_bad_records:
@@ -344,6 +418,30 @@ class FileIterator(StatefulIterator[Document]):
     def close(self) -> None:
         for slot in [self.current, *self.others]:
             self._close(slot)
+
+
+def nothing_to_read(state: FileIteratorState) -> str:
+    """Why a pass over `state`'s shards found no document: the files hold none, or (only when
+    the files do hold some) this stream's share of their rows is empty."""
+    paths = [shard.path for shard in state.shards]
+    if not paths:
+        return "no data files for this data stream; check data.sources / data.dataset_files"
+    shared = [s for s in state.shards if s.stride > 1]
+    if shared:  # rows split between streams: do the whole files hold a document?
+        whole = [s.model_copy(update={"stride": 1, "offset": 0}) for s in state.shards]
+        everything = state.rewound().model_copy(update={"shards": whole, "skip_bad_records": True})
+        files = everything.build()
+        try:
+            if next(files, None) is not None:
+                s = shared[0]
+                return (
+                    f"{paths}: the rows this data stream reads (row % {s.stride} == {s.offset}) "
+                    "hold no readable document; use fewer data-parallel ranks than the files "
+                    "have rows"
+                )
+        finally:
+            files.close()
+    return f"{paths}: no readable documents (empty, or every record unusable); check the files"
 
 
 class LoopingIteratorState(IteratorState):
@@ -378,11 +476,7 @@ class LoopingIterator(StatefulIterator[Document]):
             state = self.files.get_state()
             if self.yielded_in_epoch == 0:
                 # Looping over nothing would spin forever; fail instead.
-                paths = [shard.path for shard in state.shards]
-                raise DataError(
-                    f"no readable documents for this rank in {paths or 'an empty file list'}; "
-                    "check the files (or use fewer data-parallel ranks than rows)"
-                ) from None
+                raise DataError(nothing_to_read(state)) from None
             self.files.close()
             self.epoch += 1
             self.yielded_in_epoch = 0

@@ -16,9 +16,11 @@ batches still queued are simply produced again by whoever resumes from that stat
   chained to a `RemoteTraceback` holding the worker's traceback. A worker that dies without a
   word (killed, segfault) raises RuntimeError with its exit code. Nothing waits forever.
 * `close()`, the context manager, garbage collection and interpreter exit stop the worker; the
-  worker also exits by itself when its parent dies. It ignores SIGINT/SIGTERM/SIGUSR2 (under
-  `srun`, SLURM signals every process of the step) so that a Ctrl-C or a preemption signal
-  reaches only the trainer, which then saves the (already exact) state. The helpers that
+  worker also exits by itself when its parent dies, whatever it is doing (a thread waits on the
+  parent's sentinel; on Linux, PR_SET_PDEATHSIG as well). It ignores SIGINT, and SIGTERM/SIGUSR2
+  while its trainer lives (under `srun`, SLURM signals every process of the step), so that a
+  Ctrl-C or a preemption signal reaches only the trainer, which then saves the (already exact)
+  state; an orphan ends on them. The helpers that
   multiprocessing starts for it (the resource tracker, the fork server) are started with those
   signals blocked, which they inherit: a USR2 to the whole step would otherwise kill them, and
   the tracker's restart prints a KeyError traceback for every semaphore it never saw.
@@ -28,12 +30,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import multiprocessing as mp
 import os
 import pickle
 import queue
 import signal
 import sys
+import threading
 import traceback
 import weakref
 from typing import Literal
@@ -57,6 +61,8 @@ from bytelatent.exit_hooks import run_before_os_exit
 
 _LIVE: weakref.WeakSet[MultiprocessIterator] = weakref.WeakSet()
 _POLL_S = 0.5
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_ORPHANED_EXIT = 3  # exit code of a worker whose trainer is gone
 
 
 class RemoteTraceback(Exception):
@@ -109,24 +115,25 @@ def _encode(batch: Batch) -> tuple:
     is_prefix = np.array_equal(mask, np.arange(x.shape[1]) < lengths[:, None])
     if is_prefix and np.array_equal(_shifted_targets(x, lengths, last, pad), y):
         if np.all(x[padding] == pad):
-            return ("shifted", _compact(x), lengths, last, pad, patch_lengths)
-    return ("full", _compact(x), _compact(y), mask, patch_lengths)
+            return ("shifted", _compact(x), lengths, last, pad, patch_lengths, batch.loss_mask)
+    return ("full", _compact(x), _compact(y), mask, patch_lengths, batch.loss_mask)
 
 
 def _decode(payload: tuple) -> Batch:
     if payload[0] == "shifted":
-        _, x, lengths, last, pad, patch_lengths = payload
+        _, x, lengths, last, pad, patch_lengths, loss_mask = payload
         x = x.astype(np.int64)
         mask = np.arange(x.shape[1]) < lengths[:, None]
         y = _shifted_targets(x, lengths, last, pad)
     else:
-        _, x, y, mask, patch_lengths = payload
+        _, x, y, mask, patch_lengths, loss_mask = payload
         x, y = x.astype(np.int64), y.astype(np.int64)
     return Batch(
         x=x,
         y=y,
         mask=mask,
         patch_lengths=None if patch_lengths is None else patch_lengths.astype(np.int64),
+        loss_mask=loss_mask,
     )
 
 
@@ -170,12 +177,40 @@ def _one_thread() -> None:
         torch.set_num_threads(1)
 
 
+def _die_with_parent() -> None:
+    """The worker never outlives the trainer that started it, whatever it is doing (a loop that
+    does not reach a `_put`, a long C call): a thread waits on the parent's sentinel (a pipe that
+    closes when the trainer dies) and ends the process; on Linux the kernel also kills it when
+    its parent process (the trainer, or the fork server that dies with the trainer) exits."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    parent = mp.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()  # returns once the parent's end of the pipe is closed: it has exited
+        os._exit(_ORPHANED_EXIT)
+
+    threading.Thread(target=watch, name="bytelatent-data-parent-watch", daemon=True).start()
+
+
+def _on_terminate(signum: int, frame: object) -> None:
+    """SIGTERM/SIGUSR2 are the trainer's to handle (see the module docstring); an orphan ends."""
+    parent = mp.parent_process()
+    if parent is None or not parent.is_alive():
+        os._exit(_ORPHANED_EXIT)
+
+
 def _worker(state_json: str, q, stop, env: dict[str, str]) -> None:
     """Body of the worker process: produce (batch, state) pairs until stopped or done."""
     apply_environment(env)
+    _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _on_terminate)
+    signal.signal(signal.SIGUSR2, _on_terminate)
     try:
         _one_thread()
         iterator = PackingIteratorState.model_validate_json(state_json).build()

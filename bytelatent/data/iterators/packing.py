@@ -78,7 +78,18 @@ def pack_bytes(windows: list[Sequence], args: PackingArgs) -> Batch:
         x[row, :n] = window.tokens[:-1]
         y[row, :n] = window.tokens[1:]
         mask[row, :n] = True
-    return Batch(x=x, y=y, mask=mask)
+    return Batch(x=x, y=y, mask=mask, loss_mask=_loss_mask(windows, mask.shape))
+
+
+def _loss_mask(windows: list[Sequence], shape: tuple[int, int]) -> np.ndarray | None:
+    """[B, L] bool: the targets that count (chat data: the answers); None when all real do."""
+    if all(w.loss_mask is None for w in windows):
+        return None
+    loss_mask = np.zeros(shape, dtype=bool)
+    for row, window in enumerate(windows):
+        n = len(window.tokens) - 1
+        loss_mask[row, :n] = True if window.loss_mask is None else window.loss_mask[1:]
+    return loss_mask
 
 
 def pack_patches(windows: list[Sequence], args: PackingArgs) -> Batch:
@@ -103,7 +114,8 @@ def pack_patches(windows: list[Sequence], args: PackingArgs) -> Batch:
         patch_lengths[row, : len(pl)] = pl
         patch_lengths[row, len(pl) - 1] += width - n  # padding joins the last patch
     check_patch_invariants(patch_lengths, width)
-    return Batch(x=x, y=y, mask=mask, patch_lengths=patch_lengths)
+    loss_mask = _loss_mask(windows, mask.shape)
+    return Batch(x=x, y=y, mask=mask, patch_lengths=patch_lengths, loss_mask=loss_mask)
 
 
 def check_patch_invariants(patch_lengths: np.ndarray, width: int) -> None:

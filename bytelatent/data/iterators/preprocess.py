@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import numpy as np
 from pydantic import Field
 
+from bytelatent.data.chat import encode_conversation
 from bytelatent.data.iterators.base import IteratorState, StatefulIterator
 from bytelatent.data.iterators.file import (
     Document,
@@ -26,6 +27,7 @@ from bytelatent.data.patch_rules import patch_document
 from bytelatent.data.patcher_args import PatcherArgs, PatchingMode
 from bytelatent.errors import DataError
 from bytelatent.tokenizers.args import TokenizerArgs
+from bytelatent.tokenizers.blt import BltTokenizer
 
 if TYPE_CHECKING:
     from bytelatent.data.patcher import Patcher
@@ -43,8 +45,11 @@ class _NoTokens(Exception):
 
 @dataclass
 class TokenizedDocument:
-    tokens: np.ndarray  # int64 [n]
+    tokens: np.ndarray  # [n], the tokenizer's compact dtype (token_dtype)
     patch_lengths: np.ndarray | None  # int64 [p], sums to n; None when not patching
+    path: str = ""  # where it was read (for errors)
+    row: int = -1
+    loss_mask: np.ndarray | None = None  # bool [n]: token i counts as a target; None: all do
 
 
 class PreprocessIteratorState(IteratorState):
@@ -67,6 +72,8 @@ class PreprocessIterator(StatefulIterator[TokenizedDocument]):
         self.skip_bad_records = state.skip_bad_records
         self.n_skipped = state.n_skipped
         self.tokenizer = state.tokenizer_args.build()
+        # documents stay in the smallest dtype of the ids until the batch is built (int64 there)
+        self.token_dtype = self.tokenizer.token_dtype()
         self.patcher: Patcher | None = None  # only when patching needs torch (a model, top-k)
         if state.patcher_args is not None and state.patcher_args.needs_torch:
             # Here, not at the top: the other rules run on numpy (patch_rules), and a data-loader
@@ -106,25 +113,38 @@ class PreprocessIterator(StatefulIterator[TokenizedDocument]):
 
     @staticmethod
     def _problem(doc: Document) -> str | None:
-        if not doc.text:
+        if doc.turns is None and not doc.text:
             return "empty text"
         return None
 
+    def _encode(self, doc: Document) -> tuple[np.ndarray, np.ndarray | None]:
+        """(tokens, loss mask): a chat record through the chat template (data/chat.py)."""
+        if doc.turns is None:
+            return self.tokenizer.encode_array(doc.text, strict=True, dtype=self.token_dtype), None
+        if not isinstance(self.tokenizer, BltTokenizer) or self.tokenizer.bpe_delim:
+            raise DataError(
+                "data.chat_template needs the byte tokenizer (tokenizer_args.name=blt, no bpe_delim)"
+            )
+        tokens, loss_mask = encode_conversation(
+            doc.turns, self.tokenizer.add_bos, self.tokenizer.add_eos
+        )
+        return tokens.astype(self.token_dtype), loss_mask
+
     def _process(self, doc: Document) -> TokenizedDocument:
-        tokens = self.tokenizer.encode_array(doc.text, strict=True)
+        tokens, loss_mask = self._encode(doc)
         if len(tokens) == 0:
             raise _NoTokens
         args = self.patcher_args
         if args is None:
-            return TokenizedDocument(tokens=tokens, patch_lengths=None)
+            return TokenizedDocument(tokens, None, doc.path, doc.row, loss_mask)
         entropies = None
         if args.patching_mode == PatchingMode.entropy:
             entropies = self._entropies(doc, len(tokens))
         if self.patcher is None:
             patch_lengths = patch_document(args, tokens, entropies)
         else:
-            patch_lengths = self.patcher.patch_document(tokens, entropies)
-        return TokenizedDocument(tokens=tokens, patch_lengths=patch_lengths)
+            patch_lengths = self.patcher.patch_document(tokens.astype(np.int64), entropies)
+        return TokenizedDocument(tokens, patch_lengths, doc.path, doc.row, loss_mask)
 
     def _entropies(self, doc: Document, n_tokens: int) -> np.ndarray | None:
         if doc.entropies is None:

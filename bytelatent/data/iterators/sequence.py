@@ -39,12 +39,23 @@ from bytelatent.data.iterators.preprocess import (
     PreprocessIteratorState,
     TokenizedDocument,
 )
+from bytelatent.data.readers.base import changed_file_error
 
 
 @dataclass
 class Sequence:
     tokens: np.ndarray  # int64 [n + 1]
     patch_lengths: np.ndarray | None  # int64 [p], sums to n + 1, first entry 1; None in bytes mode
+    loss_mask: np.ndarray | None = None  # bool [n + 1]: token i counts as a target; None: all do
+
+
+def _window_loss_mask(parts: list[np.ndarray | None], sizes: list[int]) -> np.ndarray | None:
+    """The loss mask of a window cut from documents: None when no document has one (text)."""
+    if all(part is None for part in parts):
+        return None
+    return np.concatenate(
+        [np.ones(n, dtype=bool) if part is None else part for part, n in zip(parts, sizes)]
+    )
 
 
 class SequenceArgs(BaseModel):
@@ -77,7 +88,7 @@ class SequenceIteratorState(IteratorState):
     type: Literal["sequence"] = "sequence"
     args: SequenceArgs
     source: PreprocessIteratorState  # positioned at the document holding the buffer's first token
-    doc_offset: int = 0  # index of that token within the document
+    doc_offset: int = Field(0, ge=0)  # index of that token within the document
     rng_state: dict | None = None  # numpy bit-generator state before the buffer's permutation
     n_taken: int = 0  # windows of the current buffer already yielded
 
@@ -93,7 +104,9 @@ class _TokenStream:
     ) -> None:
         self.args = args
         self.source = source_state.build()
-        self.doc_state = source_state  # the source's state before `doc` was read
+        # the source's state before `doc` was read: as built, so it names the fingerprints of the
+        # files it opens (a buffer replays from this state)
+        self.doc_state = self.source.get_state()
         self.doc: TokenizedDocument | None = None
         self.ends: np.ndarray | None = None  # cumulative patch ends of `doc`
         self.pos = doc_offset
@@ -113,6 +126,14 @@ class _TokenStream:
             return False
         if not first:
             self.pos = 0
+        elif self.pos >= len(self.doc.tokens):
+            # a restored position past the document's end: the data changed under the state
+            # (windows would otherwise never reach the document's end)
+            raise changed_file_error(
+                self.doc.path,
+                f"row {self.doc.row} has {len(self.doc.tokens)} tokens, but the saved position "
+                f"is token {self.pos} of it",
+            )
         if self.doc.patch_lengths is not None:
             self.ends = np.cumsum(self.doc.patch_lengths)
         return True
@@ -140,11 +161,13 @@ class _TokenStream:
     def _bytes_window(self) -> Sequence | None:
         need = self.args.seq_len + 1
         parts: list[np.ndarray] = []
+        masks: list[np.ndarray | None] = []
         got = 0
         cursor = self.pos
         while True:
-            take = min(len(self.doc.tokens) - cursor, need - got)
+            take = max(0, min(len(self.doc.tokens) - cursor, need - got))
             parts.append(self.doc.tokens[cursor : cursor + take])
+            masks.append(self._mask(cursor, take))
             got += take
             cursor += take
             if got == need or not self._next_doc_tokens():
@@ -153,16 +176,22 @@ class _TokenStream:
         self.pos = cursor - 1  # the window's last token starts the next window
         if got < 2:
             return None
-        return Sequence(tokens=np.concatenate(parts), patch_lengths=None)
+        loss_mask = _window_loss_mask(masks, [len(p) for p in parts])
+        return Sequence(tokens=np.concatenate(parts), patch_lengths=None, loss_mask=loss_mask)
+
+    def _mask(self, cursor: int, take: int) -> np.ndarray | None:
+        mask = self.doc.loss_mask
+        return None if mask is None else mask[cursor : cursor + take]
 
     def _patches_window(self) -> Sequence | None:
         max_patches, budget = self.args.seq_len, self.args.max_length + 1
         parts = [self.doc.tokens[self.pos : self.pos + 1]]
+        masks = [self._mask(self.pos, 1)]
         lengths: list[np.ndarray] = [np.ones(1, dtype=np.int64)]
         n_patches, n_tokens = 1, 1
         cursor = self.pos + 1
         while n_patches < max_patches and n_tokens < budget:
-            if cursor == len(self.doc.tokens):
+            if cursor >= len(self.doc.tokens):  # >=: bounded whatever the position
                 if not self._next_doc_tokens():
                     break
                 cursor = 0
@@ -180,6 +209,7 @@ class _TokenStream:
                 sizes = np.append(sizes, room - taken)
                 taken = room
             parts.append(self.doc.tokens[cursor : cursor + taken])
+            masks.append(self._mask(cursor, taken))
             lengths.append(sizes)
             n_patches += len(sizes)
             n_tokens += taken
@@ -187,7 +217,11 @@ class _TokenStream:
         self.pos = cursor - 1
         if n_tokens < 2:
             return None
-        return Sequence(tokens=np.concatenate(parts), patch_lengths=np.concatenate(lengths))
+        return Sequence(
+            tokens=np.concatenate(parts),
+            patch_lengths=np.concatenate(lengths),
+            loss_mask=_window_loss_mask(masks, [len(p) for p in parts]),
+        )
 
 
 class SequenceIterator(StatefulIterator[Sequence]):

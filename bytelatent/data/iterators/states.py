@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field, TypeAdapter
+from pydantic import Field, TypeAdapter, ValidationError
 
 from bytelatent.data.iterators.base import IteratorState
 from bytelatent.data.iterators.file import FileIteratorState, LoopingIteratorState
@@ -38,5 +38,13 @@ def load_state(data: str | bytes | dict[str, Any] | IteratorState) -> IteratorSt
         if isinstance(data, (str, bytes)):
             return _ADAPTER.validate_json(data)
         return _ADAPTER.validate_python(data)
+    except ValidationError as exc:  # one line: where in the state, and what is wrong
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise DataError(
+            f"data loader state is not valid: {where}: {err['msg'].removeprefix('Value error, ')}"
+            f"{more}; the checkpoint's data state is damaged or from another version"
+        ) from None
     except ValueError as exc:
         raise DataError(f"data loader state is not valid: {exc}") from exc

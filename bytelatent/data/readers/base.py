@@ -26,14 +26,19 @@ from typing import Any, Protocol
 
 import fsspec
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
+from bytelatent.data.chat import BadConversation, Turn, conversation_of
 from bytelatent.errors import DataError
 
 SAMPLE_ID_KEYS = ("sample_id", "title", "qid", "paper_id", "path", "url", "id")
 TEXT_KEYS = ("text", "content")
 DEFAULT_FORMAT = "json"  # a path with no registered suffix is read as JSONL
 LEGACY_CURSOR = "legacy_cursor"  # key of a position saved by the one-cursor-for-all-formats state
+# What one record may cost: a longer JSONL line (or table text) is a bad record, passed without
+# being held whole. The longest real documents (books, code files) are a few MB, and 20x that
+# with per-byte entropies stored in the line; tokens take 2 bytes per byte after reading.
+DEFAULT_MAX_DOCUMENT_BYTES = 64 << 20
 
 
 @dataclass
@@ -43,6 +48,7 @@ class Document:
     entropies: np.ndarray | None
     path: str
     row: int
+    turns: list[Turn] | None = None  # a chat record (data.chat): its turns; text is unused
 
 
 class BadRecord(Exception):
@@ -66,6 +72,14 @@ class Position(BaseModel):
 
     row: int = 0
 
+    @model_validator(mode="after")
+    def _non_negative(self) -> Position:
+        """Every field is a row, byte or frame count: a negative one is a damaged state."""
+        for name, value in self:
+            if isinstance(value, int) and value < 0:
+                raise ValueError(f"{name}={value} is negative")
+        return self
+
     @classmethod
     def load(cls, saved: dict[str, Any]):
         """The position saved as `saved` ({} = the start of the file)."""
@@ -87,6 +101,8 @@ class ReadOptions:
     text_keys: tuple[str, ...] = TEXT_KEYS
     storage_options: dict[str, Any] | None = None
     arrow_batch_size: int = 20  # table formats: rows converted to Python at a time
+    chat: bool = False  # records are conversations (data/chat.py), read whole
+    max_document_bytes: int | None = None  # a longer record is a BadRecord (None: no limit)
 
 
 class Shard(Protocol):
@@ -227,6 +243,14 @@ def open_errors(path: str):
         raise DataError(f"{path}: cannot open ({exc.strerror or exc})") from exc
 
 
+def changed_file_error(path: str, detail: str) -> DataError:
+    """The one-line error for a saved position that does not fit the file any more."""
+    return DataError(
+        f"{path}: {detail}: the file changed since the data state was saved; restore it, or start "
+        "a new run with checkpoint.init_ckpt_path=<the checkpoint> to read the data from its start"
+    )
+
+
 def text_keys(text_field: str) -> tuple[str, ...]:
     """Record keys that hold the text: `text` (or `content`), else exactly `text_field`."""
     return TEXT_KEYS if text_field == "text" else (text_field,)
@@ -251,13 +275,36 @@ def record_from_json(line: bytes) -> dict:
     return record
 
 
-def document(record: dict, path: str, row: int, keys: tuple[str, ...] = TEXT_KEYS) -> Document:
-    """The Document of a record (text from `keys`, sample id, entropies); RecordError if unusable."""
+def too_long(size: int, limit: int) -> str:
+    """Why a record over the document limit is a bad record, and what to do."""
+    return (
+        f"a record of {size} bytes, more than data.max_document_bytes={limit} (raise it to "
+        "train on such records)"
+    )
+
+
+def document(
+    record: dict,
+    path: str,
+    row: int,
+    keys: tuple[str, ...] = TEXT_KEYS,
+    max_bytes: int | None = None,
+    chat: bool = False,
+) -> Document:
+    """The Document of a record (text from `keys`, sample id, entropies; or, with `chat`, its
+    conversation); RecordError if unusable (including a text of more than `max_bytes` UTF-8
+    bytes)."""
+    if chat:
+        return chat_document(record, path, row)
     text = next((record[k] for k in keys if k in record), None)
     if text is None:
         raise RecordError(f"no {' or '.join(repr(k) for k in keys)} field (or it is null)")
     if not isinstance(text, str):
         raise RecordError(f"'text' must be a string, got {type(text).__name__}")
+    if max_bytes is not None and len(text) * 4 > max_bytes:  # else it cannot exceed it
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > max_bytes:
+            raise RecordError(too_long(size, max_bytes))
     sample_id = next((record[k] for k in SAMPLE_ID_KEYS if record.get(k) is not None), None)
     if sample_id is None:
         sample_id = f"{os.path.basename(path)}:{row}"
@@ -268,3 +315,15 @@ def document(record: dict, path: str, row: int, keys: tuple[str, ...] = TEXT_KEY
         except (TypeError, ValueError) as exc:
             raise RecordError(f"'entropies' is not a list of numbers ({exc})") from exc
     return Document(sample_id=str(sample_id), text=text, entropies=entropies, path=path, row=row)
+
+
+def chat_document(record: dict, path: str, row: int) -> Document:
+    """The Document of a chat record (any shape `conversation_of` reads); RecordError if not."""
+    try:
+        turns = conversation_of(record)
+    except BadConversation as exc:
+        raise RecordError(str(exc)) from exc
+    sample_id = next((record[k] for k in SAMPLE_ID_KEYS if record.get(k) is not None), None)
+    if sample_id is None:
+        sample_id = f"{os.path.basename(path)}:{row}"
+    return Document(str(sample_id), "", None, path, row, turns=turns)

@@ -144,12 +144,32 @@ class ArrowColumns:
         return record
 
 
+class ChatRows:
+    """Whole rows (every column: a chat record's shape decides which it needs) of `rows`
+    consecutive rows of a record batch, converted once per chunk."""
+
+    def __init__(
+        self, batch: pa.RecordBatch, start: int, rows: int, path: str, keys: tuple[str, ...]
+    ) -> None:
+        chunk = batch.slice(start, rows)
+        try:
+            self.rows = chunk.to_pylist()
+        except UnicodeDecodeError as exc:
+            self.rows = [_InvalidUtf8(f"invalid UTF-8 at byte {exc.start}")] * chunk.num_rows
+        self.start, self.end = start, start + chunk.num_rows
+
+    def record(self, local_row: int) -> dict:
+        return _valid(self.rows[local_row - self.start])
+
+
 class _TableReader:
     """Rows of a file read in units (record batches, row groups); subclasses give `batch(i)`."""
 
     def __init__(self, shard: Shard, unit: int, unit_start: int, row: int, options: ReadOptions):
         self.path, self.stride, self.offset = shard.path, shard.stride, shard.offset
         self.keys, self.chunk_rows = options.text_keys, options.arrow_batch_size
+        self.chat = options.chat
+        self.max_bytes = options.max_document_bytes
         self.row, self.unit, self.unit_start = row, unit, unit_start
         self._batch: pa.RecordBatch | None = None
         self._columns: ArrowColumns | None = None
@@ -177,10 +197,13 @@ class _TableReader:
                 continue
             columns = self._columns
             if columns is None or not columns.start <= local < columns.end:
-                columns = ArrowColumns(batch, local, self.chunk_rows, self.path, self.keys)
+                make = ChatRows if self.chat else ArrowColumns
+                columns = make(batch, local, self.chunk_rows, self.path, self.keys)
                 self._columns = columns
             try:
-                return document(columns.record(local), self.path, row, self.keys)
+                return document(
+                    columns.record(local), self.path, row, self.keys, self.max_bytes, chat=self.chat
+                )
             except RecordError as exc:
                 raise BadRecord(row, str(exc)) from exc
 
@@ -258,13 +281,23 @@ class ParquetReader(_TableReader):
         super().__init__(shard, p.row_group, p.group_start_row, p.row, options)
         fs, fs_path = open_fs(self.path, options.storage_options)
         with open_errors(self.path):
-            self.file = fs.open(fs_path, "rb")
+            # A local file through Arrow's own I/O: buffers read from a Python file object are
+            # Python-owned, and Arrow may free them on one of its threads, which cannot take the
+            # GIL while the interpreter exits (abort: "terminate called without an active
+            # exception", issue 38).
+            if isinstance(fs, LocalFileSystem):
+                self.file = pa.memory_map(fs_path, "r")
+            else:
+                self.file = fs.open(fs_path, "rb")
         try:
             self.parquet = pq.ParquetFile(self.file)
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
             self.file.close()
             raise BadFile(f"not a Parquet file or its footer is missing/corrupt ({exc})") from exc
         names = self.parquet.schema_arrow.names
+        if options.chat:  # a chat record's shape decides which columns it needs: read them all
+            self.columns = list(names)
+            return
         try:
             self.columns = [text_column(names, self.keys, self.path)]
         except DataError:
@@ -289,7 +322,9 @@ class ParquetReader(_TableReader):
         if index >= self.parquet.num_row_groups:
             return None
         try:
-            table = self.parquet.read_row_group(index, columns=self.columns)
+            # use_threads=False: the column readers live and die on this thread (see __init__);
+            # one to three columns of one row group gain nothing from Arrow's pool
+            table = self.parquet.read_row_group(index, columns=self.columns, use_threads=False)
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError, EOFError) as exc:
             raise BadFile(f"row group {index}: truncated or corrupt Parquet data ({exc})") from exc
         batches = table.combine_chunks().to_batches()
@@ -301,6 +336,9 @@ class ParquetReader(_TableReader):
         return {"row": self.row, "row_group": self.unit, "group_start_row": self.unit_start}
 
     def close(self) -> None:
+        # release the Parquet reader's buffers now, on this thread, not at interpreter exit
+        self._batch = self._columns = None
+        self.parquet.close()
         self.file.close()
 
 

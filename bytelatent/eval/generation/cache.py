@@ -12,8 +12,10 @@ keys/values at that row's length and only rows marked ``advance`` keep them (a f
 recomputed but never grows). The RoPE position of a cached entry is its index in the cache.
 
 Host and device: the bookkeeping (lengths, documents, which keys a step may skip) lives on the
-host and is driven by host values the caller already has (the tokens it sampled), so a step
-never waits for the device; per-row positions reach the device by non-blocking copies.
+host and is driven by host values the caller already has (the tokens it sampled: ``is_eos`` is
+a host tensor or list), so planning a step or an append never waits for the device; per-row
+positions and documents reach the device by non-blocking copies from pinned memory
+(``to_device``). Nothing here reads the device.
 """
 
 from __future__ import annotations
@@ -21,12 +23,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from bytelatent.distributed.env import host_tensor_to_device
 from bytelatent.model.layers import CacheStep, KVCache
 
 
-def to_device(values: list, device: torch.device) -> torch.Tensor:
-    """A host list as a tensor on ``device`` without waiting for the device (non-blocking copy)."""
-    return torch.tensor(values).to(device, non_blocking=True)
+def to_device(values: list | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host list (or host tensor) as a tensor on ``device`` without waiting for the device:
+    pinned staging and a non-blocking copy on CUDA (from pageable memory, ``non_blocking`` would
+    wait). A host tensor already on ``device`` (the CPU) comes back as is."""
+    host = values if isinstance(values, torch.Tensor) else torch.tensor(values)
+    return host_tensor_to_device(host, device)
 
 
 class CachedStack:
@@ -104,8 +110,9 @@ class CachedStack:
             )
 
     def prefill_caches(self, row: int, is_eos: torch.Tensor) -> list[KVCache]:
-        """Plan appending T positions (is_eos [1,T] bool) to row ``row``: every layer's cache
-        (a view of that row) for the forward that runs them."""
+        """Plan appending T positions (is_eos [1,T] bool, on the host) to row ``row``: every
+        layer's cache (a view of that row) for the forward that runs them."""
+        is_eos = is_eos.cpu()  # the caller's host flags (a device tensor would cost a read)
         start = self.length[row]
         steps = is_eos.shape[1]
         if start + steps > self.capacity:
@@ -113,7 +120,7 @@ class CachedStack:
         self._check_positions(start + steps - 1)
         positions = torch.arange(start, start + steps, device=self.device)
         eos = is_eos[0].long()
-        docs = len(self.eos_at[row]) + torch.cumsum(eos, 0) - eos
+        docs = to_device(len(self.eos_at[row]) + torch.cumsum(eos, 0) - eos, self.device)
         self.doc[row, start : start + steps] = docs
         self.eos_at[row] += [start + p for p in torch.nonzero(is_eos[0]).flatten().tolist()]
         q_docs = docs[None] if self._documents else None
@@ -131,7 +138,7 @@ class CachedStack:
         ]
 
     def prefill_rows_caches(self, is_eos: torch.Tensor, lengths: list[int]) -> list[KVCache]:
-        """Plan one forward that fills every (empty) row at once: ``is_eos`` [B,T] bool of
+        """Plan one forward that fills every (empty) row at once: ``is_eos`` [B,T] bool (host) of
         right-padded rows, row b's tokens being its first ``lengths[b]`` positions.
 
         The mask is the training one per row (causal, same document, window); a padded position
@@ -139,6 +146,7 @@ class CachedStack:
         row prefilled alone computes. Padded slots hold junk that the row's next step overwrites:
         every later mask stops at the row's own length.
         """
+        is_eos = is_eos.cpu()  # the caller's host flags (a device tensor would cost a read)
         batch, steps = is_eos.shape
         if batch != len(self.length) or any(self.length):
             raise ValueError("a batched prefill fills every row of an empty cache")
@@ -146,12 +154,13 @@ class CachedStack:
             raise ValueError(f"cache of {self.capacity} positions is full")
         self._check_positions(steps - 1)
         positions = torch.arange(steps, device=self.device)
-        real = positions[None] < to_device(lengths, self.device)[:, None]
+        real = torch.arange(steps)[None] < torch.tensor(lengths)[:, None]
         eos = is_eos & real
-        docs = torch.cumsum(eos.long(), 1) - eos.long()  # [B,T]: a pad stays in its last document
+        # [B,T]: a pad stays in its last document
+        docs = to_device(torch.cumsum(eos.long(), 1) - eos.long(), self.device)
         self.doc[:, :steps] = docs
         self.eos_at = [[] for _ in lengths]  # host books as `prefill_caches` keeps them
-        for row, position in torch.nonzero(eos).tolist():  # one copy per prompt batch
+        for row, position in torch.nonzero(eos).tolist():
             self.eos_at[row].append(position)
         mask = self._mask(positions[None], docs if self._documents else None, 0, steps, self.doc)
         step = CacheStep(positions[None].expand(batch, steps), 0, 0, steps, mask)
@@ -162,14 +171,15 @@ class CachedStack:
 
     def extend_rows_caches(self, lo: int, counts: list[int], is_eos: torch.Tensor) -> list[KVCache]:
         """Plan one forward that appends ``counts[i]`` positions to row ``lo + i`` of the rows
-        lo..lo+R-1, each at its own length: ``is_eos`` [R,T] bool, right-padded (T = max count;
-        a row may append none). Returns every layer's cache (a view of those rows).
+        lo..lo+R-1, each at its own length: ``is_eos`` [R,T] bool (host), right-padded (T = max
+        count; a row may append none). Returns every layer's cache (a view of those rows).
 
         Each real position gets the mask ``prefill_caches`` would give it (causal, same document,
         window): it computes what the row appended alone computes. Padding writes its keys (and
         kept outputs) to the scratch slot past the capacity, uses position 0 for RoPE / learned
         positions, and attends every key in the slice (finite junk that nobody reads).
         """
+        is_eos = is_eos.cpu()  # the caller's host flags (a device tensor would cost a read)
         rows, steps = len(counts), is_eos.shape[1]
         starts = self.length[lo : lo + rows]
         ends = [s + c for s, c in zip(starts, counts)]
@@ -178,17 +188,21 @@ class CachedStack:
         key_len = max(ends)
         if key_len:
             self._check_positions(key_len - 1)
-        offsets = torch.arange(steps, device=self.device)[None]
-        real = offsets < to_device(counts, self.device)[:, None]
-        at = to_device(starts, self.device)[:, None] + offsets  # [R,T] each new position
+        # the plan on the host (it knows every count and length), then one copy to the device
+        offsets = torch.arange(steps)[None]
+        real = offsets < torch.tensor(counts)[:, None]
+        at = torch.tensor(starts)[:, None] + offsets  # [R,T] each new position
         slots = torch.where(real, at, self.capacity)
         eos = (is_eos & real).long()
-        held = to_device([len(self.eos_at[lo + i]) for i in range(rows)], self.device)
+        held = torch.tensor([len(self.eos_at[lo + i]) for i in range(rows)])
         docs = held[:, None] + torch.cumsum(eos, 1) - eos
-        doc = self.doc[lo : lo + rows]
-        doc[torch.arange(rows, device=self.device)[:, None], slots] = docs
         for i, position in torch.nonzero(eos).tolist():
             self.eos_at[lo + i].append(starts[i] + position)
+        plan = torch.stack((at, slots, docs, torch.where(real, at, 0), real.long()))
+        at, slots, docs, positions, real = to_device(plan, self.device).unbind(0)
+        real = real.bool()
+        doc = self.doc[lo : lo + rows]
+        doc[torch.arange(rows, device=self.device)[:, None], slots] = docs
         key_start = 0
         if self.window is not None:
             first = min((s for s, c in zip(starts, counts) if c), default=0)
@@ -196,7 +210,7 @@ class CachedStack:
         q_docs = docs if self._documents else None
         mask = self._mask(at, q_docs, key_start, key_len, doc)
         mask = mask | ~real[:, None, :, None]  # padding attends every key (no empty row)
-        step = CacheStep(torch.where(real, at, 0), None, key_start, key_len, mask, slots=slots)
+        step = CacheStep(positions, None, key_start, key_len, mask, slots=slots)
         self.length[lo : lo + rows] = ends
         return [
             KVCache(
@@ -213,11 +227,13 @@ class CachedStack:
         cache for the forward that runs it (rows with ``advance`` False do not keep it)."""
         if any(n >= self.capacity and on for n, on in zip(self.length, advance)):
             raise ValueError(f"cache of {self.capacity} positions is full")
-        positions = to_device(self.length, self.device)
         docs = None
         if self._documents:
-            docs = to_device([len(e) for e in self.eos_at], self.device)
+            planned = to_device([self.length, [len(e) for e in self.eos_at]], self.device)
+            positions, docs = planned.unbind(0)
             self.doc[self.rows, positions] = docs
+        else:
+            positions = to_device(self.length, self.device)
         first, last = min(self.length), max(self.length)
         self._check_positions(last)
         key_len = last + 1

@@ -13,7 +13,7 @@ from torch import nn
 from bytelatent.data.patcher import Patcher, PatcherArgs
 from bytelatent.errors import ConfigError
 from bytelatent.eval.generation.patching import blt_patch_lengths
-from bytelatent.model.patch_utils import first_token_alone
+from bytelatent.model.patch_lengths import first_token_alone
 from bytelatent.model.registry import ArchSpec, arch_of
 
 
@@ -47,7 +47,7 @@ class CachedEngine:
 
     def start(self, rows: list[list[int]]) -> torch.Tensor:
         spec = model_spec(self.model)
-        engine = spec.resolve("generation_engine")
+        engine = spec.generation_engine() if spec.generation_engine is not None else None
         if engine is None:
             raise ConfigError(f"arch {spec.name} has no cached generation engine; use recompute")
         self.impl = engine.for_engine(
@@ -59,7 +59,9 @@ class CachedEngine:
         return torch.stack([self.impl.prefill_last(b, row) for b, row in enumerate(tensors)])
 
     def _tensor(self, row: list[int]) -> torch.Tensor:
-        return torch.tensor(row, dtype=torch.long, device=self.device)
+        # on the host: the engines copy prompts to the device from pinned memory, and read
+        # their books (EOS flags, tokens) from the host copy without a device sync
+        return torch.tensor(row, dtype=torch.long)
 
     def advance(self, tokens: list[int], active: list[bool]) -> torch.Tensor:
         return self.impl.step(tokens, active)  # host lists: the caches keep their books there

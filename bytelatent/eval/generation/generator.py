@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from bytelatent.archs.blt.reference_compat import patcher_settings_from_reference
 from bytelatent.checkpoint.pretrained import load_any_checkpoint
 from bytelatent.data.patcher import PatcherArgs, PatchingMode
 from bytelatent.errors import CheckpointError, ConfigError, DataError
 from bytelatent.eval.generation.engines import CachedEngine, RecomputeEngine, model_spec
 from bytelatent.eval.generation.sampling import GenerationArgs, sample_rows
 from bytelatent.eval.generation.speculative import SpeculativeEngine, SpeculativeStats
-from bytelatent.model.reference_compat import patcher_settings_from_reference
 from bytelatent.tokenizers.constants import BOS_ID, EOS_ID, OFFSET
 
 logger = logging.getLogger("bytelatent")
@@ -185,6 +185,8 @@ class Generator:
         if token == EOS_ID and args.stop_at_eos:
             return "eos"
         new.append(token)
+        if token in args.stop_ids:
+            return "stop"
         if stops:
             data = token_bytes(new[-max(len(s) for s in stops) - 8 :])
             if any(data.endswith(s) for s in stops):
@@ -257,10 +259,12 @@ def load_generator(
     entropy_ckpt: str | None = None,
     patcher_overrides: dict | None = None,
     dtype: torch.dtype | None = None,
+    allow_arch_import: bool = False,
 ) -> Generator:
     """A Generator for a DCP step folder, a consolidated folder or a released-layout folder;
-    ``dtype`` casts the parameters (e.g. torch.bfloat16 on GPU), None keeps the stored ones."""
-    model, _, params = load_any_checkpoint(ckpt, device)
+    ``dtype`` casts the parameters (e.g. torch.bfloat16 on GPU), None keeps the stored ones;
+    ``allow_arch_import``: import the module a ``"pkg.module:name"`` arch in params.json names."""
+    model, _, params = load_any_checkpoint(ckpt, device, allow_arch_import=allow_arch_import)
     if not model_spec(model).patched:
         return Generator(model, dtype=dtype)
     patcher_args = patcher_args_from_params(params)

@@ -17,8 +17,10 @@ starts at 0, 1 and the static grid. ``blt_patch_lengths`` gives those lengths fo
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from bytelatent.data.chat import is_marker
 from bytelatent.data.patch_rules import (
     bpe_delim_patch_starts,
     entropy_patch_starts,
@@ -26,7 +28,7 @@ from bytelatent.data.patch_rules import (
 )
 from bytelatent.data.patcher import Patcher, PatcherArgs, PatchingMode
 from bytelatent.errors import ConfigError
-from bytelatent.model.patch_utils import first_token_alone
+from bytelatent.model.patch_lengths import first_token_alone
 
 TAIL = 4  # tail positions handed to the patcher functions; position TAIL is the one decided
 
@@ -87,8 +89,9 @@ class OnlinePatcher:
         ``entropies`` of positions < it."""
         mode = self.mode
         limit = self.args.max_patch_length
-        if mode == PatchingMode.byte or position < 2:
-            start = True
+        after_marker = position >= 1 and bool(is_marker(np.asarray(int(tokens[position - 1]))))
+        if mode == PatchingMode.byte or position < 2 or after_marker:
+            start = True  # a chat-template marker ends a patch in every mode (data/chat.py)
         elif mode == PatchingMode.static:
             # the document's static grid, each patch cut into max_patch_length pieces from its
             # start (not from the split-off first token: training splits after the grid)

@@ -24,6 +24,11 @@ class GenerationArgs(BaseModel):
         description="stop after any of these strings (cut from the continuation)",
     )
     stop_at_eos: bool = Field(True, description="stop a row when it generates EOS")
+    stop_ids: list[int] = Field(
+        [],
+        description="stop a row after any of these token ids (kept in its tokens; chat "
+        "mode stops at the template's end-of-turn id)",
+    )
     use_cache: bool = Field(
         True, description="incremental (cached) decoding; false: re-run the whole model every byte"
     )

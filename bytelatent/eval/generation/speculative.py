@@ -26,6 +26,12 @@ Drafts step all rows of a batch together, and verification checks all open rows 
 the engine's ``extend_rows`` (one encoder, one global and one decoder call for the batch), so a
 round costs one global call for all rows, as a plain step does (an engine without
 ``extend_rows`` is checked one row at a time).
+
+Host syncs per round of all open rows (tests/generation/test_device_syncs.py): one read per
+draft step (the drafted bytes: ``sample_rows``, or the draft logits when sampling), one in
+``extend_rows`` with entropy patching (the verified bytes' entropies) and one for the check (the
+true logits' argmaxes, or the logits when sampling, of every row at once): ``d + 2`` with ``d``
+draft steps (at most k). Drafts and feeds stay on the host; the engine copies them to the device.
 """
 
 from __future__ import annotations
@@ -133,15 +139,14 @@ class SpeculativeEngine:
             fed = {b: len(rows[b]) + len(new[b]) - 1 for b in open_rows}  # last byte: chosen
             for b in open_rows:
                 impl.truncate(b, fed[b])
-            feeds = [
-                torch.tensor([new[b][-1]] + drafts[b], device=engine.device) for b in open_rows
-            ]
+            # host tensors: the engine copies them to the device (pinned) and keeps its books
+            feeds = [torch.tensor([new[b][-1]] + drafts[b]) for b in open_rows]
             if hasattr(impl, "extend_rows"):  # every row's check in one call (one global step)
                 checked = dict(zip(open_rows, impl.extend_rows(open_rows, feeds)))
             else:
                 checked = {b: impl.extend(b, feed) for b, feed in zip(open_rows, feeds)}
-            for b in open_rows:
-                p_logits = checked[b]
+            p_host = self._read_checks([checked[b] for b in open_rows], args)
+            for b, p_logits in zip(open_rows, p_host):
                 kept, token = self._verify(p_logits, q_logits[b], drafts[b], args, generators[b])
                 impl.truncate(b, fed[b] + 1 + kept)
                 self.stats.rounds += 1
@@ -196,23 +201,35 @@ class SpeculativeEngine:
                 tokens[b] = picks[b]
         return drafts, q_logits
 
+    @staticmethod
+    def _read_checks(checked: list[torch.Tensor], args: GenerationArgs) -> list:
+        """The true logits of every open row ([T_i, V] on the device) on the host, in one read:
+        greedy needs their argmaxes only (lists of ints), sampling the float32 logits."""
+        sizes = [logits.shape[0] for logits in checked]
+        if args.temperature == 0.0:
+            targets = torch.cat([torch.argmax(logits, dim=-1) for logits in checked]).tolist()
+            starts = [sum(sizes[:i]) for i in range(len(sizes))]
+            return [targets[s : s + n] for s, n in zip(starts, sizes)]
+        return list(torch.cat(checked).float().cpu().split(sizes))
+
     def _verify(
         self,
-        p_logits: torch.Tensor,
+        p_logits: torch.Tensor | list[int],
         q_logits: list[torch.Tensor],
         drafts: list[int],
         args: GenerationArgs,
         generator: torch.Generator,
     ) -> tuple[int, int]:
         """(draft bytes kept, the byte drawn after them) from the true logits p_logits
-        [len(drafts) + 1, V]: row i is the distribution of draft i, the last one's successor."""
+        [len(drafts) + 1, V] on the host (greedy: their argmaxes): row i is the distribution of
+        draft i, the last one's successor."""
         if args.temperature == 0.0:
-            targets = torch.argmax(p_logits, dim=-1).tolist()
+            targets = p_logits
             kept = 0
             while kept < len(drafts) and drafts[kept] == targets[kept]:
                 kept += 1
             return kept, targets[kept]
-        host = p_logits.float().cpu()
+        host = p_logits
         for i, (byte, q_row) in enumerate(zip(drafts, q_logits)):
             p, q = filtered_probs(host[i], args), filtered_probs(q_row, args)
             # keep with probability min(1, p/q): q[byte] > 0, the draft was drawn from q

@@ -18,11 +18,7 @@ different mask. How to add a backend: docs/extending.md, "How to add an attentio
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-
-from bytelatent.model.attention import base, chunked, flex, sdpa, xformers
+from bytelatent.model.attention import chunked, flex, sdpa, xformers
 from bytelatent.model.attention.base import (
     AttentionBackend,
     AttnMask,
@@ -77,50 +73,6 @@ from bytelatent.model.attention.xformers import (
     XformersDense,
     xformers_available,
 )
-
-
-def _from_fields(
-    *,
-    is_causal: bool = False,
-    dense: torch.Tensor | None = None,
-    band: BandedMask | None = None,
-    block_mask: Any = None,
-    xformers_bias: Any = None,
-    query_has_key: torch.Tensor | None = None,
-    backend: str = "sdpa",
-) -> AttnMask:
-    """``AttnMask(field=...)``: the old keyword form, mapped onto the variant it describes.
-
-    Kept for ``patch_utils``' flex cross mask (``AttnMask(block_mask=..., query_has_key=...)``);
-    new code names the variant (``FlexMask(...)``) or builds from a spec (``build_mask``)."""
-    given = {
-        "is_causal": is_causal,
-        "dense": dense is not None,
-        "band": band is not None,
-        "block_mask": block_mask is not None,
-        "xformers_bias": xformers_bias is not None,
-    }
-    if sum(given.values()) != 1:
-        raise ValueError(
-            "AttnMask needs exactly one of is_causal=True, a dense bool tensor, a band, a flex "
-            "block_mask or an xformers bias (or name the variant: SdpaDense, FlexMask, ...)"
-        )
-    get_backend(backend)
-    variant = {
-        ("is_causal", "sdpa"): lambda: SdpaCausal(),
-        ("is_causal", "xformers"): lambda: XformersCausal(),
-        ("dense", "sdpa"): lambda: SdpaDense(dense, query_has_key),
-        ("dense", "xformers"): lambda: XformersDense(dense, query_has_key),
-        ("band", "sdpa"): lambda: SdpaBanded(band),
-        ("block_mask", "flex_attention"): lambda: FlexMask(block_mask, query_has_key),
-        ("xformers_bias", "xformers"): lambda: XformersBlockDiagonal(xformers_bias),
-    }.get((next(name for name, on in given.items() if on), backend))
-    if variant is None:
-        raise ValueError(f"no {backend} mask holds the fields given; name the variant instead")
-    return variant()
-
-
-base._LegacyConstructor.from_fields = staticmethod(_from_fields)
 
 __all__ = [
     "FLEX_BLOCK",

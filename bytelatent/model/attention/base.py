@@ -12,7 +12,6 @@ layer's ``attend`` runs the mask on the backend it was built for.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import ClassVar, Protocol
 
 import torch
@@ -30,21 +29,7 @@ from bytelatent.model.attention.masks import (
 logger = logging.getLogger(__name__)
 
 
-class _LegacyConstructor(type):
-    """``AttnMask(block_mask=..., ...)``, the keyword form of the one dataclass masks used to be,
-    still builds the matching backend mask (``bytelatent.model.attention._from_fields``) for
-    callers outside the package that have not switched to a variant class yet; calling a variant
-    class (``FlexMask(...)``) is an ordinary constructor."""
-
-    from_fields: ClassVar[Callable[..., AttnMask] | None] = None
-
-    def __call__(cls, *args, **kwargs):  # noqa: ANN002, ANN003, ANN204
-        if cls is AttnMask and _LegacyConstructor.from_fields is not None:
-            return _LegacyConstructor.from_fields(*args, **kwargs)
-        return super().__call__(*args, **kwargs)
-
-
-class AttnMask(metaclass=_LegacyConstructor):
+class AttnMask:
     """A mask in the representation of the backend that runs it; each backend's module defines
     its variants (sdpa: ``SdpaCausal``, ``SdpaDense``, ``SdpaBanded``, ...; flex: ``FlexMask``;
     xformers: ``XformersBlockDiagonal``, ...) and ``backend`` names the backend ``attend`` runs

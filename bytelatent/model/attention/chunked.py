@@ -60,22 +60,46 @@ class ChunkPlan:
 
     ``pieces`` are (row_start, row_end, q_start, q_end, k_start): queries ``q_start:q_end`` of
     rows ``row_start:row_end`` attend to keys ``k_start:q_end`` under ``allowed[i]`` (the bool
-    mask of that block); every key outside the block is masked for those queries.
+    mask of that block); every key outside the block is masked for those queries. The pieces
+    cover every (row, query) once. ``table`` holds them as an int64 [n, 5] tensor and
+    ``additive`` the mask as 0 / -inf [B|1,1,S,S] per dtype: what the ``bytelatent::chunked_
+    attention`` op reads, so that a compiled block traces it as one opaque call.
     """
 
     seqlen: int
     pieces: list[tuple[int, int, int, int, int]]
     allowed: list[torch.Tensor]
-    _additive: dict[torch.dtype, list[torch.Tensor]] = field(default_factory=dict, repr=False)
+    additive: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, repr=False)
 
-    def additive(self, dtype: torch.dtype) -> list[torch.Tensor]:
-        """The blocks as additive masks (0 / -inf) of ``dtype``, built once per forward."""
-        if dtype not in self._additive:
-            self._additive[dtype] = [
-                torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, float("-inf"))
-                for m in self.allowed
-            ]
-        return self._additive[dtype]
+    def __post_init__(self) -> None:
+        self.table = torch.tensor(self.pieces, dtype=torch.int64).reshape(-1, 5)
+
+    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """The mask as 0 / -inf of ``dtype``: built once per plan and dtype in eager code (the
+        forward's mask builder prepares the autocast dtype); inside a compiled region a
+        missing dtype is built in the graph, never stored (no side effect for dynamo)."""
+        built = self.additive.get(dtype)
+        if built is None:
+            built = self._build_additive(dtype)
+            if not torch.compiler.is_compiling():
+                self.additive[dtype] = built
+        return built
+
+    def _build_additive(self, dtype: torch.dtype) -> torch.Tensor:
+        rows = max(r1 for _, r1, _, _, _ in self.pieces)
+        device = self.allowed[0].device
+        shape = (rows, 1, self.seqlen, self.seqlen)
+        mask = torch.full(shape, float("-inf"), dtype=dtype, device=device)
+        for (r0, r1, q0, q1, k0), block in zip(self.pieces, self.allowed):
+            mask[r0:r1, :, q0:q1, k0:q1].masked_fill_(block, 0.0)
+        return mask
+
+
+def compute_dtype(device_type: str) -> torch.dtype:
+    """The dtype attention will run in here: autocast's when it is on, else the default."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return torch.get_default_dtype()
 
 
 def chunk_plan(
@@ -98,7 +122,9 @@ def chunk_plan(
             pieces.append((row_start, row_end, q_start, q_end, k_start))
             rows = dense[row_start:row_end] if dense.shape[0] > 1 else dense
             allowed.append(rows[:, :, q_start:q_end, k_start:q_end])
-    return ChunkPlan(seqlen=seqlen, pieces=pieces, allowed=allowed)
+    plan = ChunkPlan(seqlen=seqlen, pieces=pieces, allowed=allowed)
+    plan.additive_mask(compute_dtype(tokens.device.type))  # once per forward, for every layer
+    return plan
 
 
 @eager_only
@@ -172,63 +198,106 @@ def attend_banded(
     return out.reshape(bsz, n_heads, n_blocks * chunk, head_dim)[:, :, :seqlen]
 
 
-@eager_only  # python loop over a data-dependent plan: runs eagerly inside compiled code
 def attend_chunked(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: ChunkPlan
 ) -> torch.Tensor:
+    """Attention over ``plan`` (CPU flash kernel per piece, forward and backward).
+
+    One custom op (``bytelatent::chunked_attention``) that a compiled block traces as a single
+    call: the plan reaches it as tensors (the piece table, the additive mask), so a new plan
+    (new document boundaries) is new data, not a new graph, and nothing breaks the graph."""
     if k.shape[2] != plan.seqlen:
         raise ValueError(f"chunk plan is for {plan.seqlen} keys, got {k.shape[2]}")
-    return _ChunkedAttention.apply(q, k, v, plan)
+    out, _ = chunked_attention(q, k, v, plan.additive_mask(q.dtype), plan.table)
+    return out
 
 
 _flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 _flash_cpu_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 
 
-class _ChunkedAttention(torch.autograd.Function):
-    """Softmax attention run piece by piece over a ChunkPlan (CPU flash kernel)."""
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)  # the flash kernel's accumulation type
 
-    @staticmethod
-    def forward(  # noqa: ANN001
-        ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: ChunkPlan
-    ) -> torch.Tensor:
-        masks = plan.additive(q.dtype)
-        out = q.new_empty(q.shape)
-        outs, lses = [], []
-        for (r0, r1, q0, q1, k0), mask in zip(plan.pieces, masks):
-            o, lse = _flash_cpu(
-                q[r0:r1, :, q0:q1], k[r0:r1, :, k0:q1], v[r0:r1, :, k0:q1], attn_mask=mask
-            )
-            out[r0:r1, :, q0:q1] = o
-            outs.append(o)
-            lses.append(lse)
-        ctx.save_for_backward(q, k, v, *outs, *lses)
-        ctx.plan = plan
-        return out
 
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # noqa: ANN001
-        plan = ctx.plan
-        q, k, v, *rest = ctx.saved_tensors
-        n = len(plan.pieces)
-        outs, lses = rest[:n], rest[n:]
-        masks = plan.additive(q.dtype)
-        dq = torch.empty_like(q)
-        dk = torch.zeros_like(k)
-        dv = torch.zeros_like(v)
-        for i, (r0, r1, q0, q1, k0) in enumerate(plan.pieces):
-            gq, gk, gv = _flash_cpu_backward(
-                grad_out[r0:r1, :, q0:q1],
-                q[r0:r1, :, q0:q1],
-                k[r0:r1, :, k0:q1],
-                v[r0:r1, :, k0:q1],
-                outs[i],
-                lses[i],
-                0.0,
-                False,
-                attn_mask=masks[i],
-            )
-            dq[r0:r1, :, q0:q1] = gq
-            dk[r0:r1, :, k0:q1] += gk
-            dv[r0:r1, :, k0:q1] += gv
-        return dq, dk, dv, None
+def _rows(mask: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
+    return mask[r0:r1] if mask.shape[0] > 1 else mask
+
+
+@torch.library.custom_op("bytelatent::chunked_attention", mutates_args=())
+def chunked_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, table: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [B,H,S,D], logsumexp [B,H,S] fp32, fp64 for fp64) of q/k/v [B,H,S,D] under the additive ``mask``
+    [B|1,1,S,S], computed piece by piece over ``table`` (``ChunkPlan.table``)."""
+    bsz, n_heads, seqlen, _ = q.shape
+    out = torch.empty_like(q)
+    lse = q.new_empty((bsz, n_heads, seqlen), dtype=_lse_dtype(q.dtype))
+    for r0, r1, q0, q1, k0 in table.tolist():
+        o, piece_lse = _flash_cpu(
+            q[r0:r1, :, q0:q1],
+            k[r0:r1, :, k0:q1],
+            v[r0:r1, :, k0:q1],
+            attn_mask=_rows(mask, r0, r1)[:, :, q0:q1, k0:q1],
+        )
+        out[r0:r1, :, q0:q1] = o
+        lse[r0:r1, :, q0:q1] = piece_lse
+    return out, lse
+
+
+@chunked_attention.register_fake
+def _(q, k, v, mask, table):  # noqa: ANN001, ANN202
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=_lse_dtype(q.dtype))
+
+
+@torch.library.custom_op("bytelatent::chunked_attention_backward", mutates_args=())
+def chunked_attention_backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    mask: torch.Tensor,
+    table: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of ``chunked_attention``; dK/dV accumulate over the pieces that share keys."""
+    dq = torch.empty_like(q)
+    dk = torch.zeros_like(k)
+    dv = torch.zeros_like(v)
+    for r0, r1, q0, q1, k0 in table.tolist():
+        gq, gk, gv = _flash_cpu_backward(
+            grad_out[r0:r1, :, q0:q1],
+            q[r0:r1, :, q0:q1],
+            k[r0:r1, :, k0:q1],
+            v[r0:r1, :, k0:q1],
+            out[r0:r1, :, q0:q1],
+            lse[r0:r1, :, q0:q1],
+            0.0,
+            False,
+            attn_mask=_rows(mask, r0, r1)[:, :, q0:q1, k0:q1],
+        )
+        dq[r0:r1, :, q0:q1] = gq
+        dk[r0:r1, :, k0:q1] += gk
+        dv[r0:r1, :, k0:q1] += gv
+    return dq, dk, dv
+
+
+@chunked_attention_backward.register_fake
+def _(grad_out, q, k, v, out, lse, mask, table):  # noqa: ANN001, ANN202
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+    q, k, v, mask, table = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, mask, table)
+
+
+def _backward(ctx, grad_out, grad_lse):  # noqa: ANN001, ANN202
+    q, k, v, out, lse, mask, table = ctx.saved_tensors
+    dq, dk, dv = chunked_attention_backward(grad_out.contiguous(), q, k, v, out, lse, mask, table)
+    return dq, dk, dv, None, None
+
+
+chunked_attention.register_autograd(_backward, setup_context=_setup_context)

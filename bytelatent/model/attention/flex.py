@@ -3,7 +3,14 @@
 Its one mask, ``FlexMask``, is a ``BlockMask`` built once per forward from per-query key
 intervals (block-level document bounds for self-attention, patch bounds for cross-attention):
 never an S x S or [P·k, N] tensor. The flex stack is imported only when a flex mask is built or
-run, and ``flex_attention`` is compiled once per process.
+run, and ``flex_attention`` is compiled once per process (``compile_flex``).
+
+Shapes: H-Net's inner widths and the BLT's patch counts depend on the data, and validation runs
+other lengths and a short last batch. ``compile_flex`` lets dynamo's automatic dynamic shapes
+handle them (the first shape compiles static, a second one compiles a graph with symbolic sizes
+that every later one reuses: about one graph per head layout, tests/model/test_flex_recompile.py),
+and compiles with ``fullgraph=True``, so that hitting the recompile limit raises instead of
+running flex eagerly (unfused, the full score matrix in memory) without a word.
 """
 
 from __future__ import annotations
@@ -64,14 +71,28 @@ class FlexBackend:
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask
     ) -> torch.Tensor:
-        if not q.is_cuda:
-            raise RuntimeError(
-                "attention backend flex_attention needs CUDA tensors (its CPU kernel has no "
-                "backward); use backend='sdpa' (resolve_backend does this for model configs)"
-            )
+        _require_cuda(q)
         if not isinstance(mask, FlexMask):
             raise wrong_backend(mask, self.name)
-        return _compiled_flex()(q, k, v, block_mask=mask.block_mask)
+        try:
+            return _compiled_flex()(q, k, v, block_mask=mask.block_mask)
+        except Exception as e:
+            if type(e).__name__ != "FailOnRecompileLimitHit":
+                raise
+            raise RuntimeError(
+                f"flex_attention hit dynamo's recompile limit at q {tuple(q.shape)}, k "
+                f"{tuple(k.shape)}, {q.dtype}: past it flex would run unfused (the full score "
+                "matrix); raise distributed.compile_cache_size_limit, and report the shapes "
+                "(TORCH_LOGS=recompiles names what changed)"
+            ) from e
+
+
+def _require_cuda(q: torch.Tensor) -> None:
+    if not q.is_cuda:
+        raise RuntimeError(
+            "attention backend flex_attention needs CUDA tensors (its CPU kernel has no "
+            "backward); use backend='sdpa' (resolve_backend does this for model configs)"
+        )
 
 
 # flex_attention's default sparse block size: masks are classified per (query block, key block)
@@ -147,13 +168,25 @@ def _ordered_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 _flex_fn: Any = None
 
 
+def compile_flex(backend: str = "inductor") -> Any:
+    """``flex_attention`` compiled as the backend runs it.
+
+    ``dynamic=None`` (dynamo's automatic dynamic shapes): a static graph for the first shape,
+    then one with symbolic sizes for every later length or batch size (H-Net's data-dependent
+    widths, validation lengths): with ``dynamic=False`` each new width compiled again and the
+    9th fell back to eager. ``fullgraph=True``: at the recompile limit dynamo raises
+    ``FailOnRecompileLimitHit`` (``FlexBackend.attend`` says what to do) instead of running the
+    unfused eager kernel. Only this function is affected (no global dynamo setting)."""
+    # the flex stack (and its compile machinery): imported only when a flex mask is used
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, backend=backend, dynamic=None, fullgraph=True)
+
+
 def _compiled_flex() -> Any:
     global _flex_fn  # compile once per process
     if _flex_fn is None:
-        # the flex stack (and its compile machinery): imported only when a flex mask is used
-        from torch.nn.attention.flex_attention import flex_attention
-
-        _flex_fn = torch.compile(flex_attention, dynamic=False)
+        _flex_fn = compile_flex()
     return _flex_fn
 
 

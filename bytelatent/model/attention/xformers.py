@@ -113,12 +113,21 @@ class XformersBackend:
         return out.reshape(bsz, seqlen, n_heads, head_dim).transpose(1, 2)
 
 
+BIAS_ALIGN = 8  # xformers' kernels read a bf16/fp16 bias in 16-byte rows: K % 8 == 0
+
+
 def _additive_bias(mask: SdpaDense, dtype: torch.dtype) -> torch.Tensor:
-    """The dense mask as 0 / -inf of ``dtype`` (kept on an XformersDense: once per forward)."""
+    """The dense mask as 0 / -inf of ``dtype`` (kept on an XformersDense: once per forward).
+
+    Its rows are allocated at K rounded up to ``BIAS_ALIGN`` columns and sliced back to K (the
+    form xformers documents for a K that is not a multiple of 8): the view's row stride is
+    aligned, which the kernels need in bf16/fp16."""
     cache = mask._additive if isinstance(mask, XformersDense) else {}
     if dtype not in cache:
-        bias = torch.zeros(mask.dense.shape, dtype=dtype, device=mask.dense.device)
-        cache[dtype] = bias.masked_fill(~mask.dense, float("-inf"))
+        *lead, keys = mask.dense.shape
+        padded = -(-keys // BIAS_ALIGN) * BIAS_ALIGN
+        storage = torch.zeros((*lead, padded), dtype=dtype, device=mask.dense.device)
+        cache[dtype] = storage[..., :keys].masked_fill_(~mask.dense, float("-inf"))
     return cache[dtype]
 
 
