@@ -58,10 +58,11 @@ class Job:
     seed: int
     dump_dir: Path
     argv: list[str]  # complete: dump_dir, seed and lr included
+    title: str = ""  # what to call it when it is not a row's run (the entropy model)
 
     @property
     def label(self) -> str:
-        return f"{self.row} lr={self.lr:g} seed={self.seed}"
+        return self.title or f"{self.row} lr={self.lr:g} seed={self.seed}"
 
     def done(self) -> dict | None:
         """done.json when this exact command finished; ConfigError for another command."""
@@ -69,8 +70,10 @@ class Job:
         if not path.exists():
             return None
         redo = f"train {self.label} again"
-        record = read_record(path, ("argv", "wall_s", "cpu_s"), redo)
+        record = read_record(path, ("argv", "wall_s"), redo)
         for key in ("wall_s", "cpu_s"):
+            if key not in record:
+                raise DataError(f"{path}: damaged (no {key!r}); delete it to {redo}")
             value = record[key]
             if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 raise DataError(f"{path}: damaged ({key}={value!r}); delete it to {redo}")
@@ -198,7 +201,7 @@ def entropy_model(args: CompareArgs) -> tuple[str, float, bool]:
         f"data.sources={{{args.source}: 1.0}}",
         f"checkpoint.dump.every={args.entropy.steps}",
     ]
-    job = Job("entropy model", 0.0, args.seeds[0], dump_dir, argv)
+    job = Job("entropy", 0.0, args.seeds[0], dump_dir, argv, title="the entropy model")
     record, ran = job.done(), False
     if record is None:
         print(f"compare: training the BLT's entropy model ({dump_dir / 'train.out'})", flush=True)
