@@ -2,20 +2,35 @@
 
 from __future__ import annotations
 
+import json
 import os
-import shlex
+import statistics
+import subprocess
 import sys
 from pathlib import Path
 
 from apps.compare import __doc__ as DESCRIPTION
 from apps.compare.args import CompareArgs
-from apps.compare.report import read_curve, table, write_json, write_png
-from apps.compare.runs import corpus_files, entropy_model, pick_threshold, train
-from apps.compare.sizing import size_runs, sizing_lines
+from apps.compare.outputs import finish, status
+from apps.compare.report import read_curve
+from apps.compare.runs import Job, corpus_files, entropy_model, make_job, pick_threshold, run_local
+from apps.compare.sizing import Sized, size_rows, sizing_lines
+from apps.compare.splits import write_splits
 from bytelatent.config import parse_args
-from bytelatent.errors import UserError
+from bytelatent.errors import ConfigError, UserError
 
 USAGE = "usage: python -m apps.compare config=configs/compare_cpu.yaml [key=value ...]"
+# keys that change how the runs are scheduled, not what they compute: free to change on a rerun
+SCHEDULING = {
+    "parallel",
+    "nice",
+    "launcher",
+    "slurm",
+    "poll_s",
+    "dry_run",
+    "expected_flops_per_s",
+    "status",
+}
 
 
 def load_average() -> str:
@@ -25,52 +40,180 @@ def load_average() -> str:
         return "n/a"
 
 
-def markdown(args: CompareArgs, argv: list[str], threshold: float, curves, lines, entropy) -> str:
-    command = shlex.join(["python", "-m", "apps.compare", *argv])
-    return (
-        f"# Byte LM vs BLT vs H-Net at matched FLOPs per byte\n\n`{command}`\n\n"
-        f"Corpus `{args.data_root}/{args.source}`, {args.steps} steps of {args.batch_size} x "
-        f"{args.row_bytes} bytes per run, N = {args.bytes_per_patch:g} (BLT entropy threshold "
-        f"{threshold:.4f} from bytelatent.data.patch_size), load average at the end "
-        f"{load_average()} (1/5/15 min). The BLT's entropy model ({entropy}) is not counted "
-        "in the BLT's row.\n\n" + table(curves) + "\n```text\n" + "\n".join(lines) + "\n```\n"
+def git_rev() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, cwd=Path(__file__).parent, check=True)  # fmt: skip
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, cwd=Path(__file__).parent)  # fmt: skip
+        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def check_config(args: CompareArgs) -> None:
+    """out_dir/config.json holds the config its runs were trained with; another is refused."""
+    path = Path(args.out_dir) / "config.json"
+    current = json.loads(json.dumps(args.model_dump(exclude=SCHEDULING)))
+    if path.exists():
+        old = json.loads(path.read_text())
+        changed = sorted(k for k in set(old) | set(current) if old.get(k) != current.get(k))
+        if changed:
+            k = changed[0]
+            raise ConfigError(
+                f"{args.out_dir} holds runs of another config ({k}: {old.get(k)} -> "
+                f"{current.get(k)}{', ...' if len(changed) > 1 else ''}); choose another out_dir "
+                "or delete it"
+            )
+    else:
+        path.write_text(json.dumps(current, indent=1) + "\n")
+
+
+def middle_first(lrs: list[float]) -> list[float]:
+    mid = len(lrs) // 2
+    return [lrs[mid], *lrs[:mid], *lrs[mid + 1 :]]
+
+
+def plan(args: CompareArgs, sized: dict[str, Sized], rows: list[str] | None = None) -> list[Job]:
+    """The sweep at seeds[0] of `rows` (default: all), and the repeat run of the reference."""
+    # each row's middle rate first, row after row: a partial sweep compares every row
+    ordered = {n: middle_first(args.row_lrs(n)) for n in sized if rows is None or n in rows}
+    sweep = [
+        make_job(args.out_dir, sized[name], lrs[i], args.seeds[0])
+        for i in range(max(map(len, ordered.values())))
+        for name, lrs in ordered.items()
+        if i < len(lrs)
+    ]
+    if args.repeat_check and rows is None:
+        ref = sized[args.reference]
+        lr = args.row_lrs(args.reference)[0]
+        sweep.append(make_job(args.out_dir, ref, lr, args.seeds[0], "_repeat"))
+    return sweep
+
+
+def calibrate(args, splits, entropy_dir, threshold, sized, sweep, curves):
+    """Phase 2: rows whose runs trained off the reference's real FLOPs per byte are sized again
+    from their measured counts (apps/compare/sizing.py) and their sweep runs again."""
+    real = {
+        name: statistics.fmean(
+            curves[j.dump_dir].flops_per_byte for j in sweep if j.row == name and "_repeat" not in
+            str(j.dump_dir)
+        )
+        for name in sized
+    }  # fmt: skip
+    again = size_rows(args, splits, entropy_dir, threshold, sized, real)
+    changed = [n for n in sized if again[n].size != sized[n].size]
+    lines = [
+        f"calibration: {n} trained at {real[n] / real[args.reference]:.3f}x the "
+        f"{args.reference}'s real FLOPs per byte with {sized[n].size}; sized again: "
+        f"{again[n].size}" for n in changed
+    ]  # fmt: skip
+    print("\n".join(lines) or "calibration: every row within tolerance on its real counts")
+    print(f"compare: phase 2/3, the sweep again for the re-sized rows: {len(changed)} row(s)")
+    if changed:
+        train_all(plan(args, again, changed), args, curves)
+    return again, lines
+
+
+def dry_run(args: CompareArgs) -> int:
+    """The sizing, the runs and the expected training time
+    (no run is trained; without the corpus the validation paths are placeholders)."""
+    try:
+        corpus_files(args)
+        splits = write_splits(args)
+    except UserError as e:
+        print(f"compare: dry run without the data ({e.one_line()})")
+        splits = {s: Path(args.out_dir) / "splits" / f"{s}.jsonl" for s in ("tune", "test", "ood")}
+    sized = size_rows(args, splits)
+    print("\n".join(sizing_lines(args, sized)))
+    n_runs = sum(len(args.row_lrs(n)) + len(args.seeds) - 1 for n in sized) + args.repeat_check
+    train_bytes = args.steps * args.batch_size * args.row_bytes
+    flops = sum(
+        s.flops_per_byte * train_bytes * (len(args.row_lrs(n)) + len(args.seeds) - 1)
+        for n, s in sized.items()
     )
+    hours = flops / args.expected_flops_per_s / min(args.parallel, n_runs) / 3600
+    print(
+        f"compare: dry run: {n_runs} runs of {train_bytes:,} training bytes ({len(sized)} rows x "
+        f"(sweep of lrs + {len(args.seeds) - 1} more seeds){' + 1 repeat' * args.repeat_check}), "
+        f"{flops:.3g} training FLOPs in all; at expected_flops_per_s={args.expected_flops_per_s:.3g}"
+        f" per run, {args.parallel} at a time: ~{hours:.2f} h of training (plus start-up, "
+        "validation and, for the BLT's entropy row, the entropy model)"
+    )
+    return 0
+
+
+def train_all(jobs: list[Job], args: CompareArgs, curves: dict) -> bool:
+    """Train the jobs not done yet (saying how many are reused); True when any trained."""
+    pending = [j for j in jobs if j.done() is None]
+    if len(pending) < len(jobs):
+        print(f"compare: reusing {len(jobs) - len(pending)} finished run(s) of {len(jobs)}")
+    if pending:
+        if args.launcher == "slurm":
+            from apps.compare.slurm import run_slurm
+
+            run_slurm(pending, args)
+        else:
+
+            def summary(job: Job) -> str:
+                c = curves_of(job)
+                return f"tune bpb {c.final('tune'):.4f}, test bpb {c.final('test'):.4f}"
+
+            run_local(pending, args, summary)
+    for job in jobs:
+        curves[job.dump_dir] = curves_of(job)
+    return bool(pending)
+
+
+def curves_of(job: Job):
+    return read_curve(job.row, job.lr, job.seed, job.dump_dir, job.done())
 
 
 def compare(args: CompareArgs, argv: list[str]) -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if args.dry_run:
+        return dry_run(args)
+    if args.status:
+        return status(args)
     corpus_files(args)  # a missing corpus and every config error before anything trains
-    size_runs(args)
-    entropy_dir, entropy_s, entropy_ran = entropy_model(args)
-    entropy = (
-        f"reused {entropy_dir}"
-        if args.entropy.checkpoint
-        else f"{args.entropy.steps} steps of {args.entropy.config}, {entropy_s:.0f} s wall"
-    )
-    threshold, threshold_ran = pick_threshold(args, entropy_dir)
-    print(f"compare: threshold={threshold:.6f} for {args.bytes_per_patch:g} bytes per patch")
-    sized = size_runs(args, entropy_dir, threshold)
+    splits = write_splits(args)
+    sized = size_rows(args, splits)
+    check_config(args)
+    entropy_dir, threshold, ran = None, None, []
+    if any(r.patching == "entropy" for r in args.rows.values()):
+        entropy_dir, _, entropy_ran = entropy_model(args)
+        threshold, threshold_ran = pick_threshold(args, entropy_dir)
+        ran += [entropy_ran, threshold_ran]
+        print(f"compare: threshold={threshold:.6f} for {args.bytes_per_patch:g} bytes per patch")
+    sized = size_rows(args, splits, entropy_dir, threshold)
     lines = sizing_lines(args, sized)
     print("\n".join(lines), flush=True)
-    curves, trained = [], [entropy_ran, threshold_ran]
-    for name, run in sized.items():
-        dump_dir = out / "runs" / name
-        wall_s, ran = train(name, run.argv, dump_dir, args.threads)
-        trained.append(ran)
-        curves.append(read_curve(name, dump_dir, run.params, run.flops_per_byte, wall_s))
-    if not any(trained):
+
+    curves: dict = {}
+    sweep = plan(args, sized)
+    print(f"compare: phase 1/3, the learning-rate sweep: {len(sweep)} runs", flush=True)
+    ran.append(train_all(sweep, args, curves))
+    sized, calibration = calibrate(args, splits, entropy_dir, threshold, sized, sweep, curves)
+    lines += calibration
+    chosen = {
+        name: min(args.row_lrs(name), key=lambda lr: curves[
+            make_job(args.out_dir, s, lr, args.seeds[0]).dump_dir].final("tune"))
+        for name, s in sized.items()
+    }  # fmt: skip
+    print("compare: chosen on the tune split: "
+          + ", ".join(f"{n} lr={lr:g}" for n, lr in chosen.items()), flush=True)  # fmt: skip
+    seeds = [
+        make_job(args.out_dir, s, chosen[name], seed)
+        for name, s in sized.items()
+        for seed in args.seeds[1:]
+    ]
+    print(f"compare: phase 3/3, more seeds at the chosen rates: {len(seeds)} runs", flush=True)
+    ran.append(train_all(seeds, args, curves))
+    if not any(ran):
         print(f"compare: nothing to do: every run in {out} is done (rewriting the report)")
-    (out / "compare.md").write_text(markdown(args, argv, threshold, curves, lines, entropy))
-    extra = {"threshold": threshold, "entropy_model": entropy_dir, "args": args.model_dump()}
-    write_json(out / "compare.json", curves, extra)
-    print(table(curves), end="")
-    if write_png(out / "compare.png", curves):
-        print(f"compare: wrote {out / 'compare.md'}, {out / 'compare.json'}, {out / 'compare.png'}")
-    else:
-        print(f"compare: wrote {out / 'compare.md'} and {out / 'compare.json'}; no compare.png: "
-              "matplotlib is not installed (pip install 'bytelatent[plot]')")  # fmt: skip
-    return 0
+    context = {"argv": argv, "git_rev": git_rev(), "load": load_average(), "threshold": threshold}
+    return finish(args, sized, chosen, curves, lines, context)
 
 
 def main(argv: list[str] | None = None) -> int:

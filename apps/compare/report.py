@@ -1,47 +1,58 @@
-"""The comparison's outputs: validation bpb against training FLOPs and time, as a table
-(`compare.md`), numbers (`compare.json`) and a plot (`compare.png`).
+"""The comparison's outputs, all drawn from the runs' own metrics files: `compare.json` (per row:
+the sweep, the chosen rate, bpb per seed with mean and std), `compare.md` (the table) and
+`compare.png` (test bpb against training FLOPs, a band per row over seeds; the sweep; bpb against
+training seconds).
 
-Training FLOPs are the trainer's own count (`flops_per_s` of each log interval times its
-seconds: the registry counter on the real bytes, and for the BLT on its real patches), summed up
-to each validation step; training seconds are the trainer's (step and data time, validation and
-start-up excluded). Wall time in the table is the whole training command.
+Training FLOPs are the trainer's own count (the registry counter on the real bytes; the BLT's on
+its real patches, the H-Net's at its measured chunk counts: `useful_flops` = `flops_per_s` x the
+interval's seconds), summed up to each validation. Training seconds are the trainer's step time
+only; data time (the BLT's on-the-fly entropy patching among it) is kept apart, and start-up and
+validation are excluded. Wall and CPU seconds are the whole training command's.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass, field
+import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from apps.plot import EVAL_METRICS, TRAIN_METRICS, read_records
 from bytelatent.errors import DataError
+
+SPLIT_KEYS = {s: f"val/{s}/bpb" for s in ("tune", "test", "ood")}
 
 
 @dataclass
 class Curve:
     """One run's validation points and totals."""
 
-    name: str
-    params: int
-    flops_per_byte: float  # the sizing's analytic value
-    chunk: str  # bytes per patch / chunk measured in training ("1" for the byte LM)
+    row: str
+    lr: float
+    seed: int
     bytes_seen: int
     train_flops: float
-    train_s: float
+    step_s: float  # trainer step time, summed
+    data_s: float  # trainer data time, summed (the BLT's entropy patching is here)
     wall_s: float
+    cpu_s: float
+    bytes_per_patch: float  # measured in training (last half of the logs); 1 for a byte LM
     steps: list[int] = field(default_factory=list)
     flops: list[float] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
-    val_bpb: list[float] = field(default_factory=list)
+    bpb: dict[str, list[float]] = field(default_factory=dict)  # split -> bpb at each validation
 
     @property
-    def final_bpb(self) -> float:
-        return self.val_bpb[-1] if self.val_bpb else math.nan
+    def flops_per_byte(self) -> float:
+        return self.train_flops / max(self.bytes_seen, 1)
+
+    def final(self, split: str) -> float:
+        values = self.bpb.get(split) or []
+        return values[-1] if values else math.nan
 
 
 def cumulative(train: list[dict]) -> tuple[list[int], list[float], list[float]]:
-    """(log steps, training FLOPs up to each, trainer seconds up to each)."""
+    """(log steps, training FLOPs up to each, trainer step seconds up to each)."""
     steps, flops, seconds, f, s = [], [], [], 0.0, 0.0
     for record in train:
         interval_s = record["n_bytes"] / max(record["bytes_per_s"], 1e-9)
@@ -63,76 +74,108 @@ def at_step(step: int, steps: list[int], values: list[float]) -> float:
     return previous
 
 
-def chunk_size(name: str, train: list[dict]) -> str:
-    """Mean bytes per patch (BLT) or per chunk (H-Net) over the run's last quarter of logs."""
-    key = {"blt": "patch_len_mean", "hnet": "aux/bytes_per_chunk/stage0"}.get(name)
+def measured_patch(train: list[dict]) -> float:
+    """Mean bytes per patch (BLT) or per last-stage chunk (H-Net) over the last half of the
+    logs; 1.0 for a byte LM."""
+    late = train[len(train) // 2 :]
+    stages = sorted(k for k in late[0] if k.startswith("aux/bytes_per_chunk/stage")) if late else []
+    key = "patch_len_mean" if late and "patch_len_mean" in late[0] else (stages or [None])[-1]
     if key is None:
-        return "1"
-    values = [r[key] for r in train[len(train) * 3 // 4 :] if r.get(key) is not None]
-    return f"{sum(values) / len(values):.2f}" if values else "n/a"
+        return 1.0
+    values = [r[key] for r in late if r.get(key) is not None]
+    return sum(values) / len(values) if values else math.nan
 
 
-def read_curve(name: str, dump_dir: Path, params: int, flops_per_byte: float, wall_s: float):
+def read_curve(row: str, lr: float, seed: int, dump_dir: Path, record: dict) -> Curve:
     train = read_records(dump_dir / TRAIN_METRICS)
     if not train:
         raise DataError(f"{dump_dir / TRAIN_METRICS}: no training metrics")
-    steps, flops, seconds = cumulative(train)
+    steps, flops, _ = cumulative(train)
+    step_cum, data_s, previous, total = [], 0.0, 0, 0.0
+    for r, s in zip(train, steps):
+        total += r["step_time_s"] * (s - previous)
+        data_s += r["data_time_s"] * (s - previous)
+        step_cum.append(total)
+        previous = s
     curve = Curve(
-        name, params, flops_per_byte, chunk_size(name, train),
-        bytes_seen=int(train[-1]["tokens_seen"]), train_flops=flops[-1], train_s=seconds[-1],
-        wall_s=wall_s,
+        row, lr, seed, bytes_seen=int(train[-1]["tokens_seen"]), train_flops=flops[-1],
+        step_s=total, data_s=data_s, wall_s=record["wall_s"], cpu_s=record["cpu_s"],
+        bytes_per_patch=measured_patch(train),
     )  # fmt: skip
-    for record in read_records(dump_dir / EVAL_METRICS):
-        if record.get("val/bpb") is None:
+    for record_ in read_records(dump_dir / EVAL_METRICS):
+        if record_.get(SPLIT_KEYS["test"]) is None:
             continue
-        step = int(record["global_step"])
+        step = int(record_["global_step"])
         curve.steps.append(step)
         curve.flops.append(at_step(step, steps, flops))
-        curve.seconds.append(at_step(step, steps, seconds))
-        curve.val_bpb.append(float(record["val/bpb"]))
+        curve.seconds.append(at_step(step, steps, step_cum))  # step time only, data time apart
+        for split, key in SPLIT_KEYS.items():
+            curve.bpb.setdefault(split, []).append(float(record_[key]))
+    if not curve.steps:
+        raise DataError(f"{dump_dir / EVAL_METRICS}: no validation with {SPLIT_KEYS['test']}")
     return curve
 
 
-def table(curves: list[Curve]) -> str:
+def mean_std(values: list[float]) -> tuple[float, float]:
+    mean = statistics.fmean(values)
+    return mean, statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def row_result(name: str, sized, sweep: list[Curve], chosen: float, seeds: list[Curve]) -> dict:
+    """One row of compare.json (see docs/compare.md for each field)."""
+    test = [c.final("test") for c in seeds]
+    ood = [c.final("ood") for c in seeds]
+    val_mean, val_std = mean_std(test)
+    ood_mean, ood_std = mean_std(ood)
+    return {
+        "row": name,
+        "arch": sized.arch,
+        "variant": sized.variant,
+        "params": sized.params,
+        "size": sized.size,
+        "flops_per_byte": statistics.fmean(c.flops_per_byte for c in seeds),
+        "flops_per_byte_sized": sized.flops_per_byte,
+        "lr": chosen,
+        "lr_sweep": {f"{c.lr:g}": c.final("tune") for c in sweep},
+        "seeds": [c.seed for c in seeds],
+        "val_bpb": test,
+        "val_bpb_mean": val_mean,
+        "val_bpb_std": val_std,
+        "ood_bpb": ood,
+        "ood_bpb_mean": ood_mean,
+        "ood_bpb_std": ood_std,
+        "tune_bpb": [c.final("tune") for c in seeds],
+        "bytes_per_patch": statistics.fmean(c.bytes_per_patch for c in seeds),
+        "bytes_per_patch_target": sized.bytes_per_patch,
+        "train_bytes": seeds[0].bytes_seen,
+        "train_flops": statistics.fmean(c.train_flops for c in seeds),
+        "train_step_s": statistics.fmean(c.step_s for c in seeds),
+        "data_s": statistics.fmean(c.data_s for c in seeds),
+        "wall_s": statistics.fmean(c.wall_s for c in seeds),
+        "cpu_s": statistics.fmean(c.cpu_s for c in seeds),
+        "curves": [
+            {"seed": c.seed, "flops": c.flops, "seconds": c.seconds, "test_bpb": c.bpb["test"]}
+            for c in seeds
+        ],
+    }
+
+
+def table(rows: list[dict], reference_flops: float) -> str:
     header = (
-        "| arch | params | FLOPs/byte (M) | bytes/patch or chunk | final val bpb | training "
-        "bytes | training FLOPs | training s | wall s |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| row | arch | params | lr (of sweep) | test bpb | out-of-domain bpb | bytes/patch "
+        "(target) | FLOPs/byte (M, ratio) | train s (data s) | wall s | CPU s |\n"
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n"
     )
-    rows = [
-        f"| {c.name} | {c.params:,} | {c.flops_per_byte / 1e6:.3f} | {c.chunk} | "
-        f"{c.final_bpb:.3f} | {c.bytes_seen:,} | {c.train_flops:.3g} | {c.train_s:.0f} | "
-        f"{c.wall_s:.0f} |"
-        for c in curves
-    ]
-    return header + "\n".join(rows) + "\n"
-
-
-def write_json(path: Path, curves: list[Curve], extra: dict) -> None:
-    runs = [{**asdict(c), "final_val_bpb": c.final_bpb} for c in curves]
-    path.write_text(json.dumps({**extra, "runs": runs}, indent=1) + "\n")
-
-
-def write_png(path: Path, curves: list[Curve]) -> bool:
-    """Two panels: val bpb against training FLOPs and against training seconds; False without
-    matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, (by_flops, by_time) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
-    for c in curves:
-        by_flops.plot(c.flops, c.val_bpb, "o-", label=c.name, markersize=4)
-        by_time.plot(c.seconds, c.val_bpb, "o-", label=c.name, markersize=4)
-    for ax, xlabel in ((by_flops, "training FLOPs"), (by_time, "training seconds")):
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("validation bits per byte")
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
+    lines = []
+    for r in rows:
+        sweep = ", ".join(r["lr_sweep"])
+        ratio = r["flops_per_byte"] / reference_flops
+        lines.append(
+            f"| {r['row']} | {r['arch']} | {r['params']:,} | {r['lr']:g} ({sweep}) | "
+            f"{r['val_bpb_mean']:.4f} ± {r['val_bpb_std']:.4f} | "
+            f"{r['ood_bpb_mean']:.4f} ± {r['ood_bpb_std']:.4f} | "
+            f"{r['bytes_per_patch']:.2f} ({r['bytes_per_patch_target']:.2f}) | "
+            f"{r['flops_per_byte'] / 1e6:.3f} ({ratio:.3f}) | "
+            f"{r['train_step_s']:.0f} ({r['data_s']:.0f}) | {r['wall_s']:.0f} | {r['cpu_s']:.0f} |"
+        )
+    return header + "\n".join(lines) + "\n"

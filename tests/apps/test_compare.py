@@ -1,103 +1,137 @@
-"""`python -m apps.compare`: a byte LM, a BLT and an H-Net at matched FLOPs per byte, end to end
-(a few steps each), its rerun, and the config errors it reports before training anything."""
+"""`python -m apps.compare`: the quick preset end to end (every row, matched FLOPs, the same bpb for
+the same seed, the rerun, a changed config), and the pieces it is built from."""
 
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 
 import pytest
 
+from apps.compare.__main__ import check_config, middle_first
 from apps.compare.args import CompareArgs
-from apps.compare.report import at_step, cumulative
-from apps.compare.sizing import size_runs
+from apps.compare.report import at_step, cumulative, mean_std
+from apps.compare.sizing import size_rows
+from apps.compare.splits import write_splits
 from bytelatent.config import parse_args
 from bytelatent.errors import ConfigError
 from tests.limits import hang_limit
 from tests.paths import REPO
 
-CONFIG = f"config={REPO / 'configs' / 'compare_cpu.yaml'}"
-# every run a few steps on short rows; the sizing and the tolerance as in the shipped config
-TINY = ["steps=4", "evals=2", "val_batches=2", "row_bytes=64", "batch_size=2", "entropy.steps=4",
-        "entropy.sample_bytes=5000"]  # fmt: skip
+CPU = f"config={REPO / 'configs' / 'compare_cpu.yaml'}"
+QUICK = f"config={REPO / 'configs' / 'compare_quick.yaml'}"
+ROWS = ["lm", "blt_entropy", "blt_space", "blt_static", "hnet_1stage", "hnet_2stage"]
 
 
-def run_compare(argv: list[str]) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "apps.compare", CONFIG, *argv]
+def run_compare(argv: list[str], config: str = QUICK) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "apps.compare", config, *argv]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.run(
-        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=hang_limit(180)
+        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=hang_limit(900)
     )
 
 
 @pytest.mark.slow
-def test_recipe_end_to_end_and_rerun(tmp_path, corpus_root):
+def test_quick_preset_end_to_end_rerun_and_changed_config(tmp_path, corpus_root):
     out = tmp_path / "compare"
-    argv = [*TINY, f"out_dir={out}", f"data_root={corpus_root}"]
+    argv = [f"out_dir={out}", f"data_root={corpus_root}"]
     res = run_compare(argv)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-
-    # the threshold is the one patch_size printed, and the BLT trained with it
-    patch_size_out = (out / "patch_size.out").read_text()
-    printed = float(re.search(r"^threshold=(\S+)$", patch_size_out, re.MULTILINE).group(1))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     result = json.loads((out / "compare.json").read_text())
-    assert result["threshold"] == printed
-    blt_argv = json.loads((out / "runs" / "blt" / "done.json").read_text())["argv"]
-    assert f"data.patcher_args.threshold={printed!r}" in blt_argv
-    assert "data.patcher_args.patching_mode=entropy" in blt_argv
+    rows = {r["row"]: r for r in result["rows"]}
+    assert list(rows) == ROWS
+    for r in rows.values():
+        # matched on the runs' own counts (calibrated where the counts moved), or reported
+        assert r["flops_matched"] == (abs(r["flops_ratio"] - 1) <= 0.03), r["row"]
+        assert r["seeds"] == [0, 1] and len(r["val_bpb"]) == 2 and len(r["lr_sweep"]) == 3
+        assert all(math.isfinite(v) and 0 < v < 20 for v in r["val_bpb"] + r["ood_bpb"]), r
+        assert str(r["lr"]) in {str(float(x)) for x in r["lr_sweep"]}
+        assert r["val_bpb"][0] != r["val_bpb"][1], f"{r['row']}: seeds gave the same bpb"
+    for name in ("lm", "blt_space", "blt_static"):  # counts known before training
+        assert abs(rows[name]["flops_ratio"] - 1) <= 0.03, rows[name]
+    assert any("same to 1e-6" in line for line in result["checks"]), result["checks"]
+    assert "start lm" in res.stdout and "run(s) left" in res.stdout
+    assert (out / "compare.md").exists() and (out / "compare.png").exists()
 
-    runs = {r["name"]: r for r in result["runs"]}
-    assert sorted(runs) == ["blt", "hnet", "lm"]
-    reference = runs["hnet"]["flops_per_byte"]
-    for run in runs.values():
-        assert abs(run["flops_per_byte"] / reference - 1) <= 0.1, run
-        assert math.isfinite(run["final_val_bpb"]) and 0 < run["final_val_bpb"] < 20, run
-        assert run["steps"] == [2, 4] and run["train_flops"] > 0 and run["bytes_seen"] > 0
-        assert run["flops"] == sorted(run["flops"]), run
-    table_rows = [
-        line for line in (out / "compare.md").read_text().splitlines()
-        if line.startswith("| ") and not line.startswith("| arch")
-    ]  # fmt: skip
-    assert [row.split("|")[1].strip() for row in table_rows] == ["lm", "blt", "hnet"]
-
-    # a rerun trains nothing and says so; the report is written again
-    (out / "compare.md").unlink()
     again = run_compare(argv)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "nothing to do" in again.stdout and "compare: training" not in again.stdout
-    assert (out / "compare.md").exists()
+    assert "nothing to do" in again.stdout and "] start " not in again.stdout
 
-    # a finished run is never mixed with a run of another command
-    changed = run_compare([*argv, "seed=7"])
+    changed = run_compare([*argv, "steps=8"])
     assert changed.returncode == 2
-    assert (
-        changed.stderr.strip().startswith("config error:")
-        and len(changed.stderr.strip().splitlines()) == 1
-    )
+    lines = changed.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("config error:") and "steps" in lines[0]
 
 
-def test_sizing_picks_the_closest_candidate_and_enforces_the_tolerance():
-    args = parse_args(CompareArgs, [CONFIG])
-    sized = size_runs(args)
-    target = sized["hnet"].flops_per_byte
-    for name in ("lm", "blt"):
-        ratio = sized[name].flops_per_byte / target
-        assert abs(ratio - 1) <= args.flops_tolerance, (name, ratio)
-        assert sized[name].size.startswith(args.runs[name].size_key + "=")
-    with pytest.raises(ConfigError, match="runs.lm: FLOPs per byte"):
-        size_runs(parse_args(CompareArgs, [CONFIG, "runs.lm.size_values=[16]"]))
+@pytest.fixture(scope="module")
+def sized_cpu(tmp_path_factory, corpus_root):
+    """The CPU preset's splits and sizes (built once: ~100 candidate models on the meta device)."""
+    out = tmp_path_factory.mktemp("sized")
+    argv = [CPU, f"out_dir={out}", f"data_root={corpus_root}"]
+    args = parse_args(CompareArgs, argv)
+    splits = write_splits(args)
+    return argv, splits, size_rows(args, splits)
+
+
+def test_sizing_matches_every_row_and_refuses_an_unmatchable_one(sized_cpu):
+    argv, splits, sized = sized_cpu
+    assert list(sized) == ROWS
+    target = sized["lm"].flops_per_byte
+    for s in sized.values():
+        assert abs(s.flops_per_byte / target - 1) <= 0.03, s
+    assert sized["blt_static"].bytes_per_patch == 4.0 and sized["hnet_2stage"].variant == "2-stage"
+    args = parse_args(CompareArgs, [*argv, "rows.blt_entropy.size_values=[16]"])
+    with pytest.raises(ConfigError, match="rows.blt_entropy: FLOPs per byte"):
+        size_rows(args, splits)
+
+
+def test_calibration_resizes_a_row_from_its_real_flops(sized_cpu):
+    argv, splits, sized = sized_cpu
+    args = parse_args(CompareArgs, argv)
+    real = {n: s.flops_per_byte for n, s in sized.items()}
+    real["hnet_1stage"] *= 0.8  # its chunks came out longer than the target: fewer FLOPs
+    again = size_rows(args, splits, previous=sized, real=real)
+    assert again["lm"].size == sized["lm"].size and again["blt_space"] is sized["blt_space"]
+    assert again["hnet_1stage"].flops_per_byte > sized["hnet_1stage"].flops_per_byte * 1.15
+
+
+def test_splits_are_disjoint_held_out_and_out_of_domain(tmp_path, corpus_root):
+    args = parse_args(CompareArgs, [CPU, f"out_dir={tmp_path}", f"data_root={corpus_root}"])
+    paths = write_splits(args)
+    docs = {
+        s: [json.loads(x)["text"] for x in p.read_text().splitlines()] for s, p in paths.items()
+    }
+    assert docs["tune"] and docs["test"] and docs["ood"]
+    assert not set(docs["tune"]) & set(docs["test"])
+    training = "".join(p.read_text() for p in (corpus_root / "stdlib").glob("*.chunk.*.jsonl"))
+    assert all(json.dumps(d)[1:200] not in training for d in docs["test"] + docs["ood"])
+    assert "def " not in docs["ood"][0][:2000]  # prose, not Python
+    with pytest.raises(ConfigError, match="ood_files"):
+        write_splits(parse_args(CompareArgs, [CPU, f"out_dir={tmp_path / 'b'}",
+                                              f"data_root={corpus_root}", "ood_files=[/nowhere]"]))  # fmt: skip
+
+
+def test_a_changed_config_is_refused_in_one_line(tmp_path):
+    args = parse_args(CompareArgs, [CPU, f"out_dir={tmp_path}"])
+    check_config(args)
+    check_config(parse_args(CompareArgs, [CPU, f"out_dir={tmp_path}", "parallel=1"]))
+    with pytest.raises(ConfigError, match=r"another config \(lrs: \[0.001, 0.002, 0.004\] ->"):
+        check_config(parse_args(CompareArgs, [CPU, f"out_dir={tmp_path}", "lrs=[0.1]"]))
 
 
 def test_config_errors_name_the_key():
     with pytest.raises(ConfigError, match="multiple of evals"):
-        parse_args(CompareArgs, [CONFIG, "steps=10", "evals=3"])
+        parse_args(CompareArgs, [CPU, "steps=10", "evals=3"])
     with pytest.raises(ConfigError, match="size_key and size_values"):
-        parse_args(CompareArgs, [CONFIG, "runs.blt.size_values=[]"])
+        parse_args(CompareArgs, [CPU, "rows.blt_space.size_values=[]"])
+    with pytest.raises(ConfigError, match="repeats a seed"):
+        parse_args(CompareArgs, [CPU, "seeds=[1, 1]"])
+    with pytest.raises(ConfigError, match="static patching needs an integer"):
+        parse_args(CompareArgs, [CPU, "bytes_per_patch=3.5"])
 
 
-def test_flops_and_seconds_accumulate_over_log_intervals():
+def test_flops_seconds_and_spread():
     records = [
         {"global_step": 10, "n_bytes": 100, "bytes_per_s": 50.0, "flops_per_s": 1000.0},
         {"global_step": 20, "n_bytes": 100, "bytes_per_s": 100.0, "flops_per_s": 3000.0},
@@ -105,6 +139,18 @@ def test_flops_and_seconds_accumulate_over_log_intervals():
     steps, flops, seconds = cumulative(records)
     assert steps == [10, 20] and flops == [2000.0, 5000.0] and seconds == [2.0, 3.0]
     assert at_step(15, steps, flops) == 3500.0 and at_step(5, steps, flops) == 1000.0
+    assert mean_std([1.0, 3.0]) == (2.0, math.sqrt(2.0)) and mean_std([2.0]) == (2.0, 0.0)
+    assert middle_first([1, 2, 3]) == [2, 1, 3] and middle_first([1, 2, 3, 4]) == [3, 1, 2, 4]
+
+
+@pytest.mark.slow
+def test_dry_run_prints_the_plan_and_time_and_trains_nothing(tmp_path, corpus_root):
+    res = run_compare(
+        [f"out_dir={tmp_path}", f"data_root={corpus_root}", "dry_run=true"], config=CPU
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "sizing: every row matches lm's" in res.stdout and "h of training" in res.stdout
+    assert not (tmp_path / "runs").exists()
 
 
 def test_missing_corpus_is_one_line_before_anything_trains(tmp_path):

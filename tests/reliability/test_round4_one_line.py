@@ -15,7 +15,7 @@ import torch
 
 from apps.compare.__main__ import main as compare_main
 from apps.compare.args import CompareArgs
-from apps.compare.runs import DONE, pick_threshold, train
+from apps.compare.runs import DONE, Job, pick_threshold
 from bytelatent.archs.lm.model import LMTransformer
 from bytelatent.checkpoint.args import CheckpointArgs
 from bytelatent.checkpoint.manager import CheckpointManager
@@ -23,7 +23,7 @@ from bytelatent.config import parse_args
 from bytelatent.errors import UserError
 from bytelatent.generate import main as generate_cli
 from bytelatent.model.args import LMTransformerArgs
-from tests.apps.test_compare import CONFIG, TINY
+from tests.apps.test_compare import QUICK as CONFIG
 from tests.limits import hang_limit
 from tests.paths import REPO
 
@@ -85,15 +85,13 @@ def test_generate_with_raw_bytes_on_the_command_line(lm_folder):
 def test_a_damaged_done_json_is_one_line(tmp_path, content, says):
     (tmp_path / DONE).write_text(content)
     with pytest.raises(UserError) as info:
-        train("blt", ["x"], tmp_path, 1)
+        Job("blt", 0.001, 0, tmp_path, ["x"]).done()
     assert str(info.value).startswith(f"{tmp_path / DONE}: {says}"), str(info.value)
-    assert str(info.value).endswith("; delete it to train blt again")
+    assert str(info.value).endswith("; delete it to train blt lr=0.001 seed=0 again")
 
 
 def _compare_args(tmp_path, corpus_root) -> CompareArgs:
-    return parse_args(
-        CompareArgs, [CONFIG, *TINY, f"out_dir={tmp_path}", f"data_root={corpus_root}"]
-    )
+    return parse_args(CompareArgs, [CONFIG, f"out_dir={tmp_path}", f"data_root={corpus_root}"])
 
 
 def _cache_a_threshold(args: CompareArgs, monkeypatch) -> dict:
@@ -134,12 +132,12 @@ def test_a_damaged_threshold_json_is_one_line(tmp_path, corpus_root):
 
 def test_compare_cli_with_a_damaged_done_json_is_one_line(tmp_path, corpus_root, capsys):
     out = tmp_path / "out"
-    (out / "runs" / "entropy").mkdir(parents=True)
-    (out / "runs" / "entropy" / DONE).write_text('{"argv": ')
-    argv = [CONFIG, *TINY, f"out_dir={out}", f"data_root={corpus_root}"]
+    (out / "entropy").mkdir(parents=True)
+    (out / "entropy" / DONE).write_text('{"argv": ')
+    argv = [CONFIG, f"out_dir={out}", f"data_root={corpus_root}"]
     assert compare_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(
-        f"data error: {out / 'runs' / 'entropy' / DONE}: unreadable"
+        f"data error: {out / 'entropy' / DONE}: unreadable"
     ), err
-    assert err[0].endswith("delete it to train entropy model again")
+    assert err[0].endswith("delete it to train the entropy model again")
