@@ -82,6 +82,15 @@ def repair_partial_line(path: str | os.PathLike) -> int:
         return size - end
 
 
+def warn_dropped(path: str | os.PathLike, dropped: int) -> None:
+    """Say that `repair_partial_line` cut `dropped` bytes off `path` (nothing when 0)."""
+    if dropped:
+        logger.warning(
+            "%s: dropped %d bytes of a partial last line (a write cut short by a kill or a "
+            "full disk)", path, dropped,
+        )  # fmt: skip
+
+
 class LineAppender:
     """Appends whole lines to one file (a single writer: the run lock's holder)."""
 
@@ -93,11 +102,7 @@ class LineAppender:
             self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         except OSError as e:
             raise DiskError.writing(self.path, e) from e
-        if dropped:
-            logger.warning(
-                "%s: dropped %d bytes of a partial last line (a write cut short by a kill or a "
-                "full disk)", self.path, dropped,
-            )  # fmt: skip
+        warn_dropped(self.path, dropped)
 
     def append(self, line: str) -> None:
         """Write `line` (newline added if missing) whole, or raise DiskError leaving no part of it."""
@@ -189,7 +194,7 @@ def set_aside_lines_after(path: str | os.PathLike, step: int, aside: str | os.Pa
     so a crash in between leaves them in both files. Cutting back (truncate) needs no space.
     Only the tail is scanned, back to the first record at or before `step`."""
     path = Path(path)
-    repair_partial_line(path)
+    warn_dropped(path, repair_partial_line(path))
     try:
         with open(path, "rb") as f:
             end = f.seek(0, os.SEEK_END)

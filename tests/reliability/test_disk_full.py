@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from bytelatent.trainer.run_files import REPLAYED_METRICS
 from bytelatent.trainer.run_lock import LOCK_NAME
 from tests.limits import hang_limit
 from tests.trainer.test_cli import REPO, TINY_ENTROPY
@@ -147,5 +148,8 @@ def test_file_size_limit(tmp_path, corpus_root):
     res = _train(dump, corpus_root, ["steps=3", "checkpoint.dump.every=0", "logging.console=false"])
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     rows = [json.loads(r) for r in (dump / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == n_rows + 3 and [r["global_step"] for r in rows[-3:]] == [1, 2, 3]
+    # no checkpoint was saved, so the rerun starts over: the dead attempt's records move aside
+    assert [r["global_step"] for r in rows] == [1, 2, 3]
+    aside = (dump / REPLAYED_METRICS).read_text().splitlines()
+    assert len(aside) == n_rows and all(json.loads(r)["global_step"] for r in aside)
     assert "dropped 21 bytes of a partial last line" in (dump / "train.log").read_text()

@@ -119,7 +119,8 @@ def caller_site(roots: tuple[str, ...]) -> Site:
     while frame is not None:
         name = frame.f_code.co_filename
         root = next((r for r in roots if name.startswith(r)), None)
-        if root is not None and name != _THIS:
+        # a virtual environment inside the clone (CI's .venv) holds torch: not our code
+        if root is not None and name != _THIS and "/site-packages/" not in name:
             return Site(name[len(root) :], frame.f_lineno, frame.f_code.co_qualname)
         frame = frame.f_back
     return Site("?", 0, "?")
