@@ -16,6 +16,7 @@ from fsspec.implementations.local import LocalFileSystem
 from bytelatent.checkpoint.safe_paths import read_shard_index, require_inside
 from bytelatent.errors import CheckpointError
 from bytelatent.model.registry import ArchSpec, arch_name_from_params, get_arch, registered_archs
+from bytelatent.tokenizers.byte_level import byte_to_unicode
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -55,23 +56,6 @@ def write_json(path: Path, data: JsonDict) -> None:
     tmp.replace(path)
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's printable stand-in character per byte, which the ByteLevel pre-tokenizer emits."""
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    chars = list(printable)
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {b: chr(c) for b, c in zip(printable, chars)}
-
-
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<bpe>")  # ids 0..3
 
 
@@ -84,7 +68,7 @@ def write_tokenizer(out_dir: Path, max_length: int) -> None:
             "writing the Hugging Face tokenizer needs `tokenizers`: pip install 'bytelatent[hf]'"
         ) from None
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    vocab.update({char: byte + len(SPECIAL_TOKENS) for byte, char in _bytes_to_unicode().items()})
+    vocab.update({char: byte + len(SPECIAL_TOKENS) for byte, char in byte_to_unicode().items()})
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()

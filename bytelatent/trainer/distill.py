@@ -26,6 +26,8 @@ from collections.abc import Sequence
 
 import torch
 
+from bytelatent.tokenizers.byte_level import byte_to_unicode
+
 N_BYTES = 256
 END = N_BYTES  # the class index of "the token ends here" (a token boundary follows)
 N_CLASSES = N_BYTES + 1
@@ -128,7 +130,7 @@ def byte_level_vocab(tokenizer) -> list[bytes]:
     """
     from tokenizers import pre_tokenizers
 
-    table = {char: byte for byte, char in _bytes_to_unicode().items()}
+    table = {char: byte for byte, char in byte_to_unicode().items()}
     special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
     if not isinstance(tokenizer.pre_tokenizer, pre_tokenizers.ByteLevel):
         raise ValueError(
@@ -144,20 +146,3 @@ def byte_level_vocab(tokenizer) -> list[bytes]:
         except KeyError:
             raise ValueError(f"token {token!r} (id {index}) is not a byte-level token") from None
     return vocab
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table (what byte-level BPE vocabularies are written in)."""
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    chars = list(printable)
-    extra = 0
-    for byte in range(N_BYTES):
-        if byte not in printable:
-            printable.append(byte)
-            chars.append(N_BYTES + extra)
-            extra += 1
-    return dict(zip(printable, (chr(c) for c in chars)))
