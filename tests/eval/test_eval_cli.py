@@ -9,27 +9,17 @@ import pytest
 
 from tests.trainer.test_cli import TINY_BLT, run_cli
 
-EVAL_LOOP = [
-    "steps=200", "eval.every=50", "eval.before_training=true", "eval.validation.max_batches=8",
-    "logging.freq=50", "checkpoint.dump.every=100",
-]  # fmt: skip
-
 
 def eval_lines(dump_dir: Path) -> list[dict]:
     path = dump_dir / "metrics.eval.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-@pytest.fixture(scope="module")
-def debug_run(tmp_path_factory, corpus_root) -> Path:
-    """configs/debug.yaml (tiny widths) for 200 steps with validation every 50 and before training."""
-    dump = tmp_path_factory.mktemp("eval_loop") / "run"
-    res = run_cli(
-        "bytelatent.train",
-        [*TINY_BLT, f"dump_dir={dump}", f"data.root_dir={corpus_root}", *EVAL_LOOP],
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return dump
+@pytest.fixture
+def debug_run(blt_200_run) -> Path:
+    """configs/debug.yaml (tiny widths) for 200 steps with validation every 50 and before training
+    (tests/conftest.py: BLT_200_LOOP, one run per test session)."""
+    return blt_200_run
 
 
 @pytest.mark.slow  # a 200-step training run with evaluations (end to end)
