@@ -234,9 +234,8 @@ def test_entropy_like_patch_lengths_cover_each_row():
 def test_host_syncs_names_the_op_and_the_repo_caller(monkeypatch):
     """`host_syncs` attributes a sync warning raised inside an op to that op and to the first
     frame of this repository (CPU: a Python op stands in for a CUDA kernel that syncs)."""
-    import torch
-
     import steps
+    import torch
 
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
     lib = torch.library.Library("bytelatent_test_sync", "DEF")
@@ -245,7 +244,7 @@ def test_host_syncs_names_the_op_and_the_repo_caller(monkeypatch):
     def syncing(x):
         import warnings
 
-        warnings.warn("called a synchronizing CUDA operation")
+        warnings.warn("called a synchronizing CUDA operation", stacklevel=1)
         return x.clone()
 
     lib.impl("syncing", syncing, "CPU")
