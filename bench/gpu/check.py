@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             if name not in names:
                 continue
             left = deadline - time.monotonic()
-            if to_run and name == to_run[-1]:  # the last step gets what the others left
+            if len(to_run) > 1 and name == to_run[-1]:  # the last gets what the others left
                 limits[name] = max(limits[name], left)
             if limits[name] is None:
                 record(out, {"step": name, "status": "skip", "reason": "GPU run only"})
