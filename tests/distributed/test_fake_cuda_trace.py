@@ -84,11 +84,13 @@ class Tracer:
 
     def __init__(self, shim: Path, tmp: Path) -> None:
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-        self.tmp, self.count = tmp, 0
-        self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "trace_step.py"), str(shim), "--serve"], cwd=REPO, env=env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
-        )  # fmt: skip
+        self.tmp, self.count, self.log = tmp, 0, tmp / "server.err"
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(HERE / "trace_step.py"), str(shim), "--serve"], cwd=REPO,
+                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                start_new_session=True,
+            )  # fmt: skip
 
     def run(
         self, argv: list[str], plant: str | None = None, host_syncs: tuple[str, ...] = ()
@@ -97,13 +99,17 @@ class Tracer:
         out, err = self.tmp / f"{self.count}.out", self.tmp / f"{self.count}.err"
         case = {"argv": argv, "plant": plant, "host_syncs": list(host_syncs),
                 "out": str(out), "err": str(err)}  # fmt: skip
-        self.proc.stdin.write(json.dumps(case) + "\n")
-        self.proc.stdin.flush()
-        ready, _, _ = select.select([self.proc.stdout], [], [], hang_limit(180))
-        answer = self.proc.stdout.readline() if ready else ""
+        try:
+            self.proc.stdin.write(json.dumps(case) + "\n")
+            self.proc.stdin.flush()
+            ready, _, _ = select.select([self.proc.stdout], [], [], hang_limit(180))
+            answer = self.proc.stdout.readline() if ready else ""
+        except BrokenPipeError:  # the server is gone (an earlier trace hung or it failed)
+            answer = ""
         if not answer:
             self.close()
-            pytest.fail(f"the trace server gave no answer (exit {self.proc.returncode})")
+            pytest.fail(f"the trace server gave no answer (exit {self.proc.returncode}): "
+                        f"{self.log.read_text()[-3000:]}")  # fmt: skip
         rc = json.loads(answer)["rc"]
         return subprocess.CompletedProcess(argv, rc, out.read_text(), err.read_text())
 
