@@ -229,8 +229,9 @@ BLT_200_LOOP = [
 
 @pytest.fixture(scope="session")
 def blt_200_run(tmp_path_factory, corpus_root) -> Path:
-    """dump_dir of the 200-step BLT_200_LOOP run (checkpoints at 100 and 200); tests only read it
-    (or add beside its files, e.g. a `consolidated/` folder)."""
+    """dump_dir of the 200-step BLT_200_LOOP run (checkpoints at 100 and 200), shared by test
+    files on several xdist workers: tests only read it (or add beside its files: test_eval_cli
+    writes `consolidated/` into the step-200 folder, which loading that folder ignores)."""
     from tests.trainer.test_cli import TINY_BLT as CLI_BLT  # noqa: PLC0415 - a test module
     from tests.trainer.test_cli import run_cli  # noqa: PLC0415
 
