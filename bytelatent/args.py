@@ -18,15 +18,19 @@ from pydantic import (
     model_validator,
 )
 
-from bytelatent.archs.blt.args import ByteLatentTransformerArgs
 from bytelatent.archs.blt.reference_format import looks_like_reference, reference_hint
 from bytelatent.checkpoint.args import CheckpointArgs
 from bytelatent.data.args import DataArgs
 from bytelatent.distributed.args import DistributedArgs
 from bytelatent.eval.args import EvalArgs
 from bytelatent.launch.args import EnvVars
-from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.registry import arch_name_from_config, get_arch
+from bytelatent.model.registry import (
+    LEGACY_SECTIONS,
+    MODEL_SECTION,
+    arch_name_from_config,
+    get_arch,
+    registered_archs,
+)
 from bytelatent.trainer.actions import ActionArgs
 from bytelatent.trainer.args import LoggingArgs, OptimArgs, ProfilerArgs
 from bytelatent.trainer.run_lock import RunLockArgs
@@ -39,12 +43,62 @@ DEFAULT_ENV = {
 }
 
 
-def _arch_args_errors(exc: ValidationError, arch: str) -> str:
-    """One line per problem, named like every other key (`arch_args.dim: ...`)."""
-    return "; ".join(
-        f"arch_args.{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (arch {arch})"
-        for e in exc.errors()
-    )
+def _model_errors(exc: ValidationError, arch: str, args_class: type) -> str:
+    """One line per problem, named like every other key (`model.dim: ...`); a key the
+    architecture does not read says so (it would change nothing)."""
+
+    def line(e: dict) -> str:
+        key = "model." + ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            return f"{key}: arch={arch} does not read it ({args_class.__name__} has no such key); remove it"
+        return f"{key}: {e['msg']} (arch {arch})"
+
+    return "; ".join(line(e) for e in exc.errors())
+
+
+def _is_unwritten_blt_section(value: Any) -> bool:
+    """Whether `value`, found next to an old-named section (`entropy_model`, `arch_args`), is
+    what old configs and params.json files held under `model` for every architecture: null, or
+    every key of the args whose old section name is `model` at its default (a dump of the
+    defaults, written by no user; a partial section is a user's keys)."""
+    if value is None or value == {}:
+        return True
+    for spec in registered_archs().values():
+        if spec.legacy_section != MODEL_SECTION:
+            continue
+        if isinstance(value, BaseModel):
+            if type(value) is spec.args_class and not value.model_dump(exclude_defaults=True):
+                return True
+            continue
+        if not isinstance(value, dict) or value.keys() != spec.args_class.model_fields.keys():
+            continue  # a partial section: keys a user wrote
+        try:
+            args = spec.args_class.model_validate(value)
+        except ValidationError:
+            continue
+        if not args.model_dump(exclude_defaults=True):
+            return True
+    return False
+
+
+def _merge_old_section(model: Any, old: Any, key: str, arch: str) -> Any:
+    """`model` and `key` (its old name) hold one section: keys from both, a key in both with
+    different values refused (a dotlist `model.x=` over an old config's `arch_args:`)."""
+    if _is_unwritten_blt_section(model):
+        return old
+    if isinstance(model, BaseModel) or isinstance(old, BaseModel):
+        raise ValueError(
+            f"model and {key}: both set for arch={arch}; {key} is the old name of model, keep model"
+        )
+    if not isinstance(model, dict) or not isinstance(old, dict):
+        return old if not isinstance(old, dict) else model
+    for name in sorted(model.keys() & old.keys()):
+        if model[name] != old[name]:
+            raise ValueError(
+                f"model.{name} and {key}.{name}: both set for arch={arch} ({key} is the old name "
+                "of model); set it once, under model"
+            )
+    return {**old, **model}
 
 
 # Validation context key: False when the config was not written by this run's user.
@@ -82,9 +136,9 @@ class TrainArgs(BaseModel):
     )
     arch: str = Field(
         "blt",
-        description="architecture (bytelatent/model/registry.py): blt (args in `model`), entropy "
-        "or lm (args in `entropy_model`), or 'package.module:name' for one a module registers "
-        "(args in `arch_args`; docs/extending.md, How to add a model)",
+        description="architecture (bytelatent/archs/__init__.py): blt, entropy (or lm), hnet, or "
+        "'package.module:name' for one a module registers (docs/extending.md); its args are "
+        "the `model` section",
     )
     train_entropy_model: bool = Field(
         False,
@@ -109,17 +163,10 @@ class TrainArgs(BaseModel):
         default_factory=OptimArgs,
         description="AdamW, gradient clipping, learning-rate schedule and warmup",
     )
-    model: ByteLatentTransformerArgs | None = Field(
-        default_factory=ByteLatentTransformerArgs,
-        description="BLT shape: global (latent) transformer, local encoder/decoder, cross-attention, hashes",
-    )
-    entropy_model: LMTransformerArgs | None = Field(
-        None, description="byte LM shape, used with train_entropy_model=true"
-    )
-    arch_args: Any = Field(
+    model: Any = Field(
         None,
-        description="args of an architecture registered outside bytelatent (validated by its "
-        "spec's args class)",
+        description="the architecture's args, schema from `arch` (--help model: the default "
+        "arch's keys); old configs' entropy_model and arch_args sections are read as this one",
     )
     distributed: DistributedArgs = Field(
         default_factory=DistributedArgs,
@@ -169,55 +216,46 @@ class TrainArgs(BaseModel):
             "arch=entropy; remove train_entropy_model"
         )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_model_section(cls, data: Any, info: ValidationInfo) -> Any:
+        """Fold the old section names into `model`: the chosen spec's `legacy_section`
+        (`entropy_model`, `arch_args`) holds its args in old files; any other old-named section
+        must be null (old files wrote `entropy_model: null`), a set one is read by nothing."""
+        if not isinstance(data, dict):
+            return data
+        old = {k: data[k] for k in LEGACY_SECTIONS if k != MODEL_SECTION and k in data}
+        if not old:
+            return data
+        data = {k: v for k, v in data.items() if k not in old}
+        spec = _spec_for(arch_name_from_config(data), info)
+        for key, value in old.items():
+            if value is None:
+                continue
+            if key != spec.legacy_section:
+                raise ValueError(
+                    f"{key}: arch={spec.name} does not read it (its args are the `model` "
+                    f"section); remove the {key} section"
+                )
+            data[MODEL_SECTION] = _merge_old_section(data.get(MODEL_SECTION), value, key, spec.name)
+        return data
+
     @model_validator(mode="after")
     def _arch_section(self, info: ValidationInfo) -> TrainArgs:
-        # The user's own config may name a plugin module (importing it is their choice); a
-        # config read back from a checkpoint (`from_saved`) may not make us import anything.
-        allow_import = (info.context or {}).get(ALLOW_ARCH_IMPORT, True)
-        try:
-            spec = get_arch(self.arch, allow_import=allow_import)
-        except ValueError as exc:
-            raise ValueError(f"arch: {exc}") from None
+        spec = _spec_for(self.arch, info)
         if ":" not in self.arch:
             self.arch = spec.name  # an alias (lm) is saved as the name it stands for
-        if spec.name == "entropy":
+        if spec.legacy_section == "entropy_model":
             self.train_entropy_model = True  # old readers of config.yaml / params.json
-        if spec.section == "entropy_model" and self.model is not None:
-            if not self.model.model_dump(exclude_defaults=True):
-                self.model = None  # the BLT's defaults, unread: as `model: null` did
-        if spec.section == "arch_args":
-            self._refuse_unread_sections(spec.name)
-            if not isinstance(self.arch_args, spec.args_class):
-                try:
-                    self.arch_args = spec.args_class.model_validate(self.arch_args or {})
-                except ValidationError as exc:
-                    raise ValueError(_arch_args_errors(exc, self.arch)) from None
-        elif self.arch_args is not None:
-            raise ValueError(
-                f"arch_args: only for architectures registered outside bytelatent; arch={self.arch} "
-                f"reads `{spec.section}`"
-            )
+        if not isinstance(self.model, spec.args_class):
+            value = self.model
+            if isinstance(value, BaseModel):  # another architecture's args object
+                value = value.model_dump(exclude_unset=True)
+            try:
+                self.model = spec.args_class.model_validate(value or {})
+            except ValidationError as exc:
+                raise ValueError(_model_errors(exc, self.arch, spec.args_class)) from None
         return self
-
-    def _refuse_unread_sections(self, arch: str) -> None:
-        """An `arch_args` architecture reads neither `model` nor `entropy_model`: a key set there
-        would change nothing, so it is a config error. A `model` section nobody wrote (the BLT's
-        defaults) is dropped."""
-        if self.entropy_model is not None:
-            raise ValueError(
-                f"entropy_model: arch={arch} does not read it (its args are `arch_args`); "
-                "remove the entropy_model section"
-            )
-        if self.model is None:
-            return
-        changed = sorted(self.model.model_fields_set)
-        if changed:
-            keys = ", ".join(f"model.{key}" for key in changed)
-            raise ValueError(
-                f"{keys}: arch={arch} does not read the model section (its args are "
-                "`arch_args`); remove it or set the matching arch_args key"
-            )
-        self.model = None
 
     @model_validator(mode="after")
     def _cross_section_rules(self) -> TrainArgs:
@@ -257,5 +295,22 @@ class TrainArgs(BaseModel):
         return ("data",) if tree.get("dry_run") is True else ()
 
     def active_model_args(self) -> BaseModel:
-        """The args of the run's architecture (its spec's section)."""
-        return getattr(self, get_arch(self.arch).section)
+        """The args of the run's architecture (the `model` section)."""
+        return self.model
+
+    @classmethod
+    def config_section_class(cls, name: str) -> type | None:
+        """Help hook (config/help.py): the args class `--help model` lists (the default arch's)."""
+        if name != MODEL_SECTION:
+            return None
+        return get_arch(cls.model_fields["arch"].default).args_class
+
+
+def _spec_for(arch: str, info: ValidationInfo) -> Any:
+    """The spec `arch` names. The user's own config may name a plugin module (importing it is
+    their choice); a config read back from a checkpoint (`from_saved`) may not import anything."""
+    allow_import = (info.context or {}).get(ALLOW_ARCH_IMPORT, True)
+    try:
+        return get_arch(arch, allow_import=allow_import)
+    except ValueError as exc:
+        raise ValueError(f"arch: {exc}") from None

@@ -27,7 +27,7 @@ from bytelatent.checkpoint.consolidate import METADATA_FILE, load_dcp_state_dict
 from bytelatent.checkpoint.model_size import require_model_fits
 from bytelatent.errors import CheckpointError, UserError
 from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.registry import ArchSpec, arch_name_from_params, get_arch
+from bytelatent.model.registry import ArchSpec, arch_name_from_params, arch_section, get_arch
 
 logger = logging.getLogger("bytelatent")
 
@@ -122,15 +122,13 @@ def model_args_from_params(
     if read is not None:
         args, ignored = read(params, where)
         return args, spec.name, ignored
-    section = params.get(spec.section)
+    section = arch_section(params, spec)
     if not isinstance(section, dict):
-        raise CheckpointError(
-            f"{where}: no '{spec.section}' section; is this a {spec.name} checkpoint?"
-        )
+        raise CheckpointError(f"{where}: no 'model' section; is this a {spec.name} checkpoint?")
     try:
         return spec.args_class.model_validate(section), spec.name, []
     except ValidationError as exc:
-        raise CheckpointError(f"{where}: {spec.section} args invalid: {exc}") from None
+        raise CheckpointError(f"{where}: model args invalid: {exc}") from None
 
 
 def entropy_args_from_params(params: dict[str, Any], where: str = "params.json"):
@@ -234,8 +232,12 @@ def load_any_checkpoint(
 
 
 def entropy_model_args(params: dict, where: str = "params.json") -> LMTransformerArgs:
-    """LMTransformerArgs from a params.json dict (our layout or the reference TrainArgs)."""
+    """LMTransformerArgs from a params.json dict (our layout or the reference TrainArgs): the
+    `model` section of a byte LM run (`entropy_model` in files from before one section), or the
+    released entropy model's flat layout."""
     section = params.get("entropy_model")
+    if not section and _args_class_of(params) is LMTransformerArgs:
+        section = params.get("model")
     if not section:
         section = params if "dim" in params and "n_layers" in params else None
     if not section:
@@ -253,6 +255,14 @@ def entropy_model_args(params: dict, where: str = "params.json") -> LMTransforme
     if ignored:
         logger.info("%s: reference fields without effect: %s", where, ignored)
     return args
+
+
+def _args_class_of(params: dict) -> type | None:
+    """The args class of the architecture params.json names (None: not registered here)."""
+    try:
+        return get_arch(arch_name_from_params(params)).args_class
+    except ValueError:
+        return None
 
 
 def load_entropy_model(

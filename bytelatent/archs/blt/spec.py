@@ -10,8 +10,6 @@ from bytelatent.model.spec import Adapters, ArchSpec, Forward, Sizes
 
 def check_blt_run(args: Any) -> None:
     """Cross-section rules of a BLT run; `args` is a TrainArgs."""
-    if args.model is None:
-        raise ValueError("model: must be set unless train_entropy_model=true")
     if args.model.global_init is not None and args.checkpoint.init_ckpt_path:
         raise ValueError(
             "model.global_init and checkpoint.init_ckpt_path both initialise weights; set one"
@@ -91,7 +89,7 @@ SPEC = ArchSpec(
     description="Byte Latent Transformer: local encoder, global latent transformer over "
     "patches, local decoder",
     args_class=ByteLatentTransformerArgs,
-    section="model",
+    legacy_section="model",
     model=_model,
     forward=Forward(patched=True, batch_inputs=("patch_lengths",), host_batch=True),
     sizes=Sizes(flops=_flops, activation_bytes=_activation_bytes, lower_bound=_lower_bound),

@@ -81,7 +81,7 @@ class RouterCollapseMonitor(Action):
         return (
             f"H-Net router collapse at step {step}: stage {s} has {value:.3g} positions per "
             f"chunk (aux/chunk_len_mean/stage{s}) since step {self.since[s]}, target "
-            f"{self.targets[s]:g}: {what}; raise arch_args.stages[{s}].ratio_loss_weight (now "
+            f"{self.targets[s]:g}: {what}; raise model.stages[{s}].ratio_loss_weight (now "
             f"{self.weights[s]:g}) or lower optim.lr"
         )
 
@@ -102,6 +102,6 @@ class RouterCollapseMonitor(Action):
 
 def hnet_actions(train_args: Any, rank: int) -> list[Action]:
     """The H-Net spec's `actions`: the router collapse monitor (warnings on rank 0 only)."""
-    stages = train_args.arch_args.stages
+    stages = train_args.model.stages
     targets, weights = [s.target_ratio for s in stages], [s.ratio_loss_weight for s in stages]
     return [RouterCollapseMonitor(targets, weights, train_args.optim.warmup, warn=rank == 0)]
