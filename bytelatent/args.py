@@ -13,6 +13,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     model_validator,
@@ -82,10 +84,10 @@ def _is_unwritten_blt_section(value: Any) -> bool:
 
 
 def _merge_old_section(model: Any, old: Any, key: str, arch: str) -> Any:
-    """`model` and `key` (its old name) hold one section: keys from both, a key in both with
-    different values refused (a dotlist `model.x=` over an old config's `arch_args:`)."""
-    if _is_unwritten_blt_section(model):
-        return old
+    """`model` and `key` (its old name) in a user's config hold one section: keys from both, a
+    key in both with different values refused (a dotlist `model.x=` over an old `arch_args:`).
+    Old configs had the BLT's section under `model` next to entropy_model: its keys are now
+    refused by the chosen architecture's args class, naming each."""
     if isinstance(model, BaseModel) or isinstance(old, BaseModel):
         raise ValueError(
             f"model and {key}: both set for arch={arch}; {key} is the old name of model, keep model"
@@ -109,6 +111,8 @@ class TrainArgs(BaseModel):
     """A training run. Field names follow the reference BLT `TrainArgs` where they exist."""
 
     model_config = ConfigDict(extra="forbid")
+    # the name the config gave the `model` section (an old one: entropy_model, arch_args)
+    _model_key: str = PrivateAttr(MODEL_SECTION)
 
     name: str = Field("bytelatent", description="run name (wandb, SLURM job name)")
     dump_dir: str = Field(
@@ -216,29 +220,17 @@ class TrainArgs(BaseModel):
             "arch=entropy; remove train_entropy_model"
         )
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _one_model_section(cls, data: Any, info: ValidationInfo) -> Any:
-        """Fold the old section names into `model`: the chosen spec's `legacy_section`
-        (`entropy_model`, `arch_args`) holds its args in old files; any other old-named section
-        must be null (old files wrote `entropy_model: null`), a set one is read by nothing."""
-        if not isinstance(data, dict):
-            return data
-        old = {k: data[k] for k in LEGACY_SECTIONS if k != MODEL_SECTION and k in data}
-        if not old:
-            return data
-        data = {k: v for k, v in data.items() if k not in old}
-        spec = _spec_for(arch_name_from_config(data), info)
-        for key, value in old.items():
-            if value is None:
-                continue
-            if key != spec.legacy_section:
-                raise ValueError(
-                    f"{key}: arch={spec.name} does not read it (its args are the `model` "
-                    f"section); remove the {key} section"
-                )
-            data[MODEL_SECTION] = _merge_old_section(data.get(MODEL_SECTION), value, key, spec.name)
-        return data
+    def _one_model_section(
+        cls, data: Any, handler: ModelWrapValidatorHandler, info: ValidationInfo
+    ) -> TrainArgs:
+        """Fold the old section names into `model` (`_fold_old_sections`); messages about the
+        section's keys (resume checks) name it as the config did."""
+        data, key = _fold_old_sections(data, info)
+        args = handler(data)
+        args._model_key = key
+        return args
 
     @model_validator(mode="after")
     def _arch_section(self, info: ValidationInfo) -> TrainArgs:
@@ -306,11 +298,47 @@ class TrainArgs(BaseModel):
         return get_arch(cls.model_fields["arch"].default).args_class
 
 
+def _fold_old_sections(data: Any, info: ValidationInfo) -> tuple[Any, str]:
+    """(`data` with its old-named sections folded into `model`, the name the config gave the
+    section). The chosen spec's `legacy_section` (`entropy_model`, `arch_args`) holds its args in
+    old files; another old-named section must be null (old files wrote `entropy_model: null`):
+    a set one is read by nothing."""
+    if not isinstance(data, dict):
+        return data, MODEL_SECTION
+    old = {k: data[k] for k in LEGACY_SECTIONS if k != MODEL_SECTION and k in data}
+    if not old:
+        return data, MODEL_SECTION
+    data = {k: v for k, v in data.items() if k not in old}
+    spec = _spec_for(arch_name_from_config(data), info)
+    named = MODEL_SECTION
+    for key, value in old.items():
+        if value is None:
+            continue
+        if key != spec.legacy_section:
+            if not _users_config(info):
+                continue  # a saved file from before one section: that section was read by nothing
+            raise ValueError(
+                f"{key}: arch={spec.name} does not read it (its args are the `model` section); "
+                f"remove the {key} section"
+            )
+        model = data.get(MODEL_SECTION)
+        if _is_unwritten_blt_section(model) or not _users_config(info):
+            # a saved file from before one section: its `model` was the BLT's, read by nothing
+            named, data[MODEL_SECTION] = key, value
+            continue
+        data[MODEL_SECTION] = _merge_old_section(model, value, key, spec.name)
+    return data, named
+
+
+def _users_config(info: ValidationInfo) -> bool:
+    """Whether the config was written by this run's user (else a file read back: `from_saved`)."""
+    return (info.context or {}).get(ALLOW_ARCH_IMPORT, True)
+
+
 def _spec_for(arch: str, info: ValidationInfo) -> Any:
     """The spec `arch` names. The user's own config may name a plugin module (importing it is
     their choice); a config read back from a checkpoint (`from_saved`) may not import anything."""
-    allow_import = (info.context or {}).get(ALLOW_ARCH_IMPORT, True)
     try:
-        return get_arch(arch, allow_import=allow_import)
+        return get_arch(arch, allow_import=_users_config(info))
     except ValueError as exc:
         raise ValueError(f"arch: {exc}") from None

@@ -119,7 +119,8 @@ def test_dry_run_needs_no_data_keys_a_real_run_does(tmp_path, monkeypatch):
 
 
 def tiny(tmp_path, *extra: str) -> TrainArgs:
-    return parse_args(TrainArgs, ["config=configs/debug.yaml", f"dump_dir={tmp_path}", *extra])
+    base = [] if any(e.startswith("config=") for e in extra) else ["config=configs/debug.yaml"]
+    return parse_args(TrainArgs, [*base, f"dump_dir={tmp_path}", *extra])
 
 
 def test_memory_estimate_follows_the_layout(tmp_path, monkeypatch):
