@@ -281,6 +281,18 @@ class TrainArgs(BaseModel):
         return reference_hint(path) if looks_like_reference(tree) else None
 
     @classmethod
+    def config_key_aliases(cls, tree: dict) -> tuple[str, ...]:
+        """Parser hook (config/parser.py): `model` and the old name this config's arch gave it
+        (`entropy_model`, `arch_args`) are one key: each file and dotlist is renamed before they
+        merge, so the later one wins whichever name it uses."""
+        try:
+            spec = get_arch(arch_name_from_config(tree), allow_import=True)
+        except ValueError:
+            return ()  # validation names the arch's problem
+        old = spec.legacy_section
+        return () if old == MODEL_SECTION else (MODEL_SECTION, old)
+
+    @classmethod
     def config_unneeded_sections(cls, tree: dict) -> tuple[str, ...]:
         """Parser hook (config/parser.py): a dry run reads no data, so `data.root_dir: ???` and
         the like need not be set for it."""
