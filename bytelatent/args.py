@@ -7,6 +7,7 @@ module only composes them and checks the few rules that span sections, before an
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from pydantic import (
@@ -45,15 +46,15 @@ DEFAULT_ENV = {
 }
 
 
-def _model_errors(exc: ValidationError, arch: str, args_class: type) -> str:
+def _model_errors(exc: ValidationError, arch: str, args_class: type, name: str) -> str:
     """One line per problem, named like every other key (`model.dim: ...`); a key the
     architecture does not read says so (it would change nothing)."""
 
     def line(e: dict) -> str:
-        key = "model." + ".".join(str(p) for p in e["loc"])
+        key = ".".join([name, *(str(p) for p in e["loc"])])
         if e["type"] == "extra_forbidden":
             return f"{key}: arch={arch} does not read it ({args_class.__name__} has no such key); remove it"
-        return f"{key}: {e['msg']} (arch {arch})"
+        return f"{key}: {e['msg'].removeprefix('Value error, ')} (arch {arch})"
 
     return "; ".join(line(e) for e in exc.errors())
 
@@ -101,6 +102,14 @@ def _merge_old_section(model: Any, old: Any, key: str, arch: str) -> Any:
                 "of model); set it once, under model"
             )
     return {**old, **model}
+
+
+_MODEL_KEY = re.compile(r"(?<![\w.])model\.")
+
+
+def _as_named(message: str, name: str) -> str:
+    """`message` with its `model.` keys named `name.` (what the config called the section)."""
+    return message if name == MODEL_SECTION else _MODEL_KEY.sub(name + ".", message)
 
 
 # Validation context key: False when the config was not written by this run's user.
@@ -205,21 +214,6 @@ class TrainArgs(BaseModel):
         "patience, min_delta} or {kind: nonfinite_stop, max_skipped_steps}",
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _arch_compat(cls, data: Any) -> Any:
-        """`train_entropy_model: true` (configs and params.json from before `arch`) means
-        arch=entropy; the two keys must not disagree."""
-        if not isinstance(data, dict) or not data.get("train_entropy_model"):
-            return data
-        arch = data.get("arch")
-        if arch in (None, "entropy", "lm"):
-            return {**data, "arch": arch or arch_name_from_config(data)}
-        raise ValueError(
-            f"train_entropy_model=true and arch={arch}: train_entropy_model=true means "
-            "arch=entropy; remove train_entropy_model"
-        )
-
     @model_validator(mode="wrap")
     @classmethod
     def _one_model_section(
@@ -229,7 +223,7 @@ class TrainArgs(BaseModel):
         section's keys (resume checks) name it as the config did."""
         data, key = _fold_old_sections(data, info)
         args = handler(data)
-        args._model_key = key
+        args._model_key = key  # (the after validators run outside this one: they see it)
         return args
 
     @model_validator(mode="after")
@@ -246,7 +240,9 @@ class TrainArgs(BaseModel):
             try:
                 self.model = spec.args_class.model_validate(value or {})
             except ValidationError as exc:
-                raise ValueError(_model_errors(exc, self.arch, spec.args_class)) from None
+                raise ValueError(
+                    _model_errors(exc, self.arch, spec.args_class, self._model_key)
+                ) from None
         return self
 
     @model_validator(mode="after")
@@ -266,7 +262,10 @@ class TrainArgs(BaseModel):
             )
         check_run = get_arch(self.arch).check_run
         if check_run is not None:
-            check_run(self)
+            try:
+                check_run(self)
+            except ValueError as exc:
+                raise ValueError(_as_named(str(exc), self._model_key)) from None
         return self
 
     @classmethod
@@ -298,6 +297,12 @@ class TrainArgs(BaseModel):
         the like need not be set for it."""
         return ("data",) if tree.get("dry_run") is True else ()
 
+    @property
+    def model_key(self) -> str:
+        """What the config called the `model` section (`entropy_model`, `arch_args` in configs
+        that still use an old name), for messages that name its keys as the user wrote them."""
+        return self._model_key
+
     def active_model_args(self) -> BaseModel:
         """The args of the run's architecture (the `model` section)."""
         return self.model
@@ -317,6 +322,7 @@ def _fold_old_sections(data: Any, info: ValidationInfo) -> tuple[Any, str]:
     a set one is read by nothing."""
     if not isinstance(data, dict):
         return data, MODEL_SECTION
+    data = _entropy_flag(data)
     old = {k: data[k] for k in LEGACY_SECTIONS if k != MODEL_SECTION and k in data}
     if not old:
         return data, MODEL_SECTION
@@ -340,6 +346,20 @@ def _fold_old_sections(data: Any, info: ValidationInfo) -> tuple[Any, str]:
             continue
         data[MODEL_SECTION] = _merge_old_section(model, value, key, spec.name)
     return data, named
+
+
+def _entropy_flag(data: dict) -> dict:
+    """`train_entropy_model: true` (configs and params.json from before `arch`) means
+    arch=entropy; the two keys must not disagree."""
+    if not data.get("train_entropy_model"):
+        return data
+    arch = data.get("arch")
+    if arch in (None, "entropy", "lm"):
+        return {**data, "arch": arch or arch_name_from_config(data)}
+    raise ValueError(
+        f"train_entropy_model=true and arch={arch}: train_entropy_model=true means "
+        "arch=entropy; remove train_entropy_model"
+    )
 
 
 def _users_config(info: ValidationInfo) -> bool:

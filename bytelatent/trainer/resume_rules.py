@@ -64,7 +64,14 @@ RULES: dict[str, Rule] = {
     "arch": Rule("applied", "the model is built from the config"),
     "train_entropy_model": Rule("applied", "the model is built from the config"),
     "model": Rule("applied", "the model is built from the config"),
-    **{f"model.{key}": _INIT_ONLY for key in _INIT_KEYS},
+    # a config that still names it entropy_model or arch_args has its keys named so
+    "entropy_model": Rule("applied", "the model is built from the config"),
+    "arch_args": Rule("applied", "the model is built from the config"),
+    **{
+        f"{section}.{key}": _INIT_ONLY
+        for section in ("model", "entropy_model", "arch_args")
+        for key in _INIT_KEYS
+    },
     "distributed": Rule("applied", "the mesh is built at every start; data re-shards"),
     "env": _READ_AT_START,
     "checkpoint": _HARMLESS,

@@ -37,7 +37,8 @@ BYTE_DATA = {"seq_len": 32, "add_patches": False, "patcher_args": {"patching_mod
 def test_builtin_archs_and_aliases() -> None:
     assert get_arch("blt").args_class is ByteLatentTransformerArgs
     assert get_arch("entropy") is get_arch("lm")
-    assert get_arch("blt").section == "model" and get_arch("lm").section == "entropy_model"
+    assert get_arch("blt").legacy_section == "model"
+    assert get_arch("lm").legacy_section == "entropy_model"
     assert get_arch("blt").patched and not get_arch("entropy").patched
     with pytest.raises(ValueError, match="unknown architecture 'nope'.*blt"):
         get_arch("nope")
@@ -45,21 +46,20 @@ def test_builtin_archs_and_aliases() -> None:
 
 def test_external_arch_is_imported_by_its_module_name() -> None:
     spec = get_arch(TOY, allow_import=True)
-    assert spec.name == "toy" and spec.section == "arch_args" and spec.aux_losses
+    assert spec.name == "toy" and spec.legacy_section == "arch_args" and spec.aux_losses
     with pytest.raises(ValueError, match="registered no arch 'other'"):
         get_arch("tests.toy_arch:other")
     # a module nobody imported is imported only when the caller allows it (issue 38, item 1)
     with pytest.raises(ValueError, match="would import module 'tests.model.not_imported'"):
         get_arch("tests.model.not_imported:x")
     with pytest.raises(ValueError, match="already registered"):
-        register_arch(
-            ArchSpec(name="blt", args_class=LMTransformerArgs, section="model", model=None)
-        )
+        register_arch(ArchSpec(name="blt", args_class=LMTransformerArgs, model=None))
 
 
 def test_a_spec_reads_its_args_from_a_known_section() -> None:
-    with pytest.raises(ValueError, match="section 'mine'"):
-        register_arch(ArchSpec(name="x", args_class=LMTransformerArgs, section="mine", model=None))
+    with pytest.raises(ValueError, match="legacy_section 'mine'"):
+        spec = ArchSpec(name="x", args_class=LMTransformerArgs, legacy_section="mine", model=None)
+        register_arch(spec)
     unregister_arch("x")
 
 
@@ -76,29 +76,41 @@ def test_train_entropy_model_means_arch_entropy() -> None:
 
 def test_arch_args_are_validated_by_the_arch_args_class() -> None:
     args = TrainArgs(dump_dir="d", arch=TOY, arch_args={"dim": 8}, data=BYTE_DATA)
-    assert type(args.active_model_args()).__name__ == "ToyArgs" and args.arch_args.dim == 8
-    assert TrainArgs.model_validate(args.model_dump()).arch_args == args.arch_args
-    with pytest.raises(ValueError, match="arch_args.dimm: Extra inputs"):
+    assert type(args.active_model_args()).__name__ == "ToyArgs" and args.model.dim == 8
+    dumped = args.model_dump()
+    assert "arch_args" not in dumped and TrainArgs.model_validate(dumped).model == args.model
+    same = TrainArgs(dump_dir="d", arch=TOY, model={"dim": 8}, data=BYTE_DATA)
+    assert same.model == args.model  # `model` is the section; arch_args its old name
+    with pytest.raises(ValueError, match="arch_args.dimm: arch=tests.toy_arch:toy does not read"):
         TrainArgs(dump_dir="d", arch=TOY, arch_args={"dimm": 8}, data=BYTE_DATA)
-    with pytest.raises(ValueError, match="arch_args: only for architectures registered outside"):
+    with pytest.raises(ValueError, match="model.dimm: arch=tests.toy_arch:toy does not read"):
+        TrainArgs(dump_dir="d", arch=TOY, model={"dimm": 8}, data=BYTE_DATA)
+    with pytest.raises(ValueError, match="arch_args: arch=blt does not read it"):
         TrainArgs(dump_dir="d", arch="blt", arch_args={"dim": 8})
     with pytest.raises(ValueError, match="the toy trains on bytes"):  # the spec's check_run
         TrainArgs(dump_dir="d", arch=TOY, data={"patcher_args": {"patching_mode": "space"}})
 
 
 def test_a_section_the_arch_does_not_read_is_refused() -> None:
-    """An arch_args architecture (H-Net, the toy) reads neither `model` nor `entropy_model`: a key
-    set there is a config error, not a silently unused value; without one no `model: null` is
-    needed (issue 37)."""
+    """One `model` section whose schema is the chosen arch's args: a key that arch does not read
+    is a config error, not a silently unused value; an old-named section of another arch too
+    (issue 37). A saved file from before one section loads as before."""
     hnet = TrainArgs(dump_dir="d", arch="hnet", data=BYTE_DATA)
-    assert hnet.model is None and hnet.entropy_model is None
+    assert type(hnet.model).__name__ == "HNetArgs" and "entropy_model" not in hnet.model_dump()
     with pytest.raises(ValueError, match="model.cross_attn_k: arch=hnet does not read"):
         TrainArgs(dump_dir="d", arch="hnet", data=BYTE_DATA, model={"cross_attn_k": 2})
-    with pytest.raises(ValueError, match="entropy_model: arch=toy does not read it"):
+    with pytest.raises(ValueError, match="entropy_model: arch=toy does not read"):
         TrainArgs(dump_dir="d", arch=TOY, data=BYTE_DATA, entropy_model=LM_ARGS)
-    assert TrainArgs(dump_dir="d", arch="hnet", data=BYTE_DATA, model=None).model is None
+    with pytest.raises(ValueError, match="model.patch_size: arch=entropy does not read"):
+        TrainArgs(dump_dir="d", arch="entropy", data=BYTE_DATA, model={"patch_size": 4})
     entropy = TrainArgs(dump_dir="d", arch="entropy", data=BYTE_DATA, entropy_model=LM_ARGS)
-    assert entropy.model is None  # the BLT's unread defaults, as `model: null` gave
+    assert entropy.model == LMTransformerArgs(**LM_ARGS) and entropy._model_key == "entropy_model"
+    # an old entropy run's params.json: the BLT's section, read by nothing, next to its own
+    saved = {"dump_dir": "d", "train_entropy_model": True, "model": {"patch_size": 4},
+             "entropy_model": LM_ARGS, "data": BYTE_DATA}  # fmt: skip
+    assert TrainArgs.from_saved(saved).model == entropy.model
+    with pytest.raises(ValueError, match="model.patch_size: arch=entropy does not read"):
+        TrainArgs.model_validate(saved)  # the same in a user's config is refused
 
 
 def test_old_params_json_layouts_resolve_as_before() -> None:

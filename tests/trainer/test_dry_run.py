@@ -175,7 +175,7 @@ def test_help_lists_every_config_section(capsys):
 def test_help_section_lists_its_keys_with_defaults(capsys):
     assert main(["--help", "model"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("model: BLT shape")
+    assert out.startswith("model: the architecture's args")  # the default arch's: the BLT's
     assert re.search(r"^  model\.dim = 512\b", out, re.M), out[:2000]
     assert re.search(r"^  model\.cross_attn_k = ", out, re.M)
     assert main(["--help", "optim"]) == 0
