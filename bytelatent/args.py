@@ -21,7 +21,6 @@ from pydantic import (
     model_validator,
 )
 
-from bytelatent.archs.blt.reference_format import looks_like_reference, reference_hint
 from bytelatent.checkpoint.args import CheckpointArgs
 from bytelatent.data.args import DataArgs
 from bytelatent.distributed.args import DistributedArgs
@@ -276,8 +275,14 @@ class TrainArgs(BaseModel):
 
     @classmethod
     def config_format_hint(cls, tree: dict, path: str | None) -> str | None:
-        """Parser hook (config/parser.py): a reference-format config gets one line naming the converter."""
-        return reference_hint(path) if looks_like_reference(tree) else None
+        """Parser hook (config/parser.py): a config in another project's format (the reference
+        BLT's) gets the one line an architecture's adapter gives, e.g. naming its converter."""
+        for spec in registered_archs().values():
+            hint = spec.adapters.config_format_hint
+            line = hint(tree, path) if hint is not None else None
+            if line:
+                return line
+        return None
 
     @classmethod
     def config_key_aliases(cls, tree: dict) -> tuple[str, ...]:

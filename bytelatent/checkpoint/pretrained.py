@@ -21,12 +21,10 @@ import torch
 from pydantic import BaseModel, ValidationError
 from torch import nn
 
-from bytelatent.archs.blt.reference_compat import lm_args_from_reference
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.checkpoint.consolidate import METADATA_FILE, load_dcp_state_dict
 from bytelatent.checkpoint.model_size import require_model_fits
-from bytelatent.errors import CheckpointError, UserError
-from bytelatent.model.args import LMTransformerArgs
+from bytelatent.errors import CheckpointError
 from bytelatent.model.registry import ArchSpec, arch_name_from_params, arch_section, get_arch
 
 logger = logging.getLogger("bytelatent")
@@ -34,6 +32,9 @@ logger = logging.getLogger("bytelatent")
 WEIGHT_FILES = ("consolidated.pth", "consolidated/consolidated.pth")
 # `consolidate --format safetensors` output; tried after the .pth files
 SAFETENSORS_FILES = ("consolidated.safetensors", "consolidated/consolidated.safetensors")
+# The architecture of entropy models (the byte LM; realtime patching, generation and the
+# harness load one for an entropy-patched BLT): named here once, the loaders below use it.
+ENTROPY_ARCH = "entropy"
 # "auto" (the arch params.json names), or a registered arch name ("blt", "entropy", ...)
 Kind = Literal["auto", "blt", "entropy"] | str
 
@@ -131,11 +132,6 @@ def model_args_from_params(
         raise CheckpointError(f"{where}: model args invalid: {exc}") from None
 
 
-def entropy_args_from_params(params: dict[str, Any], where: str = "params.json"):
-    """The entropy spec's `read_params` (its reference fields are logged, not returned)."""
-    return entropy_model_args(params, where), []
-
-
 def build_and_load(args: BaseModel, kind: str, state: dict, device: torch.device, reference: bool):
     """Meta build → to_empty → init (buffers) → strict load of `state` (`kind`: the arch name)."""
     spec = get_arch(kind)
@@ -231,38 +227,9 @@ def load_any_checkpoint(
     return model, args, params
 
 
-def entropy_model_args(params: dict, where: str = "params.json") -> LMTransformerArgs:
-    """LMTransformerArgs from a params.json dict (our layout or the reference TrainArgs): the
-    `model` section of a byte LM run (`entropy_model` in files from before one section), or the
-    released entropy model's flat layout."""
-    section = params.get("entropy_model")
-    if not section and _args_class_of(params) is LMTransformerArgs:
-        section = params.get("model")
-    if not section:
-        section = params if "dim" in params and "n_layers" in params else None
-    if not section:
-        raise CheckpointError(
-            f"{where}: no 'entropy_model' section; is this an entropy model checkpoint?"
-        )
-    try:
-        return LMTransformerArgs.model_validate(section)
-    except ValidationError:
-        pass  # e.g. the reference's vocab_size=-1: map it as the reference would
-    try:
-        args, ignored = lm_args_from_reference(section)
-    except (ValidationError, ValueError, UserError) as exc:
-        raise CheckpointError(f"{where}: entropy_model args invalid: {exc}") from None
-    if ignored:
-        logger.info("%s: reference fields without effect: %s", where, ignored)
-    return args
-
-
-def _args_class_of(params: dict) -> type | None:
-    """The args class of the architecture params.json names (None: not registered here)."""
-    try:
-        return get_arch(arch_name_from_params(params)).args_class
-    except ValueError:
-        return None
+def load_entropy_checkpoint(path: str, device: str | torch.device = "cpu") -> nn.Module:
+    """An entropy model from any checkpoint folder (DCP step, consolidated, released), eval mode."""
+    return load_any_checkpoint(path, device, kind=ENTROPY_ARCH)[0]
 
 
 def load_entropy_model(
@@ -276,11 +243,12 @@ def load_entropy_model(
     (resolve "auto" with `bytelatent.data.entropy.resolve_device`).
     """
     where = os.path.join(checkpoint_dir, "params.json")
-    args = entropy_model_args(read_params(checkpoint_dir), where)
+    # the byte LM's reader (its spec's read_params): our layout, the reference's, the released one
+    args, _, _ = model_args_from_params(read_params(checkpoint_dir), ENTROPY_ARCH, where)
     require_model_fits(args, device, where)  # before reading or allocating any weight
     try:
         model = build_and_load(
-            args, "entropy", read_weights(checkpoint_dir), torch.device(device), False
+            args, ENTROPY_ARCH, read_weights(checkpoint_dir), torch.device(device), False
         )
     except CheckpointError as exc:
         raise CheckpointError(f"{checkpoint_dir}: {exc}") from None

@@ -69,6 +69,10 @@ class Adapters:
     - `read_params`: `(params dict, where) -> (args, ignored reference fields)`, for either
       params.json layout (ours or a reference's); default: the `model` section (or
       `legacy_section`) through `args_class`.
+    - `patcher_settings`: `(params dict) -> {PatcherArgs field: value}` a params.json keeps
+      outside `data.patcher_args` (a reference layout's model section); generation reads them.
+    - `config_format_hint`: `(config tree, path) -> one line | None`: a training config in
+      another project's format (the parser shows the line instead of its first unknown key).
     - `reference_state_dict`: `(state, args) -> (state, notes)`: a reference's weights layout.
     - `warm_start`: `(model, model_args) -> bool`: weights from elsewhere for a fresh run.
     - `hf_export`: `(ckpt, out, entropy_model, allow_window_mismatch) -> notes`;
@@ -77,6 +81,8 @@ class Adapters:
     """
 
     read_params: Callable | None = None
+    patcher_settings: Callable | None = None
+    config_format_hint: Callable | None = None
     reference_state_dict: Callable | None = None
     warm_start: Callable | None = None
     hf_export: Callable | None = None

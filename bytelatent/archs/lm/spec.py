@@ -47,9 +47,9 @@ def _lower_bound(args: Any) -> tuple[int, int]:
 
 
 def _read_params(params: dict, where: str) -> Any:
-    from bytelatent.checkpoint.pretrained import entropy_args_from_params
+    from bytelatent.archs.lm.params import lm_args_from_params
 
-    return entropy_args_from_params(params, where)
+    return lm_args_from_params(params, where)
 
 
 def _hf_export(ckpt: str, out: str, entropy_model: Any, allow_window_mismatch: bool) -> list:
