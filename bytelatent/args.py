@@ -6,6 +6,7 @@ module only composes them and checks the few rules that span sections, before an
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from typing import Any
@@ -47,13 +48,20 @@ DEFAULT_ENV = {
 
 def _model_errors(exc: ValidationError, arch: str, args_class: type, name: str) -> str:
     """One line per problem, named like every other key (`model.dim: ...`); a key the
-    architecture does not read says so (it would change nothing)."""
+    architecture does not read says so (it would change nothing), with the parser's did-you-mean."""
 
     def line(e: dict) -> str:
-        key = ".".join([name, *(str(p) for p in e["loc"])])
-        if e["type"] == "extra_forbidden":
-            return f"{key}: arch={arch} does not read it ({args_class.__name__} has no such key); remove it"
-        return f"{key}: {e['msg'].removeprefix('Value error, ')} (arch {arch})"
+        key = name + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"])
+        if e["type"] != "extra_forbidden":
+            return f"{key}: {e['msg'].removeprefix('Value error, ')} (arch {arch})"
+        leaf = str(e["loc"][-1])
+        close = difflib.get_close_matches(leaf, list(args_class.model_fields), n=1, cutoff=0.6)
+        hint = (
+            f" (did you mean {key[: -len(leaf)]}{close[0]}?)"
+            if close and len(e["loc"]) == 1
+            else ""
+        )
+        return f"{key}: unknown key{hint}; arch={arch} does not read it ({args_class.__name__})"
 
     return "; ".join(line(e) for e in exc.errors())
 

@@ -47,7 +47,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # one folder per architecture (model, args, spec, estimates, generation engine, adapters)
     "archs": ("bytelatent.archs",),
     # TrainArgs composes every section's arg class
-    "args": ("bytelatent.args", "bytelatent.archs.blt.reference_format"),
+    "args": ("bytelatent.args",),
     "launch": ("bytelatent.launch",),
     # what takes a TrainArgs and runs it
     "training": (

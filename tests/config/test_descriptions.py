@@ -130,9 +130,10 @@ def _expected(model: type[BaseModel], prefix: str) -> dict[str, str]:
 def test_help_section_prints_every_key_with_its_description(section):
     page = section_help(TrainArgs, section, "bytelatent.train")
     # `model`'s schema is the chosen arch's args class: --help shows the default arch's
-    nested = TrainArgs.config_section_class(section) or _models_in(
-        TrainArgs.model_fields[section].annotation
-    )[0]
+    nested = (
+        TrainArgs.config_section_class(section)
+        or _models_in(TrainArgs.model_fields[section].annotation)[0]
+    )
     shown = _entries(page, DESCRIPTION_COLUMN)
     for key, description in _expected(nested, section + ".").items():
         assert key in shown, f"--help {section}: no line for {key}"

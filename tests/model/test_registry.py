@@ -81,9 +81,14 @@ def test_arch_args_are_validated_by_the_arch_args_class() -> None:
     assert "arch_args" not in dumped and TrainArgs.model_validate(dumped).model == args.model
     same = TrainArgs(dump_dir="d", arch=TOY, model={"dim": 8}, data=BYTE_DATA)
     assert same.model == args.model  # `model` is the section; arch_args its old name
-    with pytest.raises(ValueError, match="arch_args.dimm: arch=tests.toy_arch:toy does not read"):
+    with pytest.raises(
+        ValueError,
+        match=r"arch_args.dimm: unknown key \(did you mean arch_args.dim\?\); arch=tests.toy_arch:toy does not read",
+    ):
         TrainArgs(dump_dir="d", arch=TOY, arch_args={"dimm": 8}, data=BYTE_DATA)
-    with pytest.raises(ValueError, match="model.dimm: arch=tests.toy_arch:toy does not read"):
+    with pytest.raises(
+        ValueError, match="model.dimm: unknown key .*arch=tests.toy_arch:toy does not read"
+    ):
         TrainArgs(dump_dir="d", arch=TOY, model={"dimm": 8}, data=BYTE_DATA)
     with pytest.raises(ValueError, match="arch_args: arch=blt does not read it"):
         TrainArgs(dump_dir="d", arch="blt", arch_args={"dim": 8})
@@ -97,11 +102,15 @@ def test_a_section_the_arch_does_not_read_is_refused() -> None:
     (issue 37). A saved file from before one section loads as before."""
     hnet = TrainArgs(dump_dir="d", arch="hnet", data=BYTE_DATA)
     assert type(hnet.model).__name__ == "HNetArgs" and "entropy_model" not in hnet.model_dump()
-    with pytest.raises(ValueError, match="model.cross_attn_k: arch=hnet does not read"):
+    with pytest.raises(
+        ValueError, match="model.cross_attn_k: unknown key; arch=hnet does not read it"
+    ):
         TrainArgs(dump_dir="d", arch="hnet", data=BYTE_DATA, model={"cross_attn_k": 2})
     with pytest.raises(ValueError, match="entropy_model: arch=toy does not read"):
         TrainArgs(dump_dir="d", arch=TOY, data=BYTE_DATA, entropy_model=LM_ARGS)
-    with pytest.raises(ValueError, match="model.patch_size: arch=entropy does not read"):
+    with pytest.raises(
+        ValueError, match="model.patch_size: unknown key.*arch=entropy does not read"
+    ):
         TrainArgs(dump_dir="d", arch="entropy", data=BYTE_DATA, model={"patch_size": 4})
     entropy = TrainArgs(dump_dir="d", arch="entropy", data=BYTE_DATA, entropy_model=LM_ARGS)
     assert entropy.model == LMTransformerArgs(**LM_ARGS) and entropy._model_key == "entropy_model"
@@ -109,7 +118,9 @@ def test_a_section_the_arch_does_not_read_is_refused() -> None:
     saved = {"dump_dir": "d", "train_entropy_model": True, "model": {"patch_size": 4},
              "entropy_model": LM_ARGS, "data": BYTE_DATA}  # fmt: skip
     assert TrainArgs.from_saved(saved).model == entropy.model
-    with pytest.raises(ValueError, match="model.patch_size: arch=entropy does not read"):
+    with pytest.raises(
+        ValueError, match="model.patch_size: unknown key.*arch=entropy does not read"
+    ):
         TrainArgs.model_validate(saved)  # the same in a user's config is refused
 
 
