@@ -156,7 +156,7 @@ class TrainArgs(BaseModel):
     )
     arch: str = Field(
         "blt",
-        description="architecture (bytelatent/archs/__init__.py): blt, entropy (or lm), hnet, or "
+        description="architecture: a built-in one (the list: bytelatent/archs/__init__.py) or "
         "'package.module:name' for one a module registers (docs/extending.md); its args are "
         "the `model` section",
     )

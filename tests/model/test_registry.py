@@ -5,6 +5,7 @@ the interval metrics (the toy architecture of tests/toy_arch/__init__.py)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -176,3 +177,30 @@ def test_interval_metrics_log_aux_terms_apart_from_bpb() -> None:
     m = interval.compute(2)
     assert m["aux/act_l2"] == pytest.approx(1.0)  # (1 + 3) / 4 micro-batches
     assert m["loss"] == pytest.approx(24.0 / 20) and m["bpb"] == pytest.approx(1.2 / math.log(2))
+
+
+def test_one_model_section_from_configs_and_dotlists(tmp_path) -> None:
+    """`model:` and its old name are one key: whichever name a later file or dotlist uses wins,
+    messages name keys as the user last did, and a key the arch does not read is one line."""
+    from bytelatent.config import parse_args
+    from bytelatent.errors import ConfigError
+
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    hnet = [f"config={configs / 'hnet_debug.yaml'}", f"dump_dir={tmp_path}"]
+    with pytest.raises(ConfigError, match=r"^model\.cross_attn_k: unknown key; arch=hnet"):
+        parse_args(TrainArgs, [*hnet, "model.cross_attn_k=2"])
+    assert parse_args(TrainArgs, [*hnet, "model.dim=64"]).model.dim == 64  # read, not ignored
+    narrowed = parse_args(TrainArgs, [*hnet, "arch_args.dim=96"])  # an old name over `model:`
+    assert narrowed.model.dim == 96 and narrowed.model_key == "arch_args"
+    old = tmp_path / "old.yaml"  # an H-Net config from before one section
+    old.write_text(
+        "arch: hnet\nmodel: null\narch_args:\n  dim: 512\n  n_layers: 1\ndata:\n  seq_len: 256\n  add_patches: false\n  patcher_args: {patching_mode: byte}\n"
+    )
+    args = parse_args(TrainArgs, [f"config={old}", f"dump_dir={tmp_path}", "model.dim=384"])
+    assert (args.model.dim, args.model.n_layers, args.model_key) == (384, 1, "model")
+    assert "arch_args" not in args.model_dump() and "entropy_model" not in args.model_dump()
+    entropy = [f"config={configs / 'entropy_debug.yaml'}", f"dump_dir={tmp_path}"]
+    assert parse_args(TrainArgs, [*entropy, "entropy_model.dim=32"]).model.dim == 32
+    with pytest.raises(ConfigError, match=r"^entropy_model: arch=blt does not read it"):
+        parse_args(TrainArgs, [f"config={configs / 'debug.yaml'}", f"dump_dir={tmp_path}",
+                               "entropy_model.dim=32"])  # fmt: skip
