@@ -51,7 +51,7 @@ def _model_errors(exc: ValidationError, arch: str, args_class: type, name: str) 
     architecture does not read says so (it would change nothing), with the parser's did-you-mean."""
 
     def line(e: dict) -> str:
-        key = name + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"])
+        key = ".".join([name, *(str(p) for p in e["loc"])])
         if e["type"] != "extra_forbidden":
             return f"{key}: {e['msg'].removeprefix('Value error, ')} (arch {arch})"
         leaf = str(e["loc"][-1])
