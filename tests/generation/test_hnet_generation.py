@@ -159,7 +159,7 @@ def tiny_hnet_run(tmp_path_factory, corpus_root) -> Path:
 
     def build(dump: Path) -> None:
         config = yaml.safe_load((REPO / "configs" / "hnet_debug.yaml").read_text())
-        config["arch_args"].update(
+        config["model"].update(
             stages=[{**ONE_STAGE[0], "n_layers_encoder": 1, "n_layers_decoder": 1},
                     TWO_STAGES[1]],
             dim=64, n_layers=1, n_heads=2, max_seqlen=64, multiple_of=16,
