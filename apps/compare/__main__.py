@@ -57,8 +57,9 @@ def is_default(key: str, value: object) -> bool:
         call_default_factory=True) == value  # fmt: skip
 
 
-def check_config(args: CompareArgs) -> None:
-    """out_dir/config.json holds the config its runs were trained with; another is refused."""
+def check_config(args: CompareArgs, write: bool = True) -> None:
+    """out_dir/config.json holds the config its runs were trained with; another is refused.
+    `write=False`: only the check (before the sizing, which may still refuse the config)."""
     path = Path(args.out_dir) / "config.json"
     current = json.loads(json.dumps(args.model_dump(exclude=SCHEDULING)))
     if path.exists():
@@ -75,7 +76,7 @@ def check_config(args: CompareArgs) -> None:
                 f"{current.get(k)}{', ...' if len(changed) > 1 else ''}); choose another out_dir "
                 "or delete it"
             )
-    else:
+    elif write:
         path.write_text(json.dumps(current, indent=1) + "\n")
 
 
@@ -127,13 +128,15 @@ def calibrate(args, splits, entropy_dir, threshold, sized, curves):
         ref = real[args.reference]
         round_lines = [
             f"calibration {round_}: {n} trained at {real[n] / ref:.3f}x the {args.reference}'s "
-            f"real FLOPs per byte with {sized[n].size}; sized again: {again[n].size}"
-            for n in changed
+            f"real FLOPs per byte with {sized[n].size or 'its config'}; "
+            + (f"sized again: {again[n].size}" if n in changed else
+               f"no size in size_values is predicted within ±{args.flops_tolerance:.0%} at its "
+               "real counts: kept, reported off")
+            for n in sized
+            if abs(real[n] / ref - 1) > args.flops_tolerance
         ]  # fmt: skip
-        off = [n for n in sized if abs(real[n] / ref - 1) > args.flops_tolerance]
-        print("\n".join(round_lines) or f"calibration {round_}: "
-              + ("every row within tolerance on its real counts" if not off else
-                 f"{', '.join(off)} off, no closer size among size_values"), flush=True)  # fmt: skip
+        print("\n".join(round_lines) or f"calibration {round_}: every row within "
+              f"±{args.flops_tolerance:.0%} on its real counts", flush=True)  # fmt: skip
         lines += round_lines
         if not changed:
             break
@@ -206,6 +209,7 @@ def compare(args: CompareArgs, argv: list[str]) -> int:
     if args.status:
         return status(args)
     corpus_files(args)  # a missing corpus and every config error before anything trains
+    check_config(args, write=False)  # another config's out_dir: refused before the sizing
     splits = write_splits(args)
     sized = size_rows(args, splits)
     check_config(args)
