@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -51,13 +50,25 @@ def git_rev() -> str:
         return "unknown"
 
 
-def check_config(args: CompareArgs) -> None:
-    """out_dir/config.json holds the config its runs were trained with; another is refused."""
+def is_default(key: str, value: object) -> bool:
+    """A key a newer recipe added, at its default: the old runs were trained as it says."""
+    field = CompareArgs.model_fields.get(key)
+    return field is not None and not field.is_required() and field.get_default(
+        call_default_factory=True) == value  # fmt: skip
+
+
+def check_config(args: CompareArgs, write: bool = True) -> None:
+    """out_dir/config.json holds the config its runs were trained with; another is refused.
+    `write=False`: only the check (before the sizing, which may still refuse the config)."""
     path = Path(args.out_dir) / "config.json"
     current = json.loads(json.dumps(args.model_dump(exclude=SCHEDULING)))
     if path.exists():
         old = json.loads(path.read_text())
-        changed = sorted(k for k in set(old) | set(current) if old.get(k) != current.get(k))
+        changed = sorted(
+            k
+            for k in set(old) | set(current)
+            if old.get(k) != current.get(k) and not (k not in old and is_default(k, current[k]))
+        )
         if changed:
             k = changed[0]
             raise ConfigError(
@@ -65,7 +76,7 @@ def check_config(args: CompareArgs) -> None:
                 f"{current.get(k)}{', ...' if len(changed) > 1 else ''}); choose another out_dir "
                 "or delete it"
             )
-    else:
+    elif write:
         path.write_text(json.dumps(current, indent=1) + "\n")
 
 
@@ -91,28 +102,49 @@ def plan(args: CompareArgs, sized: dict[str, Sized], rows: list[str] | None = No
     return sweep
 
 
-def calibrate(args, splits, entropy_dir, threshold, sized, sweep, curves):
-    """Phase 2: rows whose runs trained off the reference's real FLOPs per byte are sized again
-    from their measured counts (apps/compare/sizing.py) and their sweep runs again."""
-    real = {
-        name: statistics.fmean(
-            curves[j.dump_dir].flops_per_byte for j in sweep if j.row == name and "_repeat" not in
-            str(j.dump_dir)
-        )
-        for name in sized
+def chosen_lrs(args: CompareArgs, sized: dict[str, Sized], curves: dict) -> dict[str, float]:
+    """Each row's rate with the lowest final tune bpb in its sweep (seeds[0])."""
+    return {
+        name: min(args.row_lrs(name), key=lambda lr: curves[
+            make_job(args.out_dir, s, lr, args.seeds[0]).dump_dir].final("tune"))
+        for name, s in sized.items()
     }  # fmt: skip
-    again = size_rows(args, splits, entropy_dir, threshold, sized, real)
-    changed = [n for n in sized if again[n].size != sized[n].size]
-    lines = [
-        f"calibration: {n} trained at {real[n] / real[args.reference]:.3f}x the "
-        f"{args.reference}'s real FLOPs per byte with {sized[n].size}; sized again: "
-        f"{again[n].size}" for n in changed
-    ]  # fmt: skip
-    print("\n".join(lines) or "calibration: every row within tolerance on its real counts")
-    print(f"compare: phase 2/3, the sweep again for the re-sized rows: {len(changed)} row(s)")
-    if changed:
+
+
+def calibrate(args, splits, entropy_dir, threshold, sized, curves):
+    """Phase 2: a row whose best sweep run (the one its seeds will repeat) trained off the
+    reference's real FLOPs per byte is sized again from that run's counts (apps/compare/sizing.py)
+    and swept again; up to `calibration_rounds` rounds, since a new size can move the counts (an
+    H-Net's learned chunks) again."""
+    lines: list[str] = []
+    for round_ in range(1, args.calibration_rounds + 1):
+        chosen = chosen_lrs(args, sized, curves)
+        real = {
+            n: curves[make_job(args.out_dir, s, chosen[n], args.seeds[0]).dump_dir].flops_per_byte
+            for n, s in sized.items()
+        }  # fmt: skip
+        again = size_rows(args, splits, entropy_dir, threshold, sized, real)
+        changed = [n for n in sized if again[n].size != sized[n].size]
+        ref = real[args.reference]
+        round_lines = [
+            f"calibration {round_}: {n} trained at {real[n] / ref:.3f}x the {args.reference}'s "
+            f"real FLOPs per byte with {sized[n].size or 'its config'}; "
+            + (f"sized again: {again[n].size}" if n in changed else
+               f"no size in size_values is predicted within ±{args.flops_tolerance:.0%} at its "
+               "real counts: kept, reported off")
+            for n in sized
+            if abs(real[n] / ref - 1) > args.flops_tolerance
+        ]  # fmt: skip
+        print("\n".join(round_lines) or f"calibration {round_}: every row within "
+              f"±{args.flops_tolerance:.0%} on its real counts", flush=True)  # fmt: skip
+        lines += round_lines
+        if not changed:
+            break
+        print(f"compare: phase 2/3, round {round_}/{args.calibration_rounds}: the sweep again "
+              f"for the re-sized row(s) {', '.join(changed)}", flush=True)  # fmt: skip
         train_all(plan(args, again, changed), args, curves)
-    return again, lines
+        sized = again
+    return sized, lines
 
 
 def dry_run(args: CompareArgs) -> int:
@@ -177,6 +209,7 @@ def compare(args: CompareArgs, argv: list[str]) -> int:
     if args.status:
         return status(args)
     corpus_files(args)  # a missing corpus and every config error before anything trains
+    check_config(args, write=False)  # another config's out_dir: refused before the sizing
     splits = write_splits(args)
     sized = size_rows(args, splits)
     check_config(args)
@@ -194,13 +227,9 @@ def compare(args: CompareArgs, argv: list[str]) -> int:
     sweep = plan(args, sized)
     print(f"compare: phase 1/3, the learning-rate sweep: {len(sweep)} runs", flush=True)
     ran.append(train_all(sweep, args, curves))
-    sized, calibration = calibrate(args, splits, entropy_dir, threshold, sized, sweep, curves)
+    sized, calibration = calibrate(args, splits, entropy_dir, threshold, sized, curves)
     lines += calibration
-    chosen = {
-        name: min(args.row_lrs(name), key=lambda lr: curves[
-            make_job(args.out_dir, s, lr, args.seeds[0]).dump_dir].final("tune"))
-        for name, s in sized.items()
-    }  # fmt: skip
+    chosen = chosen_lrs(args, sized, curves)
     print("compare: chosen on the tune split: "
           + ", ".join(f"{n} lr={lr:g}" for n, lr in chosen.items()), flush=True)  # fmt: skip
     seeds = [

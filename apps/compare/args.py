@@ -97,6 +97,12 @@ class CompareArgs(BaseModel):
         0.03, gt=0.0, lt=1.0, description="largest |FLOPs per byte / reference - 1| accepted"
     )
     reference: str = Field("lm", description="the row whose FLOPs per byte the others match")
+    calibration_rounds: int = Field(
+        2,
+        ge=0,
+        description="phase 2: times a row off the reference's real FLOPs per byte is sized "
+        "again from its runs' real counts and swept again (0: report it off)",
+    )
     threads: int = Field(1, ge=1, description="OMP_NUM_THREADS of each training subprocess")
     parallel: int = Field(1, ge=1, description="training runs at a time (local launcher)")
     nice: int = Field(0, ge=0, le=19, description="niceness of each training subprocess")

@@ -136,8 +136,20 @@ def row_argv(
     return argv
 
 
+_MEASURED: dict[str, Sized] = {}
+
+
 def measure(args: CompareArgs, name: str, argv: list[str], patch_mean: float, size: str = ""):
-    """A `Sized` for `argv`: FLOPs per byte from the registry counter, params on the meta device."""
+    """A `Sized` for `argv`: FLOPs per byte from the registry counter, params on the meta device
+    (remembered: the recipe sizes the same candidates again after the threshold and in phase 2)."""
+    key = json.dumps([args.out_dir, args.row_bytes, args.rows[name].patching, name, argv,
+                      patch_mean, size])  # fmt: skip
+    if key not in _MEASURED:
+        _MEASURED[key] = _measure(args, name, argv, patch_mean, size)
+    return _MEASURED[key]
+
+
+def _measure(args: CompareArgs, name: str, argv: list[str], patch_mean: float, size: str) -> Sized:
     import torch
 
     # each run gets its own dump_dir later; a config may leave it mandatory (???)
@@ -216,7 +228,9 @@ def size_rows(
     Calibration (`previous` sizes and the FLOPs per byte their runs `real`ly trained at): a row
     within the tolerance of the reference's real value keeps its size; another is sized again
     with every candidate's prediction scaled by its real / predicted ratio (what its measured
-    patch or chunk counts did to the count). Without `real`, a row that cannot be matched is a
+    patch or chunk counts did to the count), and keeps its size too when even the closest
+    candidate is predicted outside the tolerance (an H-Net whose untrained router makes chunks
+    far longer than its target). Without `real`, a row that cannot be matched is a
     ConfigError."""
     means = patch_means(args)
     ref = args.reference
@@ -232,6 +246,9 @@ def size_rows(
         correction = 1.0 if real is None else real[name] / previous[name].flops_per_byte
         sized[name] = s = _closest(candidates, target, correction)
         ratio = s.flops_per_byte / target
+        if real is not None and abs(ratio * correction - 1) > args.flops_tolerance:
+            sized[name] = previous[name]  # no candidate is predicted to match: not worth a sweep
+            continue
         if real is None and abs(ratio - 1) > args.flops_tolerance:  # stop at the first one
             raise ConfigError(
                 f"rows.{name}: FLOPs per byte {s.flops_per_byte / 1e6:.3f} M is {ratio:.3f}x "
