@@ -29,6 +29,7 @@ from bytelatent.model.args import LMTransformerArgs
 from bytelatent.model.registry import arch_name_from_config, get_arch
 from bytelatent.trainer.actions import ActionArgs
 from bytelatent.trainer.args import LoggingArgs, OptimArgs, ProfilerArgs
+from bytelatent.trainer.distill_args import DistillArgs
 from bytelatent.trainer.run_lock import RunLockArgs
 
 # Exported before the process group is created; NCCL settings are harmless on CPU.
@@ -153,6 +154,11 @@ class TrainArgs(BaseModel):
         description="run after each log step and evaluation: {kind: early_stop, metric, mode, "
         "patience, min_delta} or {kind: nonfinite_stop, max_skipped_steps}",
     )
+    distill: DistillArgs | None = Field(
+        None,
+        description="a frozen token-level teacher to distill from (byteify, docs/byteify.md): "
+        "{teacher: HF folder, weight, temperature}",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -237,6 +243,10 @@ class TrainArgs(BaseModel):
         check_run = get_arch(self.arch).check_run
         if check_run is not None:
             check_run(self)
+        if self.distill is not None:  # the teacher's JSON files against the student, no weights
+            width = self.model.dim if self.arch == "blt" and self.model is not None else None
+            if problems := self.distill.mismatches(width):
+                raise ValueError(f"distill.teacher={self.distill.teacher}: {'; '.join(problems)}")
         return self
 
     @classmethod
