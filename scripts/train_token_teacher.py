@@ -80,7 +80,9 @@ def held_out_bpb(model, tok, texts: list[str], seq_len: int, max_bytes: int) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="data/stdlib", help="python -m bytelatent.data.prepare's folder")
+    parser.add_argument(
+        "--data", default="data/stdlib", help="python -m bytelatent.data.prepare's folder"
+    )
     parser.add_argument("--out", default="hf/stdlib-teacher")
     parser.add_argument("--vocab-size", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=300)
@@ -124,7 +126,9 @@ def main() -> None:
 
     vocab_len = torch.tensor([len(b) for b in byte_level_vocab(tok)])
     for step in range(1, args.steps + 1):
-        starts = torch.randint(0, len(stream) - args.seq_len - 1, (args.batch_size,), generator=generator)
+        starts = torch.randint(
+            0, len(stream) - args.seq_len - 1, (args.batch_size,), generator=generator
+        )
         batch = torch.stack([stream[s : s + args.seq_len + 1] for s in starts.tolist()])
         loss = model(batch[:, :-1], labels=batch[:, :-1].clone()).loss  # HF shifts labels
         loss.backward()
@@ -135,7 +139,10 @@ def main() -> None:
         tokens += batch[:, :-1].numel()
         trained_bytes += int(vocab_len[batch[:, :-1]].sum())
         if step % 50 == 0 or step == args.steps:
-            print(f"step {step}/{args.steps} loss {loss.item():.3f} ({time.time() - t0:.0f} s)", flush=True)
+            print(
+                f"step {step}/{args.steps} loss {loss.item():.3f} ({time.time() - t0:.0f} s)",
+                flush=True,
+            )
     bpb, scored = held_out_bpb(model, tok, val_texts, args.seq_len, args.eval_bytes)
     os.makedirs(args.out, exist_ok=True)
     model.save_pretrained(args.out)
@@ -144,7 +151,9 @@ def main() -> None:
               "steps": args.steps, "vocab_size": config.vocab_size}  # fmt: skip
     with open(os.path.join(args.out, "teacher_eval.json"), "w") as f:
         json.dump(result, f, indent=1)
-    print(f"teacher: {bpb:.4f} bits/byte on {scored} validation bytes; trained on {trained_bytes} bytes; saved to {args.out}")
+    print(
+        f"teacher: {bpb:.4f} bits/byte on {scored} validation bytes; trained on {trained_bytes} bytes; saved to {args.out}"
+    )
 
 
 if __name__ == "__main__":
