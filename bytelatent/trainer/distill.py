@@ -120,20 +120,26 @@ class TokenByteTrie:
         token_of_row = torch.repeat_interleave(torch.arange(ids.numel()), n_rows)
         first_row = torch.cumsum(n_rows, 0) - n_rows
         depth = torch.arange(token_of_row.numel()) - first_row[token_of_row]
-        sorted_row = self.position[ids][token_of_row]
-        lo, hi = self.range_lo[sorted_row, depth], self.range_hi[sorted_row, depth]
-        # every (row, sorted token in [lo, hi)) pair, flattened: about T x V' pairs in all (a
-        # token's first byte sees the whole vocabulary, its later bytes few tokens)
-        width = hi - lo
-        pair_row = torch.repeat_interleave(torch.arange(lo.numel()), width)
-        pair_start = torch.cumsum(width, 0) - width
-        pair_token = lo[pair_row] + torch.arange(pair_row.numel()) - pair_start[pair_row]
-        classes = self.byte_at[pair_token, depth[pair_row]]
         device = probs.device
-        values = self.sorted_probs(probs)[token_of_row[pair_row].to(device), pair_token.to(device)]
-        flat = torch.zeros(lo.numel() * N_CLASSES, dtype=probs.dtype, device=device)
-        flat.scatter_add_(0, (pair_row * N_CLASSES + classes).to(device), values)
+        sorted_probs = self.sorted_probs(probs)
+        flat = torch.zeros(token_of_row.numel() * N_CLASSES, dtype=probs.dtype, device=device)
         rows = flat.view(-1, N_CLASSES)
+        # a token's first byte sees the whole vocabulary: one index_add over the sorted tokens'
+        # first bytes gives those rows for every token at once (T x V' adds, no index math)
+        first_rows = torch.zeros((ids.numel(), N_CLASSES), dtype=probs.dtype, device=device)
+        first_rows.index_add_(1, self.byte_at[:, 0].to(device), sorted_probs)
+        rows[first_row.to(device)] = first_rows
+        # deeper rows see few tokens: every (row, sorted token in [lo, hi)) pair, flattened
+        deep = (depth > 0).nonzero().flatten()
+        sorted_row = self.position[ids][token_of_row[deep]]
+        lo, hi = self.range_lo[sorted_row, depth[deep]], self.range_hi[sorted_row, depth[deep]]
+        width = hi - lo
+        pair = torch.repeat_interleave(torch.arange(deep.numel()), width)
+        pair_start = torch.cumsum(width, 0) - width
+        pair_token = lo[pair] + torch.arange(pair.numel()) - pair_start[pair]
+        classes = self.byte_at[pair_token, depth[deep][pair]]
+        values = sorted_probs[token_of_row[deep][pair].to(device), pair_token.to(device)]
+        flat.scatter_add_(0, (deep[pair] * N_CLASSES + classes).to(device), values)
         return rows / rows.sum(-1, keepdim=True).clamp_min(torch.finfo(rows.dtype).tiny)
 
     def token_targets(

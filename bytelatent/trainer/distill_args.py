@@ -30,13 +30,9 @@ class DistillArgs(BaseModel):
 
     @field_validator("teacher")
     @classmethod
-    def _teacher_folder(cls, value: str) -> str:
-        missing = [f for f in TEACHER_FILES if not os.path.isfile(os.path.join(value, f))]
-        if missing:
-            raise ValueError(
-                f"distill.teacher={value}: no {' or '.join(missing)} there; give the folder of a "
-                "Hugging Face LlamaForCausalLM saved with its tokenizer (scripts/train_token_teacher.py)"
-            )
+    def _non_empty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("distill.teacher must be a folder (a Hugging Face LlamaForCausalLM)")
         return value
 
     def teacher_config(self) -> dict[str, Any]:
@@ -52,7 +48,15 @@ class DistillArgs(BaseModel):
         return max(ids) + 1 if ids else 0
 
     def mismatches(self, student_width: int | None) -> list[str]:
-        """What makes the teacher unusable for this student, one phrase each (empty: it fits)."""
+        """What makes the teacher unusable for this student, one phrase each (empty: it fits).
+        Read when the run starts, not when the config is parsed: a shipped config names a
+        teacher folder a fresh clone makes later (scripts/train_token_teacher.py)."""
+        missing = [f for f in TEACHER_FILES if not os.path.isfile(os.path.join(self.teacher, f))]
+        if missing:
+            return [
+                f"no {' or '.join(missing)} there; give the folder of a Hugging Face "
+                "LlamaForCausalLM saved with its tokenizer (scripts/train_token_teacher.py)"
+            ]
         cfg = self.teacher_config()
         problems = []
         if "LlamaForCausalLM" not in cfg.get("architectures", ["LlamaForCausalLM"]):

@@ -27,6 +27,7 @@ import logging
 import numpy as np
 import torch
 
+from bytelatent.errors import ConfigError
 from bytelatent.model.spec import AuxLoss
 from bytelatent.tokenizers.constants import OFFSET
 from bytelatent.trainer.distill import END, N_BYTES, TokenByteTrie, byte_level_vocab
@@ -155,7 +156,11 @@ class TeacherDistillation:
 
 
 def build_extra_losses(args, device: torch.device) -> list[TeacherDistillation]:
-    """Loss terms computed from the student's logits outside the model (the `distill` section)."""
+    """Loss terms computed from the student's logits outside the model (the `distill` section).
+    A teacher that does not fit the student is a ConfigError (one line) before anything loads."""
     if args.distill is None:
         return []
+    width = args.model.dim if args.arch == "blt" and args.model is not None else None
+    if problems := args.distill.mismatches(width):
+        raise ConfigError(f"distill.teacher={args.distill.teacher}: {'; '.join(problems)}")
     return [TeacherDistillation(args.distill, device)]

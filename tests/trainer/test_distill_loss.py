@@ -19,7 +19,12 @@ from bytelatent.errors import ConfigError
 from bytelatent.tokenizers.constants import BOS_ID, EOS_ID, OFFSET
 from bytelatent.trainer.distill import END, N_BYTES
 from bytelatent.trainer.distill_args import DistillArgs
-from bytelatent.trainer.distill_loss import TeacherDistillation, byte_runs, whole_characters
+from bytelatent.trainer.distill_loss import (
+    TeacherDistillation,
+    build_extra_losses,
+    byte_runs,
+    whole_characters,
+)
 from bytelatent.trainer.trainer import Trainer
 from tests.extras import lazy_extra
 from tests.trainer.test_cli import TINY_BLT
@@ -182,12 +187,14 @@ def test_a_teacher_that_does_not_fit_is_one_config_error(
     tmp_path, corpus_root, hidden, vocab_size, message
 ):
     save_teacher(tmp_path, corpus_root, hidden=hidden, vocab_size=vocab_size)
+    args = stage_args(tmp_path / "run", corpus_root, "frozen: true", f"distill.teacher={tmp_path}")
     with pytest.raises(ConfigError) as info:
-        stage_args(tmp_path / "run", corpus_root, "frozen: true", f"distill.teacher={tmp_path}")
-    line = str(info.value)
-    assert message in line and "\n" not in line and line.startswith("distill"), line
+        build_extra_losses(args, torch.device("cpu"))
+    line = info.value.one_line()
+    assert message in line and "\n" not in line and line.startswith("config error: distill"), line
 
 
 def test_a_missing_teacher_folder_is_one_config_error(tmp_path, corpus_root):
+    args = stage_args(tmp_path / "run", corpus_root, "frozen: true", f"distill.teacher={tmp_path}")
     with pytest.raises(ConfigError, match="no config.json or tokenizer.json there"):
-        stage_args(tmp_path / "run", corpus_root, "frozen: true", f"distill.teacher={tmp_path}")
+        build_extra_losses(args, torch.device("cpu"))
