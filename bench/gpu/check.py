@@ -28,6 +28,11 @@ import time
 import traceback
 from pathlib import Path
 
+# torch.cuda.is_available() (run() asks it in every step) poisons fork unless it asks NVML: the
+# deterministic step forks a clean child from its step, which then could not use CUDA ("Cannot
+# re-initialize CUDA in forked subprocess", the first GPU run, 2026-12-04).
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
@@ -291,10 +296,13 @@ def main(argv: list[str] | None = None) -> int:
         if fsdp is not None:
             set_summary(out, "single_device_fsdp", fsdp)
             print(f"[check] single-device FSDP: {json.dumps(fsdp)}", flush=True)
+        to_run = [s[0] for s in STEPS if s[0] in names and limits[s[0]] is not None]
         for name in (s[0] for s in STEPS):
             if name not in names:
                 continue
             left = deadline - time.monotonic()
+            if len(to_run) > 1 and name == to_run[-1]:  # the last gets what the others left
+                limits[name] = max(limits[name], left)
             if limits[name] is None:
                 record(out, {"step": name, "status": "skip", "reason": "GPU run only"})
                 continue

@@ -3,7 +3,8 @@
 # lent machine's image lacks into .whl/ (git-ignored; carried with `carry=[".whl"]`), then check
 # that they install, as the device README's command installs them, into a Python 3.12 target.
 # The device has torch 2.11, numpy, PyYAML, pyarrow and fsspec; it lacks pydantic (and its
-# pydantic-core / annotated-types / typing-inspection / typing-extensions>=4.16) and omegaconf.
+# pydantic-core / annotated-types / typing-inspection / typing-extensions>=4.16), omegaconf and
+# zstandard.
 # Versions are the ones CI tests with. Usage: bash bench/gpu/prepare.sh   (from the repo root)
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
@@ -14,6 +15,7 @@ WHEELS=(
     typing-inspection==0.4.5
     typing_extensions==4.16.0
     omegaconf==2.4.0
+    zstandard==0.23.0
 )
 PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
            --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
@@ -35,7 +37,7 @@ trap 'rm -rf "$target"' EXIT
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$target" --python-version 3.12 --implementation cp --only-binary=:all: \
     "${PLATFORMS[@]}" .whl/*.whl
-for pkg in pydantic pydantic_core omegaconf annotated_types typing_inspection typing_extensions.py; do
+for pkg in pydantic pydantic_core omegaconf annotated_types typing_inspection typing_extensions.py zstandard; do
     [[ -e "$target/$pkg" ]] || { echo "prepare error: $pkg missing after install" >&2; exit 1; }
 done
 echo "prepare: .whl/ holds $(ls .whl | wc -l) wheels, ${size_kib} KiB; they install into a py3.12 target"

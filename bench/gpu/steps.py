@@ -6,6 +6,7 @@ generator): with ``quick`` on tiny shapes and few steps, so CI runs the same cod
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gzip
 import json
@@ -18,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
 MAX_FILE = 15 * 2**20  # what comes back from $OUT: 16 MiB a file
 
 
@@ -542,27 +544,81 @@ def step_train_step(ctx: Ctx) -> dict:
 
 
 def _sync_debug_step(ctx: Ctx, trainer) -> str:
-    """Every host sync of one step, as `file:line` of the Python caller (warn mode lists them all;
-    error mode would stop at the first)."""
-    import warnings
-
-    import torch
-
+    """Every host sync of one step, as `file:line (aten op)` (see `host_syncs`)."""
     batches = trainer.next_batches()
     ctx.sync()
     if not ctx.cuda:
         trainer.train_step(batches)
         return "n/a on cpu"
-    with warnings.catch_warnings(record=True) as caught:
+    sites = host_syncs(lambda: trainer.train_step(batches))
+    if not sites:
+        return "no host sync"
+    return "host sync at " + ", ".join(f"{k} x{v}" for k, v in sites.most_common(12))
+
+
+def host_syncs(fn) -> collections.Counter:
+    """The host syncs of `fn()` under `torch.cuda.set_sync_debug_mode("warn")`, counted by the
+    first frame of this repository and the aten op that synced (`file:line (op)`).
+
+    Backward runs on the calling thread here: on autograd's device threads a sync's warning was
+    deferred to the next Python call, and the first GPU run (2026-12-04) could only name
+    torch/cuda/__init__.py. A dispatch mode names the op whose call raised the warning; a sync
+    outside any op keeps the warning's own file:line. Switching the mode raises one warning of
+    its own (torch 2.11: an empty window gives one at torch/cuda/__init__.py, in
+    set_sync_debug_mode; bench/gpu/sync_origin.py, 2026-12-04), so an empty window's sites are
+    subtracted."""
+    if fn is not None:
+        return _host_syncs(fn) - _host_syncs(None)
+    return _host_syncs(None)
+
+
+def _host_syncs(fn) -> collections.Counter:
+    import warnings
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    sites: collections.Counter = collections.Counter()
+    caught: list = []  # the warnings recorded so far (bound below)
+
+    def syncs(ws) -> int:
+        return sum("synchroniz" in str(w.message) for w in ws)
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            n = len(caught)
+            out = func(*args, **(kwargs or {}))
+            found = syncs(caught[n:])
+            if found:
+                sites[f"{repo_frame()} ({func})"] += found
+                del caught[n:]  # attributed: not counted again below
+            return out
+
+    with warnings.catch_warnings(record=True) as recorded:
+        caught = recorded  # noqa: F841 - read by Watch through the closure
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            trainer.train_step(batches)
+            if fn is not None:
+                with torch.autograd.set_multithreading_enabled(False), Watch():
+                    fn()
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    sites = sorted({f"{Path(w.filename).name}:{w.lineno}" for w in caught
-                    if "synchroniz" in str(w.message)})  # fmt: skip
-    return "no host sync" if not sites else f"host sync at {', '.join(sites[:12])}"
+        for w in caught:
+            if "synchroniz" in str(w.message):
+                sites[f"{Path(w.filename).parent.name}/{Path(w.filename).name}:{w.lineno}"] += 1
+    return sites
+
+
+def repo_frame() -> str:
+    """`path:line` of the innermost caller in this repository (not bench/gpu, not a venv)."""
+    import traceback
+
+    for frame in reversed(traceback.extract_stack()):
+        path = Path(frame.filename)
+        if REPO in path.parents and HERE not in path.parents and "site-packages" not in path.parts:
+            return f"{path.relative_to(REPO)}:{frame.lineno}"
+    return "outside the repository"
 
 
 def step_fsdp_dcp(ctx: Ctx) -> dict:
@@ -711,10 +767,20 @@ def _throughput(ctx: Ctx, compiled: bool) -> dict:
 
 
 def _time_steps(ctx: Ctx, trainer, warmup: int = 2, steps: int | None = None) -> dict:
+    """Bytes/s over `steps` steps after at least `warmup` ones, and after the last step in which
+    dynamo compiled a frame (at most 8 warm-up steps): automatic dynamic shapes compile a block
+    again when a size first changes, which fell inside the timed steps of the compiled entropy
+    model (0.136 s/step, "slower than eager"; 0.077 s/step after 3 warm-up steps against 0.108
+    eager: bench/gpu/compile_diag.py, 2026-12-04)."""
+    from torch._dynamo.utils import counters
+
     steps = steps or (2 if ctx.quick else 10)
     t0 = time.perf_counter()
-    for _ in range(warmup):
+    done, compiling = 0, True
+    while done < warmup or (compiling and done < 8):
+        frames = counters["frames"]["ok"]
         trainer.train_step(trainer.next_batches())
+        done, compiling = done + 1, counters["frames"]["ok"] != frames
     ctx.sync()
     warm_s = time.perf_counter() - t0
     batches = [trainer.next_batches() for _ in range(steps)]
@@ -729,6 +795,7 @@ def _time_steps(ctx: Ctx, trainer, warmup: int = 2, steps: int | None = None) ->
         "bytes_per_s": round(n_bytes / seconds, 1),
         "step_s": round(seconds / steps, 4),
         "warmup_s": round(warm_s, 2),
+        "warmup_steps": done,
         "peak_mem_gib": _peak_mem(ctx),
     }
 
@@ -783,7 +850,6 @@ def step_blt_1b(ctx: Ctx) -> dict:
 
 def _blt_1b_run(ctx: Ctx, argv: list[str], matmul: dict) -> dict:
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     from bytelatent.trainer.throughput import BatchSizes, FlopsCounter
 
@@ -797,11 +863,12 @@ def _blt_1b_run(ctx: Ctx, argv: list[str], matmul: dict) -> dict:
         ]
         for b in batches[:warmup]:
             trainer.train_step(b)
-        counter = FlopCounterMode(display=False)
-        with counter:
-            trainer.train_step(batches[warmup])
-        counted = counter.get_total_flops()
+        # timed first: a failure of the FLOP count below must not cost the MFU
         seconds = _timed_steps(ctx, trainer, batches[warmup + 1 :])
+        try:
+            counted, count_note = _counted_flops(trainer, batches[warmup]), None
+        except Exception as e:  # noqa: BLE001 - HFU is the secondary number: say why it is missing
+            counted, count_note = None, f"{type(e).__name__}: {str(e)[:300]}"
         flops = FlopsCounter(trainer.args)
         sizes = [BatchSizes.of(x) for b in batches[warmup + 1 :] for x in b]
         useful = sum(flops.useful(s) for s in sizes) / timed
@@ -822,9 +889,10 @@ def _blt_1b_run(ctx: Ctx, argv: list[str], matmul: dict) -> dict:
             "model_flops_per_step": useful,
             "model_flops_per_step_padded": executed,
             "counted_flops_per_step": counted,
+            **({"hfu_error": count_note} if count_note else {}),
             "matmul_tflops": matmul,
             "mfu": round(useful / step_s / peak, 4),
-            "hfu": round(counted / step_s / peak, 4),
+            "hfu": None if counted is None else round(counted / step_s / peak, 4),
             "peak_mem_gib": _peak_mem(ctx),
         }
     finally:
@@ -832,6 +900,49 @@ def _blt_1b_run(ctx: Ctx, argv: list[str], matmul: dict) -> dict:
         del trainer
         if ctx.cuda:
             torch.cuda.empty_cache()
+
+
+def _counted_flops(trainer, batches: list) -> float:
+    """The FLOPs FlopCounterMode counts in one step, flex_attention's block-sparse work included.
+
+    Under a dispatch mode dynamo does not compile, and torch 2.11's eager flex_attention fails
+    under FlopCounterMode ("no implementation found for torch.ops.higher_order.flex_attention",
+    the first GPU run): each flex call leaves the mode, runs compiled, and adds the work of the
+    blocks it visits (4·D FLOPs per query-key pair per head forward, 2.5 times that backward)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from bytelatent.model.attention import flex
+
+    real = flex._compiled_flex()
+    flex_flops = [0.0]
+
+    def counted_flex(q, k, v, block_mask):
+        with _disable_current_modes():
+            out = real(q, k, v, block_mask=block_mask)
+        flex_flops[0] += flex_block_flops(q, block_mask) * (3.5 if q.requires_grad else 1.0)
+        return out
+
+    flex._flex_fn = counted_flex
+    try:
+        counter = FlopCounterMode(display=False)
+        with counter:
+            trainer.train_step(batches)
+    finally:
+        flex._flex_fn = real
+    return counter.get_total_flops() + flex_flops[0]
+
+
+def flex_block_flops(q, block_mask) -> float:
+    """Forward FLOPs flex_attention executes for `q` [B, H, S, D]: every query-key pair of the
+    blocks it visits (partial and full ones), 4·D per pair (QK^T and PV) and head."""
+    visited = block_mask.kv_num_blocks.sum().item()
+    if block_mask.full_kv_num_blocks is not None:
+        visited += block_mask.full_kv_num_blocks.sum().item()
+    q_block, kv_block = block_mask.BLOCK_SIZE
+    b_mask, h_mask = block_mask.kv_num_blocks.shape[:2]
+    broadcast = (q.shape[0] // b_mask) * (q.shape[1] // h_mask)
+    return 4.0 * q.shape[-1] * visited * q_block * kv_block * broadcast
 
 
 def _timed_steps(ctx: Ctx, trainer, batches: list) -> float:
@@ -996,25 +1107,9 @@ def _generation_hnet(max_bytes: int):
 
 
 def _sync_sites(gen, prompts: list[str], args) -> dict:
-    """Host syncs of `gen.generate(prompts, args)` under sync-debug "warn": count, per new byte,
-    and file:line sites."""
-    import collections
-    import warnings
-
-    import torch
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            gen.generate(prompts, args)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    sites = collections.Counter(
-        f"{Path(w.filename).parent.name}/{Path(w.filename).name}:{w.lineno}"
-        for w in caught
-        if "synchroniz" in str(w.message)
-    )
+    """Host syncs of `gen.generate(prompts, args)` (`host_syncs`): count, per new byte, and
+    `file:line (op)` sites."""
+    sites = host_syncs(lambda: gen.generate(prompts, args))
     total = sum(sites.values())
     n_new = len(prompts) * args.max_new_bytes
     return {

@@ -229,3 +229,44 @@ def test_entropy_like_patch_lengths_cover_each_row():
     assert (lengths.sum(1) == 401).all() and (lengths[:, 0] == 1).all()
     used = lengths > 0
     assert 3.0 < lengths[used].mean() < 5.0 and len(set(lengths[used].tolist())) > 5
+
+
+def test_host_syncs_names_the_op_and_the_repo_caller(monkeypatch):
+    """`host_syncs` attributes a sync warning raised inside an op to that op and to the first
+    frame of this repository (CPU: a Python op stands in for a CUDA kernel that syncs)."""
+    import steps
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    lib = torch.library.Library("bytelatent_test_sync", "DEF")
+    lib.define("syncing(Tensor x) -> Tensor")
+
+    def syncing(x):
+        import warnings
+
+        warnings.warn("called a synchronizing CUDA operation", stacklevel=1)
+        return x.clone()
+
+    lib.impl("syncing", syncing, "CPU")
+    x = torch.ones(3)
+    sites = steps.host_syncs(lambda: torch.ops.bytelatent_test_sync.syncing(x) + x.sum())
+    assert len(sites) == 1 and sum(sites.values()) == 1, sites
+    (site,) = sites
+    assert "tests/bench/test_gpu_check.py" in site and "bytelatent_test_sync.syncing" in site
+    assert steps.host_syncs(lambda: x * 2) == {}
+
+
+def test_prepare_carries_every_dependency_the_device_image_lacks():
+    """The lent machine's image has torch, numpy, PyYAML, pyarrow and fsspec (device KINDS.md);
+    every other module of install_requires must be among prepare.sh's wheels (the first GPU
+    run lost 8 of 11 steps to a missing zstandard)."""
+    import re
+
+    import bytelatent
+
+    on_image = {"torch", "numpy", "yaml", "pyarrow", "fsspec"}
+    text = (REPO / "bench" / "gpu" / "prepare.sh").read_text()
+    block = re.search(r"WHEELS=\((.*?)\)", text, re.S).group(1)
+    carried = {line.split("==")[0].strip().lower().replace("-", "_") for line in block.split()}
+    missing = set(bytelatent.REQUIRED_MODULES) - on_image - carried
+    assert not missing, f"prepare.sh does not carry {sorted(missing)}"
