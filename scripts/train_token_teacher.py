@@ -78,6 +78,21 @@ def held_out_bpb(model, tok, texts: list[str], seq_len: int, max_bytes: int) -> 
     return nll / max(n_bytes, 1) / 0.6931471805599453, n_bytes
 
 
+def evaluate_saved(args: argparse.Namespace) -> None:
+    from tokenizers import Tokenizer
+    from transformers import LlamaForCausalLM
+
+    tok = Tokenizer.from_file(os.path.join(args.out, "tokenizer.json"))
+    model = LlamaForCausalLM.from_pretrained(args.out)
+    val_texts = read_texts(os.path.join(args.data, "*.val.jsonl"))
+    bpb, scored = held_out_bpb(model, tok, val_texts, args.seq_len, args.eval_bytes)
+    print(f"teacher {args.out}: {bpb:.4f} bits/byte on {scored} validation bytes")
+    path = os.path.join(args.out, "teacher_eval.json")
+    result = json.load(open(path)) if os.path.isfile(path) else {}
+    with open(path, "w") as f:
+        json.dump({**result, "val_bpb": bpb, "val_bytes": scored}, f, indent=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -89,9 +104,20 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per training window")
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--eval-bytes", type=int, default=65536, help="validation bytes to score")
+    parser.add_argument(
+        "--eval-bytes",
+        type=int,
+        default=51200,
+        help="validation bytes to score (51200: the BLT validator's 25 batches of 4 x 512 bytes)",
+    )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--eval-only", action="store_true", help="score the teacher already in --out, no training"
+    )
     args = parser.parse_args()
+    if args.eval_only:
+        evaluate_saved(args)
+        return
 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
