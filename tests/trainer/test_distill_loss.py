@@ -6,6 +6,7 @@ stage-1 -> stage-2 recipe whose stage 2 resumes bitwise, and a teacher that does
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -166,9 +167,11 @@ def test_stage_2_killed_midway_resumes_bitwise(tmp_path, corpus_root, teacher_di
     init = f"checkpoint.init_ckpt_path={stage1 / 'checkpoints' / '0000000002'}"
     stage2 = ("lr_scale: 0.1", "steps=6", init, f"distill.teacher={teacher_dir}")
     straight = run(stage_args(tmp_path / "straight", corpus_root, *stage2))
-    run(stage_args(tmp_path / "killed", corpus_root, *stage2, "max_steps=3"))  # saves step 2
+    run(stage_args(tmp_path / "killed", corpus_root, *stage2, "max_steps=3"))
+    # killed after step 3, before its save: the restart finds step 2 and trains 3..6 again
+    shutil.rmtree(tmp_path / "killed" / "checkpoints" / "0000000003")
     resumed = run(stage_args(tmp_path / "killed", corpus_root, *stage2))
-    assert resumed.state.step == 6 and resumed._steps_run < 6  # it resumed, not restarted
+    assert resumed.state.step == 6 and resumed._steps_run == 4  # resumed at 2, not restarted
     for (name, a), b in zip(straight.model.named_parameters(), resumed.model.parameters()):
         assert torch.equal(a, b), name
         state_a, state_b = straight.optimizer.state[a], resumed.optimizer.state[b]
