@@ -59,9 +59,10 @@ def main() -> None:
     )
     print("| model | stage | steps | training bytes | validation bpb | vs teacher |")
     print("|---|---|---|---|---|---|")
-    curves = {}
+    curves, vals = {}, {}
     for label, stages in VARIANTS.items():
         offset, xs_all, ys_all = 0.0, [], []
+        vals[label] = []
         for number, name in enumerate(s for s in stages if s):
             run = os.path.join(args.runs, name)
             xs, ys, end = curve(run, offset)
@@ -71,6 +72,7 @@ def main() -> None:
                 ratio = bpb / teacher["val_bpb"] - 1
                 stage = f"{number + 1}" if stages[1] else "-"
                 print(f"| {label} | {stage} | {step} | {seen:,.0f} | {bpb:.4f} | {ratio:+.1%} |")
+                vals[label].append((seen, bpb))
             xs_all += xs
             ys_all += ys
             offset = end
@@ -81,15 +83,20 @@ def main() -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(7, 4))
+        fig, (train_ax, val_ax) = plt.subplots(1, 2, figsize=(11, 4))
         for label, (xs, ys) in curves.items():
-            ax.plot(xs, ys, label=label)
-        ax.axhline(teacher["val_bpb"], color="k", ls="--", label="teacher (validation)")
-        ax.set_xlabel("training bytes")
-        ax.set_ylabel("training bpb")
-        ax.set_ylim(top=4.0)
-        ax.legend()
-        ax.set_title("byteify a 128d x 2 Llama teacher on the stdlib corpus (CPU)")
+            train_ax.plot(xs, ys, label=label)
+            val_ax.plot(*zip(*vals[label]), marker="o", label=label)
+        for ax in (train_ax, val_ax):
+            ax.axhline(teacher["val_bpb"], color="k", ls="--", label="teacher (validation)")
+            ax.set_xlabel("training bytes")
+        train_ax.set_ylim(top=4.0)
+        train_ax.set_ylabel("training bpb (per log interval)")
+        train_ax.set_title("training (stage 2 reads another stream)", fontsize=10)
+        val_ax.set_ylabel("validation bpb (51 kB)")
+        val_ax.set_title("validation, end of each stage", fontsize=10)
+        val_ax.legend(fontsize=8)
+        fig.suptitle("byteify a 128d x 2 Llama token teacher on the stdlib corpus (CPU)")
         fig.tight_layout()
         fig.savefig(args.png, dpi=100)
         print(f"plot: {args.png}")
