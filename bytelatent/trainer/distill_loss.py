@@ -68,14 +68,21 @@ class TeacherDistillation:
     over the distilled bytes (a scalar with the student's graph)."""
 
     def __init__(self, args: DistillArgs, device: torch.device) -> None:
-        from tokenizers import Tokenizer
-        from transformers import LlamaForCausalLM
-
+        try:
+            from tokenizers import Tokenizer
+            from transformers import LlamaForCausalLM
+        except ImportError as exc:
+            raise ConfigError(
+                f"distill needs tokenizers and transformers ({exc}); pip install -e '.[hf]'"
+            ) from None
         self.spec = AuxLoss(NAME, args.weight)
         self.name = NAME
         self.temperature = args.temperature
         self.tokenizer = Tokenizer.from_file(f"{args.teacher}/tokenizer.json")
-        self.vocab = byte_level_vocab(self.tokenizer)
+        try:
+            self.vocab = byte_level_vocab(self.tokenizer)
+        except ValueError as exc:
+            raise ConfigError(f"distill.teacher={args.teacher}: {exc}") from None
         self.trie = TokenByteTrie(self.vocab)
         self.device = device
         teacher = LlamaForCausalLM.from_pretrained(args.teacher, dtype=torch.float32)

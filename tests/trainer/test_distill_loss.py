@@ -201,3 +201,14 @@ def test_a_missing_teacher_folder_is_one_config_error(tmp_path, corpus_root):
     args = stage_args(tmp_path / "run", corpus_root, "frozen: true", f"distill.teacher={tmp_path}")
     with pytest.raises(ConfigError, match="no config.json or tokenizer.json there"):
         build_extra_losses(args, torch.device("cpu"))
+
+
+def test_a_teacher_tokenizer_that_is_not_byte_level_is_one_config_error(tmp_path, corpus_root):
+    tokenizers = pytest.importorskip("tokenizers")
+    save_teacher(tmp_path, corpus_root)
+    tok = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    args = stage_args(tmp_path / "run", corpus_root, "frozen: true", f"distill.teacher={tmp_path}")
+    with pytest.raises(ConfigError, match="is not byte-level BPE"):
+        build_extra_losses(args, torch.device("cpu"))
