@@ -6,27 +6,34 @@ module only composes them and checks the few rules that span sections, before an
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 from typing import Any
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     model_validator,
 )
 
-from bytelatent.archs.blt.args import ByteLatentTransformerArgs
-from bytelatent.archs.blt.reference_format import looks_like_reference, reference_hint
 from bytelatent.checkpoint.args import CheckpointArgs
 from bytelatent.data.args import DataArgs
 from bytelatent.distributed.args import DistributedArgs
 from bytelatent.eval.args import EvalArgs
 from bytelatent.launch.args import EnvVars
-from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.registry import arch_name_from_config, get_arch
+from bytelatent.model.registry import (
+    LEGACY_SECTIONS,
+    MODEL_SECTION,
+    arch_name_from_config,
+    get_arch,
+    registered_archs,
+)
 from bytelatent.trainer.actions import ActionArgs
 from bytelatent.trainer.args import LoggingArgs, OptimArgs, ProfilerArgs
 from bytelatent.trainer.distill_args import DistillArgs
@@ -40,12 +47,77 @@ DEFAULT_ENV = {
 }
 
 
-def _arch_args_errors(exc: ValidationError, arch: str) -> str:
-    """One line per problem, named like every other key (`arch_args.dim: ...`)."""
-    return "; ".join(
-        f"arch_args.{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (arch {arch})"
-        for e in exc.errors()
-    )
+def _model_errors(exc: ValidationError, arch: str, args_class: type, name: str) -> str:
+    """One line per problem, named like every other key (`model.dim: ...`); a key the
+    architecture does not read says so (it would change nothing), with the parser's did-you-mean."""
+
+    def line(e: dict) -> str:
+        key = ".".join([name, *(str(p) for p in e["loc"])])
+        if e["type"] != "extra_forbidden":
+            return f"{key}: {e['msg'].removeprefix('Value error, ')} (arch {arch})"
+        leaf = str(e["loc"][-1])
+        close = difflib.get_close_matches(leaf, list(args_class.model_fields), n=1, cutoff=0.6)
+        hint = (
+            f" (did you mean {key[: -len(leaf)]}{close[0]}?)"
+            if close and len(e["loc"]) == 1
+            else ""
+        )
+        return f"{key}: unknown key{hint}; arch={arch} does not read it ({args_class.__name__})"
+
+    return "; ".join(line(e) for e in exc.errors())
+
+
+def _is_unwritten_blt_section(value: Any) -> bool:
+    """Whether `value`, found next to an old-named section (`entropy_model`, `arch_args`), is
+    what old configs and params.json files held under `model` for every architecture: null, or
+    every key of the args whose old section name is `model` at its default (a dump of the
+    defaults, written by no user; a partial section is a user's keys)."""
+    if value is None or value == {}:
+        return True
+    for spec in registered_archs().values():
+        if spec.legacy_section != MODEL_SECTION:
+            continue
+        if isinstance(value, BaseModel):
+            if type(value) is spec.args_class and not value.model_dump(exclude_defaults=True):
+                return True
+            continue
+        if not isinstance(value, dict) or value.keys() != spec.args_class.model_fields.keys():
+            continue  # a partial section: keys a user wrote
+        try:
+            args = spec.args_class.model_validate(value)
+        except ValidationError:
+            continue
+        if not args.model_dump(exclude_defaults=True):
+            return True
+    return False
+
+
+def _merge_old_section(model: Any, old: Any, key: str, arch: str) -> Any:
+    """`model` and `key` (its old name) in a user's config hold one section: keys from both, a
+    key in both with different values refused (a dotlist `model.x=` over an old `arch_args:`).
+    Old configs had the BLT's section under `model` next to entropy_model: its keys are now
+    refused by the chosen architecture's args class, naming each."""
+    if isinstance(model, BaseModel) or isinstance(old, BaseModel):
+        raise ValueError(
+            f"model and {key}: both set for arch={arch}; {key} is the old name of model, keep model"
+        )
+    if not isinstance(model, dict) or not isinstance(old, dict):
+        return old if not isinstance(old, dict) else model
+    for name in sorted(model.keys() & old.keys()):
+        if model[name] != old[name]:
+            raise ValueError(
+                f"model.{name} and {key}.{name}: both set for arch={arch} ({key} is the old name "
+                "of model); set it once, under model"
+            )
+    return {**old, **model}
+
+
+_MODEL_KEY = re.compile(r"(?<![\w.])model\.")
+
+
+def _as_named(message: str, name: str) -> str:
+    """`message` with its `model.` keys named `name.` (what the config called the section)."""
+    return message if name == MODEL_SECTION else _MODEL_KEY.sub(name + ".", message)
 
 
 # Validation context key: False when the config was not written by this run's user.
@@ -56,6 +128,8 @@ class TrainArgs(BaseModel):
     """A training run. Field names follow the reference BLT `TrainArgs` where they exist."""
 
     model_config = ConfigDict(extra="forbid")
+    # the name the config gave the `model` section (an old one: entropy_model, arch_args)
+    _model_key: str = PrivateAttr(MODEL_SECTION)
 
     name: str = Field("bytelatent", description="run name (wandb, SLURM job name)")
     dump_dir: str = Field(
@@ -83,9 +157,9 @@ class TrainArgs(BaseModel):
     )
     arch: str = Field(
         "blt",
-        description="architecture (bytelatent/model/registry.py): blt (args in `model`), entropy "
-        "or lm (args in `entropy_model`), or 'package.module:name' for one a module registers "
-        "(args in `arch_args`; docs/extending.md, How to add a model)",
+        description="architecture: a built-in one (the list: bytelatent/archs/__init__.py) or "
+        "'package.module:name' for one a module registers (docs/extending.md); its args are "
+        "the `model` section",
     )
     train_entropy_model: bool = Field(
         False,
@@ -110,17 +184,10 @@ class TrainArgs(BaseModel):
         default_factory=OptimArgs,
         description="AdamW, gradient clipping, learning-rate schedule and warmup",
     )
-    model: ByteLatentTransformerArgs | None = Field(
-        default_factory=ByteLatentTransformerArgs,
-        description="BLT shape: global (latent) transformer, local encoder/decoder, cross-attention, hashes",
-    )
-    entropy_model: LMTransformerArgs | None = Field(
-        None, description="byte LM shape, used with train_entropy_model=true"
-    )
-    arch_args: Any = Field(
+    model: Any = Field(
         None,
-        description="args of an architecture registered outside bytelatent (validated by its "
-        "spec's args class)",
+        description="the architecture's args, schema from `arch` (--help model: the default "
+        "arch's keys); old configs' entropy_model and arch_args sections are read as this one",
     )
     distributed: DistributedArgs = Field(
         default_factory=DistributedArgs,
@@ -160,70 +227,36 @@ class TrainArgs(BaseModel):
         "{teacher: HF folder, weight, temperature}",
     )
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _arch_compat(cls, data: Any) -> Any:
-        """`train_entropy_model: true` (configs and params.json from before `arch`) means
-        arch=entropy; the two keys must not disagree."""
-        if not isinstance(data, dict) or not data.get("train_entropy_model"):
-            return data
-        arch = data.get("arch")
-        if arch in (None, "entropy", "lm"):
-            return {**data, "arch": arch or arch_name_from_config(data)}
-        raise ValueError(
-            f"train_entropy_model=true and arch={arch}: train_entropy_model=true means "
-            "arch=entropy; remove train_entropy_model"
-        )
+    def _one_model_section(
+        cls, data: Any, handler: ModelWrapValidatorHandler, info: ValidationInfo
+    ) -> TrainArgs:
+        """Fold the old section names into `model` (`_fold_old_sections`); messages about the
+        section's keys (resume checks) name it as the config did."""
+        data, key = _fold_old_sections(data, info)
+        args = handler(data)
+        args._model_key = key  # (the after validators run outside this one: they see it)
+        return args
 
     @model_validator(mode="after")
     def _arch_section(self, info: ValidationInfo) -> TrainArgs:
-        # The user's own config may name a plugin module (importing it is their choice); a
-        # config read back from a checkpoint (`from_saved`) may not make us import anything.
-        allow_import = (info.context or {}).get(ALLOW_ARCH_IMPORT, True)
-        try:
-            spec = get_arch(self.arch, allow_import=allow_import)
-        except ValueError as exc:
-            raise ValueError(f"arch: {exc}") from None
+        spec = _spec_for(self.arch, info)
         if ":" not in self.arch:
             self.arch = spec.name  # an alias (lm) is saved as the name it stands for
-        if spec.name == "entropy":
+        if spec.legacy_section == "entropy_model":
             self.train_entropy_model = True  # old readers of config.yaml / params.json
-        if spec.section == "entropy_model" and self.model is not None:
-            if not self.model.model_dump(exclude_defaults=True):
-                self.model = None  # the BLT's defaults, unread: as `model: null` did
-        if spec.section == "arch_args":
-            self._refuse_unread_sections(spec.name)
-            if not isinstance(self.arch_args, spec.args_class):
-                try:
-                    self.arch_args = spec.args_class.model_validate(self.arch_args or {})
-                except ValidationError as exc:
-                    raise ValueError(_arch_args_errors(exc, self.arch)) from None
-        elif self.arch_args is not None:
-            raise ValueError(
-                f"arch_args: only for architectures registered outside bytelatent; arch={self.arch} "
-                f"reads `{spec.section}`"
-            )
+        if not isinstance(self.model, spec.args_class):
+            value = self.model
+            if isinstance(value, BaseModel):  # another architecture's args object
+                value = value.model_dump(exclude_unset=True)
+            try:
+                self.model = spec.args_class.model_validate(value or {})
+            except ValidationError as exc:
+                raise ValueError(
+                    _model_errors(exc, self.arch, spec.args_class, self._model_key)
+                ) from None
         return self
-
-    def _refuse_unread_sections(self, arch: str) -> None:
-        """An `arch_args` architecture reads neither `model` nor `entropy_model`: a key set there
-        would change nothing, so it is a config error. A `model` section nobody wrote (the BLT's
-        defaults) is dropped."""
-        if self.entropy_model is not None:
-            raise ValueError(
-                f"entropy_model: arch={arch} does not read it (its args are `arch_args`); "
-                "remove the entropy_model section"
-            )
-        if self.model is None:
-            return
-        changed = sorted(self.model.model_fields_set)
-        if changed:
-            keys = ", ".join(f"model.{key}" for key in changed)
-            raise ValueError(
-                f"{keys}: arch={arch} does not read the model section (its args are "
-                "`arch_args`); remove it or set the matching arch_args key"
-            )
-        self.model = None
 
     @model_validator(mode="after")
     def _cross_section_rules(self) -> TrainArgs:
@@ -242,7 +275,10 @@ class TrainArgs(BaseModel):
             )
         check_run = get_arch(self.arch).check_run
         if check_run is not None:
-            check_run(self)
+            try:
+                check_run(self)
+            except ValueError as exc:
+                raise ValueError(_as_named(str(exc), self._model_key)) from None
         return self
 
     @classmethod
@@ -253,8 +289,26 @@ class TrainArgs(BaseModel):
 
     @classmethod
     def config_format_hint(cls, tree: dict, path: str | None) -> str | None:
-        """Parser hook (config/parser.py): a reference-format config gets one line naming the converter."""
-        return reference_hint(path) if looks_like_reference(tree) else None
+        """Parser hook (config/parser.py): a config in another project's format (the reference
+        BLT's) gets the one line an architecture's adapter gives, e.g. naming its converter."""
+        for spec in registered_archs().values():
+            hint = spec.adapters.config_format_hint
+            line = hint(tree, path) if hint is not None else None
+            if line:
+                return line
+        return None
+
+    @classmethod
+    def config_key_aliases(cls, tree: dict) -> tuple[str, ...]:
+        """Parser hook (config/parser.py): `model` and the old name this config's arch gave it
+        (`entropy_model`, `arch_args`) are one key: each file and dotlist is renamed before they
+        merge, so the later one wins whichever name it uses."""
+        try:
+            spec = get_arch(arch_name_from_config(tree), allow_import=True)
+        except ValueError:
+            return ()  # validation names the arch's problem
+        old = spec.legacy_section
+        return () if old == MODEL_SECTION else (MODEL_SECTION, old)
 
     @classmethod
     def config_unneeded_sections(cls, tree: dict) -> tuple[str, ...]:
@@ -262,6 +316,80 @@ class TrainArgs(BaseModel):
         the like need not be set for it."""
         return ("data",) if tree.get("dry_run") is True else ()
 
+    @property
+    def model_key(self) -> str:
+        """What the config called the `model` section (`entropy_model`, `arch_args` in configs
+        that still use an old name), for messages that name its keys as the user wrote them."""
+        return self._model_key
+
     def active_model_args(self) -> BaseModel:
-        """The args of the run's architecture (its spec's section)."""
-        return getattr(self, get_arch(self.arch).section)
+        """The args of the run's architecture (the `model` section)."""
+        return self.model
+
+    @classmethod
+    def config_section_class(cls, name: str) -> type | None:
+        """Help hook (config/help.py): the args class `--help model` lists (the default arch's)."""
+        if name != MODEL_SECTION:
+            return None
+        return get_arch(cls.model_fields["arch"].default).args_class
+
+
+def _fold_old_sections(data: Any, info: ValidationInfo) -> tuple[Any, str]:
+    """(`data` with its old-named sections folded into `model`, the name the config gave the
+    section). The chosen spec's `legacy_section` (`entropy_model`, `arch_args`) holds its args in
+    old files; another old-named section must be null (old files wrote `entropy_model: null`):
+    a set one is read by nothing."""
+    if not isinstance(data, dict):
+        return data, MODEL_SECTION
+    data = _entropy_flag(data)
+    old = {k: data[k] for k in LEGACY_SECTIONS if k != MODEL_SECTION and k in data}
+    if not old:
+        return data, MODEL_SECTION
+    data = {k: v for k, v in data.items() if k not in old}
+    spec = _spec_for(arch_name_from_config(data), info)
+    named = MODEL_SECTION
+    for key, value in old.items():
+        if value is None:
+            continue
+        if key != spec.legacy_section:
+            if not _users_config(info):
+                continue  # a saved file from before one section: that section was read by nothing
+            raise ValueError(
+                f"{key}: arch={spec.name} does not read it (its args are the `model` section); "
+                f"remove the {key} section"
+            )
+        model = data.get(MODEL_SECTION)
+        if _is_unwritten_blt_section(model) or not _users_config(info):
+            # a saved file from before one section: its `model` was the BLT's, read by nothing
+            named, data[MODEL_SECTION] = key, value
+            continue
+        data[MODEL_SECTION] = _merge_old_section(model, value, key, spec.name)
+    return data, named
+
+
+def _entropy_flag(data: dict) -> dict:
+    """`train_entropy_model: true` (configs and params.json from before `arch`) means
+    arch=entropy; the two keys must not disagree."""
+    if not data.get("train_entropy_model"):
+        return data
+    arch = data.get("arch")
+    if arch in (None, "entropy", "lm"):
+        return {**data, "arch": arch or arch_name_from_config(data)}
+    raise ValueError(
+        f"train_entropy_model=true and arch={arch}: train_entropy_model=true means "
+        "arch=entropy; remove train_entropy_model"
+    )
+
+
+def _users_config(info: ValidationInfo) -> bool:
+    """Whether the config was written by this run's user (else a file read back: `from_saved`)."""
+    return (info.context or {}).get(ALLOW_ARCH_IMPORT, True)
+
+
+def _spec_for(arch: str, info: ValidationInfo) -> Any:
+    """The spec `arch` names. The user's own config may name a plugin module (importing it is
+    their choice); a config read back from a checkpoint (`from_saved`) may not import anything."""
+    try:
+        return get_arch(arch, allow_import=_users_config(info))
+    except ValueError as exc:
+        raise ValueError(f"arch: {exc}") from None

@@ -23,7 +23,6 @@ from bytelatent.data.iterators.streams import StreamsIteratorState
 from bytelatent.distributed.world import launch_ranks, resolve_layout
 from bytelatent.errors import CheckpointError, DataError
 from bytelatent.eval.val_sources import resolve_validation_sources
-from bytelatent.model.registry import get_arch
 from bytelatent.trainer.resume_config import (
     ResumeCheck,
     config_diff,
@@ -47,7 +46,7 @@ def preflight(args: TrainArgs) -> None:
         check_resumed_batch(args, resume, layout.dp_size)
         check_resumed_data_files(args, resume)
     elif (init := getattr(args.active_model_args(), "global_init", None)) is not None:
-        check_global_init(init.path, f"{get_arch(args.arch).section}.global_init")
+        check_global_init(init.path, "model.global_init")
     for source in args.data.source_weights():
         args.data.files_of(source)
     if args.eval.enabled:

@@ -55,20 +55,35 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(1)
 
 
+# A file's expected worker-seconds for the order below: a `slow` test (a training run, several
+# processes) takes ~5-60 s under `-n 3`, any other ~0.5 s (bench/RESULTS_test_suite.md).
+SLOW_TEST_S, FAST_TEST_S = 20.0, 0.5
+
+
+def file_cost(items: list[pytest.Item]) -> float:
+    """Estimated worker-seconds of a test file's `items` (one file's, or any)."""
+    return sum(SLOW_TEST_S if item.get_closest_marker("slow") else FAST_TEST_S for item in items)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The order in which `pytest -n N` hands out files (a worker takes whole files, pytest.ini):
-    files with a `slurm` test first, then the files with more tests before those with fewer
-    (xdist's own default, switched off in pytest.ini so that this order holds). SLURM tests mostly
-    wait on the cluster (start, queue, requeue): early, the other workers fill that wait; last,
-    it was the final minute of the run. A file's tests keep their order; serial runs keep the
-    usual order."""
+    files with a `slurm` test first, then the most expensive files first (file_cost). SLURM tests
+    mostly wait on the cluster (start, queue, requeue): early, the other workers fill that wait.
+    Longest first is what keeps the end short: xdist gives a worker its next file while it still
+    runs one, so a 40 s file handed out last can run after the other workers have finished, while
+    the cheap files at the end even the workers out (by test count, the order before 2026-12-04,
+    the single-test end-to-end files came last). A file's tests keep their order; serial runs
+    keep the usual order."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    slurm_files = {item.path for item in items if item.get_closest_marker("slurm")}
-    count: dict[Path, int] = {}
+    by_file: dict[Path, list[pytest.Item]] = {}
     for item in items:
-        count[item.path] = count.get(item.path, 0) + 1
-    items.sort(key=lambda item: (item.path not in slurm_files, -count[item.path]))  # stable
+        by_file.setdefault(item.path, []).append(item)
+    slurm = {
+        path for path, its in by_file.items() if any(i.get_closest_marker("slurm") for i in its)
+    }
+    cost = {path: file_cost(its) for path, its in by_file.items()}
+    items.sort(key=lambda item: (item.path not in slurm, -cost[item.path]))  # stable
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -201,6 +216,31 @@ def tiny_entropy_run(tmp_path_factory, corpus_root) -> Path:
     """A tiny entropy model trained 20 steps: dump_dir with checkpoints/0000000020."""
     return built_once(tmp_path_factory, "tiny_entropy",
                       lambda d: train_tiny(str(ENTROPY_CONFIG), d, corpus_root, 20, TINY_ENTROPY))  # fmt: skip
+
+
+# configs/debug.yaml (tiny widths) for 200 steps with validation every 50 and before training:
+# long enough for patches of a few bytes. The eval tests read its evaluations and checkpoints,
+# speculative decoding its step-200 model (one run for both: ~20 CPU-s each).
+BLT_200_LOOP = [
+    "steps=200", "eval.every=50", "eval.before_training=true", "eval.validation.max_batches=8",
+    "logging.freq=50", "checkpoint.dump.every=100",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def blt_200_run(tmp_path_factory, corpus_root) -> Path:
+    """dump_dir of the 200-step BLT_200_LOOP run (checkpoints at 100 and 200), shared by test
+    files on several xdist workers: tests only read it (or add beside its files: test_eval_cli
+    writes `consolidated/` into the step-200 folder, which loading that folder ignores)."""
+    from tests.trainer.test_cli import TINY_BLT as CLI_BLT  # noqa: PLC0415 - a test module
+    from tests.trainer.test_cli import run_cli  # noqa: PLC0415
+
+    def build(dump: Path) -> None:
+        argv = [*CLI_BLT, f"dump_dir={dump}", f"data.root_dir={corpus_root}", *BLT_200_LOOP]
+        res = run_cli("bytelatent.train", argv)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "blt_200", build)
 
 
 @pytest.fixture(scope="session")

@@ -47,7 +47,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # one folder per architecture (model, args, spec, estimates, generation engine, adapters)
     "archs": ("bytelatent.archs",),
     # TrainArgs composes every section's arg class
-    "args": ("bytelatent.args", "bytelatent.archs.blt.reference_format"),
+    "args": ("bytelatent.args",),
     "launch": ("bytelatent.launch",),
     # what takes a TrainArgs and runs it
     "training": (
@@ -75,13 +75,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
 # Edges (importer, imported) both checks ignore while other branches cut them; empty it once
 # they are merged (a test below fails when an entry is no longer needed).
 # (importer, imported), each with a reason.
-KNOWN_EXCEPTIONS: set[tuple[str, str]] = {
-    # the released entropy model's params.json (the reference's layout) is read by the BLT's
-    # reference adapter; the byte LM's own spec could own that reader (issue 37 follow-up)
-    ("bytelatent.checkpoint.pretrained", "bytelatent.archs.blt.reference_compat"),
-    # a released BLT folder's patcher settings (generation's defaults for the reference layout)
-    ("bytelatent.eval.generation.generator", "bytelatent.archs.blt.reference_compat"),
-}
+KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()
 
 
 @dataclass(frozen=True)
@@ -319,12 +313,6 @@ FOLDER_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {
     ("bytelatent.archs.blt", "bytelatent.archs.lm"): "the BLT's entropy model is the byte LM",
     ("bytelatent.archs.lm", "bytelatent.archs.blt"): "the byte LM's HF export is the BLT's "
     "BltPatcher format (archs/lm/spec.py)",
-    ("bytelatent.args", "bytelatent.archs.blt"): "TrainArgs.model is typed as the BLT's args and "
-    "recognises a reference (BLT) config (until one architecture section)",
-    ("bytelatent.checkpoint.pretrained", "bytelatent.archs.blt"): "the released entropy model's "
-    "params.json is read by the BLT's reference adapter (KNOWN_EXCEPTIONS)",
-    ("bytelatent.eval.generation.generator", "bytelatent.archs.blt"): "a released BLT folder's "
-    "patcher settings (KNOWN_EXCEPTIONS)",
 }
 # Code (not docstrings) that compares something with an architecture's name, outside its folder:
 # old configs' and params.json's compatibility rules, the compare recipe that picks by name, and

@@ -40,7 +40,6 @@ class Sized:
     size: str  # "key=value" the sizing chose, or "" for an unsized row
     bytes_per_patch: float  # what the sizing assumed (1 for a byte LM)
     variant: str = ""  # BLT: its patching; H-Net: its number of stages
-    section: str = "model"  # the config section of the architecture's args (its `seed` key)
 
 
 def blt_patching(
@@ -160,9 +159,7 @@ def measure(args: CompareArgs, name: str, argv: list[str], patch_mean: float, si
     else:
         mean = patch_mean if spec.patched else 1.0
         variant = args.rows[name].patching or ""
-    return Sized(
-        name, argv, train.arch, spec.patched, flops, params, size, mean, variant, spec.section
-    )
+    return Sized(name, argv, train.arch, spec.patched, flops, params, size, mean, variant)
 
 
 def patch_means(args: CompareArgs) -> dict[str, float]:

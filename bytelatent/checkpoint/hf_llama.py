@@ -1,5 +1,5 @@
 """Hugging Face ``LlamaForCausalLM`` decoder layers -> the global transformer ("byteify") of a BLT
-(``model.global_init``) or an H-Net (``arch_args.global_init``: the same class and names).
+(``model.global_init``) or an H-Net (the same key: the same class and names).
 
 An adapter at the edge, like ``archs/blt/hf.py``: a name/layout map plus a shape check that names
 every mismatch; the model code does not know where its weights came from.
@@ -74,7 +74,7 @@ def _rope(cfg: dict[str, Any]) -> tuple[float | None, dict[str, Any] | None]:
 
 def architecture_mismatches(cfg: dict[str, Any], model_args: Any) -> list[str]:
     """One entry per field where the HF config and the global transformer's args disagree (named
-    in their config section: ``model.`` for a BLT, ``arch_args.`` for an H-Net)."""
+    in their config section, ``model.``)."""
     kind, arch = cfg.get("model_type"), cfg.get("architectures") or []
     if kind != "llama" or (arch and "LlamaForCausalLM" not in arch):
         return [
@@ -84,7 +84,7 @@ def architecture_mismatches(cfg: dict[str, Any], model_args: Any) -> list[str]:
     head_dim, n_heads, n_kv_heads = block_head_counts(block)
     hf_heads = cfg.get("num_attention_heads")
     hf_hidden = cfg.get("hidden_size")
-    section = _section(model_args)
+    section = "model."
     kv_key = "n_kv_heads_global" if hasattr(model_args, "n_kv_heads_global") else "n_kv_heads"
     pairs = [
         ("dim", block.dim, "hidden_size", hf_hidden),
@@ -149,23 +149,13 @@ def _rope_scaling_mismatches(hf: dict[str, Any] | None, ours: Any, section: str)
     ]
 
 
-def _section(model_args: Any) -> str:
-    """The config prefix of `model_args`' keys in messages: `model.` (BLT), `arch_args.` (H-Net)."""
-    from bytelatent.model.registry import arch_of_args
-
-    try:
-        return arch_of_args(model_args).section + "."
-    except ValueError:  # args of an unregistered class: the BLT's names
-        return "model."
-
-
 def check_hf_llama(model_args: Any) -> list[str]:
     """Raise CheckpointError on any mismatch or missing file; returns the weight files."""
     path = model_args.global_init.path
     mismatches = architecture_mismatches(read_hf_config(path), model_args)
     if mismatches:
         raise CheckpointError(
-            f"{_section(model_args)}global_init {path}/{CONFIG_FILE} does not match the global "
+            f"model.global_init {path}/{CONFIG_FILE} does not match the global "
             "transformer: " + "; ".join(mismatches)
         )
     return weight_files(path)

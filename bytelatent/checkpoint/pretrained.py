@@ -21,19 +21,20 @@ import torch
 from pydantic import BaseModel, ValidationError
 from torch import nn
 
-from bytelatent.archs.blt.reference_compat import lm_args_from_reference
 from bytelatent.checkpoint import fs as cfs
 from bytelatent.checkpoint.consolidate import METADATA_FILE, load_dcp_state_dict
 from bytelatent.checkpoint.model_size import require_model_fits
-from bytelatent.errors import CheckpointError, UserError
-from bytelatent.model.args import LMTransformerArgs
-from bytelatent.model.registry import ArchSpec, arch_name_from_params, get_arch
+from bytelatent.errors import CheckpointError
+from bytelatent.model.registry import ArchSpec, arch_name_from_params, arch_section, get_arch
 
 logger = logging.getLogger("bytelatent")
 
 WEIGHT_FILES = ("consolidated.pth", "consolidated/consolidated.pth")
 # `consolidate --format safetensors` output; tried after the .pth files
 SAFETENSORS_FILES = ("consolidated.safetensors", "consolidated/consolidated.safetensors")
+# The architecture of entropy models (the byte LM; realtime patching, generation and the
+# harness load one for an entropy-patched BLT): named here once, the loaders below use it.
+ENTROPY_ARCH = "entropy"
 # "auto" (the arch params.json names), or a registered arch name ("blt", "entropy", ...)
 Kind = Literal["auto", "blt", "entropy"] | str
 
@@ -122,20 +123,13 @@ def model_args_from_params(
     if read is not None:
         args, ignored = read(params, where)
         return args, spec.name, ignored
-    section = params.get(spec.section)
+    section = arch_section(params, spec)
     if not isinstance(section, dict):
-        raise CheckpointError(
-            f"{where}: no '{spec.section}' section; is this a {spec.name} checkpoint?"
-        )
+        raise CheckpointError(f"{where}: no 'model' section; is this a {spec.name} checkpoint?")
     try:
         return spec.args_class.model_validate(section), spec.name, []
     except ValidationError as exc:
-        raise CheckpointError(f"{where}: {spec.section} args invalid: {exc}") from None
-
-
-def entropy_args_from_params(params: dict[str, Any], where: str = "params.json"):
-    """The entropy spec's `read_params` (its reference fields are logged, not returned)."""
-    return entropy_model_args(params, where), []
+        raise CheckpointError(f"{where}: model args invalid: {exc}") from None
 
 
 def build_and_load(args: BaseModel, kind: str, state: dict, device: torch.device, reference: bool):
@@ -233,26 +227,9 @@ def load_any_checkpoint(
     return model, args, params
 
 
-def entropy_model_args(params: dict, where: str = "params.json") -> LMTransformerArgs:
-    """LMTransformerArgs from a params.json dict (our layout or the reference TrainArgs)."""
-    section = params.get("entropy_model")
-    if not section:
-        section = params if "dim" in params and "n_layers" in params else None
-    if not section:
-        raise CheckpointError(
-            f"{where}: no 'entropy_model' section; is this an entropy model checkpoint?"
-        )
-    try:
-        return LMTransformerArgs.model_validate(section)
-    except ValidationError:
-        pass  # e.g. the reference's vocab_size=-1: map it as the reference would
-    try:
-        args, ignored = lm_args_from_reference(section)
-    except (ValidationError, ValueError, UserError) as exc:
-        raise CheckpointError(f"{where}: entropy_model args invalid: {exc}") from None
-    if ignored:
-        logger.info("%s: reference fields without effect: %s", where, ignored)
-    return args
+def load_entropy_checkpoint(path: str, device: str | torch.device = "cpu") -> nn.Module:
+    """An entropy model from any checkpoint folder (DCP step, consolidated, released), eval mode."""
+    return load_any_checkpoint(path, device, kind=ENTROPY_ARCH)[0]
 
 
 def load_entropy_model(
@@ -266,11 +243,12 @@ def load_entropy_model(
     (resolve "auto" with `bytelatent.data.entropy.resolve_device`).
     """
     where = os.path.join(checkpoint_dir, "params.json")
-    args = entropy_model_args(read_params(checkpoint_dir), where)
+    # the byte LM's reader (its spec's read_params): our layout, the reference's, the released one
+    args, _, _ = model_args_from_params(read_params(checkpoint_dir), ENTROPY_ARCH, where)
     require_model_fits(args, device, where)  # before reading or allocating any weight
     try:
         model = build_and_load(
-            args, "entropy", read_weights(checkpoint_dir), torch.device(device), False
+            args, ENTROPY_ARCH, read_weights(checkpoint_dir), torch.device(device), False
         )
     except CheckpointError as exc:
         raise CheckpointError(f"{checkpoint_dir}: {exc}") from None

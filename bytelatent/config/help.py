@@ -69,8 +69,15 @@ def _row(text: str, description: str | None, column: int) -> list[str]:
     return [text, *(indent + c for c in chunks)]
 
 
+def field_section(model: type[BaseModel], name: str, field: FieldInfo) -> type[BaseModel] | None:
+    """The arg model of section `name` of `model`: its annotation's, or for a section whose schema
+    depends on another key (TrainArgs' `model`), what `model.config_section_class(name)` says."""
+    hook = getattr(model, "config_section_class", None)
+    return section_model(field.annotation) or (hook(name) if hook is not None else None)
+
+
 def sections(model: type[BaseModel]) -> dict[str, FieldInfo]:
-    return {n: f for n, f in model.model_fields.items() if section_model(f.annotation) is not None}
+    return {n: f for n, f in model.model_fields.items() if field_section(model, n, f) is not None}
 
 
 def _default_value(field: FieldInfo) -> Any:
@@ -107,7 +114,7 @@ def key_lines(
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
         value = getattr(defaults, name) if defaults is not None else _default_value(field)
-        nested = section_model(field.annotation)
+        nested = field_section(model, name, field)
         if nested is not None:
             if _is_list(field.annotation):
                 note, item = f"  (a list, default {_shown(value)}; each item:)", "[i]."
@@ -131,7 +138,7 @@ def section_help(model: type[BaseModel], topic: str, program: str) -> str:
     if topic == "all":
         return "\n".join(key_lines(model)) + "\n"
     field = model.model_fields.get(topic)
-    nested = section_model(field.annotation) if field is not None else None
+    nested = field_section(model, topic, field) if field is not None else None
     if nested is None:
         names = ", ".join(sections(model))
         raise ConfigError(f"--help {topic}: not a section of {program}; sections: {names}, all")

@@ -329,8 +329,31 @@ def _drop_missing(node: dict) -> None:
             _drop_missing(value)
 
 
+def _one_name(names: tuple[str, ...], layers: list[dict]) -> list[dict]:
+    """`layers` with the top-level keys `names` (one key under several names) renamed to the name
+    of the last layer that sets one, so messages name it as the user last did. A null is
+    dropped; a layer that sets two of them keeps both, for the model to reconcile."""
+    used = [n for layer in layers for n in names if layer.get(n) is not None]
+    if not used:
+        return layers
+    name, out = used[-1], []
+    for layer in layers:
+        set_here = [n for n in names if layer.get(n) is not None]
+        if len(set_here) != 1 or set_here == [name]:
+            out.append(layer)
+            continue
+        renamed = {k: v for k, v in layer.items() if k not in names}
+        out.append({**renamed, name: layer[set_here[0]]})
+    return out
+
+
 def load_config_tree(argv: list[str], cls: type | None = None) -> dict:
     """Build the merged, resolved config dict from `config=...` files and dotlist overrides.
+
+    A `cls.config_key_aliases(tree) -> tuple[str, ...]` classmethod (if `cls` has one) names
+    top-level keys that are one key under several names (TrainArgs: `model` and its old name);
+    each file and the command line is renamed before merging, so a later `entropy_model.dim=`
+    overrides an earlier `model: {dim: ...}` as it would the same name.
 
     A `cls.config_unneeded_sections(tree) -> tuple[str, ...]` classmethod (if `cls` has one) names
     top-level sections this run does not use (TrainArgs: `data` for a dry run); their unset `???`
@@ -340,6 +363,10 @@ def load_config_tree(argv: list[str], cls: type | None = None) -> dict:
     for name in cli.pop(INCLUDE_KEY, []):
         layers += _expand_file(_resolve_include(name, None), [])
     tree = merge_config_trees(*layers, cli)
+    aliases = getattr(cls, "config_key_aliases", None)
+    names = aliases(tree) if aliases is not None else ()
+    if names:  # each file and the command line, renamed before merging: the later one wins
+        tree = merge_config_trees(*_one_name(names, [*layers, cli]))
     unneeded = getattr(cls, "config_unneeded_sections", None)
     for section in unneeded(tree) if unneeded is not None else ():
         if isinstance(tree.get(section), dict):

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from bytelatent.checkpoint.pretrained import load_any_checkpoint
+from bytelatent.checkpoint.pretrained import load_entropy_checkpoint
 from bytelatent.config.help import entry_help
 from bytelatent.config.parser import parse_args
 from bytelatent.data.chat import (
@@ -408,7 +408,7 @@ def harness_eval_task(ctx) -> dict[str, float]:
                     "eval.tasks: 'harness' on an entropy-patched BLT needs "
                     "data.patcher_args.entropy_model_checkpoint_dir"
                 )
-            entropy_model = load_any_checkpoint(where, ctx.device, kind="entropy")[0]
+            entropy_model = load_entropy_checkpoint(where, ctx.device)
     results = run_harness(
         ctx.model, args.tasks, args.include_path, args.limit,
         patcher_args=patcher_args, entropy_model=entropy_model, num_fewshot=args.num_fewshot,

@@ -49,7 +49,7 @@ def _cross_attention_values(model: nn.Module, args: Any, micro_batch: int) -> in
     """Cross-attention layers of the BLT local models: norms, q, k, v and output per token side."""
     total = 0
     n_bytes = micro_batch * args.data.max_encoder_seq_length
-    n_queries = micro_batch * args.data.seq_len * (args.model.cross_attn_k or 1)
+    n_queries = micro_batch * args.data.seq_len * (getattr(args.model, "cross_attn_k", None) or 1)
     for name, module in model.named_modules():
         if not name.endswith("cross_attn_layers") or not isinstance(module, nn.ModuleList):
             continue
@@ -71,7 +71,7 @@ def _dense_mask_values(args: Any, micro_batch: int) -> int:
     if not _patched(args):
         return micro_batch * args.data.seq_len**2
     n_bytes, n_patches = args.data.max_encoder_seq_length, args.data.seq_len
-    queries = n_patches * (args.model.cross_attn_k or 1)
+    queries = n_patches * (getattr(model_args, "cross_attn_k", None) or 1)
     # encoder and decoder self-attention, the global transformer, both cross-attentions
     return micro_batch * (2 * n_bytes**2 + n_patches**2 + 2 * n_bytes * queries)
 

@@ -37,9 +37,12 @@ __all__ = [  # the spec's parts, for an architecture's module: `from bytelatent.
     "registered_archs",
 ]
 
-# TrainArgs sections that may hold an architecture's args: the built-in ones and `arch_args`,
-# the section of every architecture registered outside bytelatent.
-ARCH_SECTIONS = ("model", "entropy_model", "arch_args")
+# The TrainArgs section that holds the chosen architecture's args.
+MODEL_SECTION = "model"
+# Its names in configs and params.json files from before one section (`ArchSpec.legacy_section`):
+# the BLT's `model`, the byte LM's `entropy_model`, and `arch_args` (H-Net and every
+# architecture registered outside bytelatent). Still read, never written.
+LEGACY_SECTIONS = ("model", "entropy_model", "arch_args")
 
 _REGISTRY: dict[str, ArchSpec] = {}
 _ALIASES: dict[str, str] = {}
@@ -49,10 +52,11 @@ _builtins_loaded = False
 def register_arch(spec: ArchSpec, replace: bool = False) -> ArchSpec:
     """Add `spec` (and its aliases); a second spec under a taken name is an error unless
     `replace` (re-importing the module that registered it is fine)."""
-    if spec.section not in ARCH_SECTIONS:
+    if spec.legacy_section not in LEGACY_SECTIONS:
         raise ValueError(
-            f"arch {spec.name!r}: section {spec.section!r} is not one of {ARCH_SECTIONS} "
-            "(an architecture defined outside bytelatent reads its args from 'arch_args')"
+            f"arch {spec.name!r}: legacy_section {spec.legacy_section!r} is not one of "
+            f"{LEGACY_SECTIONS} (the old name of its `model` section; 'arch_args' outside "
+            "bytelatent)"
         )
     old = _REGISTRY.get(spec.name)
     same_origin = old is not None and _origin(old) == _origin(spec)
@@ -173,4 +177,11 @@ def arch_name_from_params(params: dict[str, Any]) -> str:
 
 def model_config_keys() -> set[str]:
     """Top-level config keys that describe the model (a change may change parameter shapes)."""
-    return {"arch", "train_entropy_model", *ARCH_SECTIONS}
+    return {"arch", "train_entropy_model", MODEL_SECTION, *LEGACY_SECTIONS}
+
+
+def arch_section(tree: dict[str, Any], spec: ArchSpec) -> Any:
+    """The args of `spec` in a config dict (config.yaml, params.json): its `model` section, or in
+    a file from before one section, the section's old name (`spec.legacy_section`) when set."""
+    old = tree.get(spec.legacy_section)
+    return old if old is not None else tree.get(MODEL_SECTION)

@@ -67,7 +67,12 @@ class Adapters:
     """Weights and configs from and to elsewhere (each optional).
 
     - `read_params`: `(params dict, where) -> (args, ignored reference fields)`, for either
-      params.json layout (ours or a reference's); default: the `section` through `args_class`.
+      params.json layout (ours or a reference's); default: the `model` section (or
+      `legacy_section`) through `args_class`.
+    - `patcher_settings`: `(params dict) -> {PatcherArgs field: value}` a params.json keeps
+      outside `data.patcher_args` (a reference layout's model section); generation reads them.
+    - `config_format_hint`: `(config tree, path) -> one line | None`: a training config in
+      another project's format (the parser shows the line instead of its first unknown key).
     - `reference_state_dict`: `(state, args) -> (state, notes)`: a reference's weights layout.
     - `warm_start`: `(model, model_args) -> bool`: weights from elsewhere for a fresh run.
     - `hf_export`: `(ckpt, out, entropy_model, allow_window_mismatch) -> notes`;
@@ -76,6 +81,8 @@ class Adapters:
     """
 
     read_params: Callable | None = None
+    patcher_settings: Callable | None = None
+    config_format_hint: Callable | None = None
     reference_state_dict: Callable | None = None
     warm_start: Callable | None = None
     hf_export: Callable | None = None
@@ -87,8 +94,10 @@ class Adapters:
 class ArchSpec:
     """Everything the framework asks of an architecture.
 
-    - `args_class`: a torch-free pydantic model (extra="forbid"); `section`: the TrainArgs
-      section its args are read from (`arch_args` for any architecture outside bytelatent).
+    - `args_class`: a torch-free pydantic model (extra="forbid"), the schema of TrainArgs'
+      `model` section when `arch` names this spec. `legacy_section`: the name that section had
+      in configs and params.json files saved before one `model` section (`arch_args` for any
+      architecture outside bytelatent), still read as a compatibility name.
     - `model`: `() -> model class`; `model()(args)` is called under `torch.device("meta")`, then
       the init contract (`to_empty`, `init_weights`); the module may define `fsdp_units()`,
       `ac_units()` and `tp_plan(tp_size)` (its parallel units, `bytelatent/distributed`).
@@ -102,7 +111,6 @@ class ArchSpec:
 
     name: str
     args_class: type
-    section: str
     model: Callable[[], type] | None
     forward: Forward = field(default_factory=Forward)
     sizes: Sizes = field(default_factory=Sizes)
@@ -112,6 +120,7 @@ class ArchSpec:
     actions: Callable[[Any, int], list] | None = None
     aliases: tuple[str, ...] = ()
     description: str = ""
+    legacy_section: str = "arch_args"
 
     # the forward contract, read often enough to be spelled short
     @property

@@ -25,7 +25,6 @@ from torch import nn
 
 from bytelatent.args import TrainArgs
 from bytelatent.distributed.parallelize import fsdp_units
-from bytelatent.model.registry import get_arch
 from bytelatent.trainer.model_info import GIB, MemoryEstimate, ParamInfo, activation_bytes
 
 HEADROOM = 0.85
@@ -103,11 +102,10 @@ class MemoryPricer:
     def knobs(self, device_bytes: float | None = None) -> list[Knob]:
         """Each change alone, priced; ordered as the docs suggest trying them."""
         args, out = self.args, []
-        section = get_arch(args.arch).section
         model_args = args.active_model_args()
         if getattr(model_args, "attn_impl", None) == "sdpa":
             for impl in ("flex_attention",):  # xformers: the same memory, a separate install
-                key = f"{section}.attn_impl"
+                key = "model.attn_impl"
                 out.append(Knob(f"{key}={impl}", self.total(_with(args, {key: impl}))))
         modes = ("selective", "full")
         current = args.distributed.activation_checkpointing

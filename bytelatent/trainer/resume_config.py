@@ -120,7 +120,20 @@ def config_diff(
         k: decide(k, old, new, normalized is not None or k in keys_now, saved_holds)
         for k, old, new in changes
     }
-    return changes, rules
+    return _as_written(args, changes, rules)
+
+
+def _as_written(args: TrainArgs, changes: list, rules: dict) -> tuple[list, dict]:
+    """The keys of the `model` section named as the config did (`entropy_model.dim` in a config
+    that still uses the section's old name), so a message names the key the user wrote."""
+    key = args._model_key
+    if key == "model":
+        return changes, rules
+
+    def named(k: str) -> str:
+        return key + k[len("model") :] if k == "model" or k.startswith("model.") else k
+
+    return [(named(k), o, n) for k, o, n in changes], {named(k): r for k, r in rules.items()}
 
 
 def _with_defaults(saved: dict) -> dict | None:

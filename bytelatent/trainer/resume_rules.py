@@ -60,11 +60,13 @@ RULES: dict[str, Rule] = {
     "dry_run": _HARMLESS,
     # the model is built from the config at every start; shape changes are refused before this
     # table is read (resume_check.refuse_shape_changes)
+    # (a saved config's old section names, entropy_model and arch_args, are read as `model`)
     "arch": Rule("applied", "the model is built from the config"),
-    "arch_args": Rule("applied", "the model is built from the config"),
     "train_entropy_model": Rule("applied", "the model is built from the config"),
     "model": Rule("applied", "the model is built from the config"),
+    # a config that still names it entropy_model or arch_args has its keys named so
     "entropy_model": Rule("applied", "the model is built from the config"),
+    "arch_args": Rule("applied", "the model is built from the config"),
     **{
         f"{section}.{key}": _INIT_ONLY
         for section in ("model", "entropy_model", "arch_args")

@@ -1,6 +1,6 @@
-"""H-Net warm start (`arch_args.global_init`, format hf_llama): a Llama's decoder layers go into
+"""H-Net warm start (`model.global_init`, format hf_llama): a Llama's decoder layers go into
 the H-Net's global transformer (the BLT's class and names) through the spec's `warm_start`, the
-rest of the model keeps its init, and mismatches and bad folders are named in `arch_args.`."""
+rest of the model keeps its init, and mismatches and bad folders are named in `model.`."""
 
 from __future__ import annotations
 
@@ -26,14 +26,14 @@ def train_args(llama, **arch_args) -> TrainArgs:
         max_seqlen=64, global_init={"path": str(llama)},
     )  # fmt: skip
     return TrainArgs.model_validate({
-        "dump_dir": "runs/x", "arch": "hnet", "model": None, "arch_args": {**hnet, **arch_args},
+        "dump_dir": "runs/x", "arch": "hnet", "model": {**hnet, **arch_args},
         "data": {"seq_len": 64, "add_patches": False, "patcher_args": {"patching_mode": "byte"}},
     })  # fmt: skip
 
 
 def built(args: TrainArgs) -> HNet:
     with torch.device("meta"):
-        model = HNet(args.arch_args)
+        model = HNet(args.model)
     model.to_empty(device="cpu")
     torch.manual_seed(0)
     model.init_weights()
@@ -68,25 +68,25 @@ def test_no_global_init_is_no_warm_start(tmp_path):
     assert torch.equal(model.global_transformer.layers[0].attention.wq.weight, before)
 
 
-def test_mismatches_and_bad_folders_name_arch_args(tmp_path):
+def test_mismatches_and_bad_folders_name_the_model_keys(tmp_path):
     folder = save_tiny_llama(tmp_path / "llama")
     args = train_args(folder, dim=96, n_kv_heads=4, rope_theta=500000.0)
     with pytest.raises(CheckpointError) as err:
         warm_start_from_spec(built(args), args)
     line = err.value.one_line()
     for part in (
-        "arch_args.global_init",
-        "arch_args.dim=96 but hidden_size=64",
-        "arch_args.n_kv_heads=4 but num_key_value_heads=2",
-        "arch_args.rope_theta=500000.0 but rope_theta=10000.0",
+        "model.global_init",
+        "model.dim=96 but hidden_size=64",
+        "model.n_kv_heads=4 but num_key_value_heads=2",
+        "model.rope_theta=500000.0 but rope_theta=10000.0",
     ):
         assert part in line, (part, line)
     scaled = save_tiny_llama(tmp_path / "scaled", rope_scaling=SCALING)
-    with pytest.raises(CheckpointError, match=r"arch_args\.\* has no rope_scaling"):
+    with pytest.raises(CheckpointError, match=r"model\.\* has no rope_scaling"):
         warm_start_from_spec(built(train_args(scaled)), train_args(scaled))
-    with pytest.raises(CheckpointError, match="arch_args.global_init.path .*: no such folder"):
-        check_global_init(str(tmp_path / "nowhere"), "arch_args.global_init")
-    with pytest.raises(ValueError, match="arch_args.global_init and checkpoint.init_ckpt_path"):
+    with pytest.raises(CheckpointError, match="model.global_init.path .*: no such folder"):
+        check_global_init(str(tmp_path / "nowhere"), "model.global_init")
+    with pytest.raises(ValueError, match="model.global_init and checkpoint.init_ckpt_path"):
         TrainArgs.model_validate(
             {**train_args(folder).model_dump(), "checkpoint": {"init_ckpt_path": "x"}}
         )

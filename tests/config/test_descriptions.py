@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from bytelatent.args import TrainArgs
 from bytelatent.config.help import HELP_WIDTH, _row, entry_help, section_help
+from bytelatent.model.registry import registered_archs
 
 # command (or config section read by its own model) -> the arg model it validates
 COMMAND_MODELS = {
@@ -59,8 +60,14 @@ def reachable_fields(root: type[BaseModel]) -> list[tuple[type[BaseModel], str]]
     return fields
 
 
+def _arch_args_classes() -> list[type[BaseModel]]:
+    """The schemas of TrainArgs' `model` section: one per registered architecture."""
+    return [spec.args_class for spec in registered_archs().values()]
+
+
 def test_the_walk_reaches_nested_list_and_union_models():
-    models = {model.__name__ for model, _ in reachable_fields(TrainArgs)}
+    roots = [TrainArgs, *_arch_args_classes()]
+    models = {model.__name__ for root in roots for model, _ in reachable_fields(root)}
     assert {
         "DataArgs",
         "PatcherArgs",
@@ -78,11 +85,13 @@ def test_the_walk_reaches_nested_list_and_union_models():
     } <= models
 
 
-@pytest.mark.parametrize("command", list(COMMAND_MODELS))
+@pytest.mark.parametrize("command", [*COMMAND_MODELS, "model (every arch's args)"])
 def test_every_field_has_a_description(command):
+    roots = [_load(COMMAND_MODELS[command])] if command in COMMAND_MODELS else _arch_args_classes()
     missing = [
         f"{model.__module__}.{model.__qualname__}.{name}"
-        for model, name in reachable_fields(_load(COMMAND_MODELS[command]))
+        for root in roots
+        for model, name in reachable_fields(root)
         if not (model.model_fields[name].description or "").strip()
     ]
     assert not missing, (
@@ -120,7 +129,11 @@ def _expected(model: type[BaseModel], prefix: str) -> dict[str, str]:
 @pytest.mark.parametrize("section", ["model", "data", "optim", "distributed", "eval"])
 def test_help_section_prints_every_key_with_its_description(section):
     page = section_help(TrainArgs, section, "bytelatent.train")
-    nested = _models_in(TrainArgs.model_fields[section].annotation)[0]
+    # `model`'s schema is the chosen arch's args class: --help shows the default arch's
+    nested = (
+        TrainArgs.config_section_class(section)
+        or _models_in(TrainArgs.model_fields[section].annotation)[0]
+    )
     shown = _entries(page, DESCRIPTION_COLUMN)
     for key, description in _expected(nested, section + ".").items():
         assert key in shown, f"--help {section}: no line for {key}"

@@ -71,7 +71,9 @@ def test_text_without_entropies_needs_the_entropy_model(tmp_path, capsys):
 
 
 def train_entropy_model(tmp_path, corpus_root):
-    """The debug entropy model, briefly trained (50 steps at 64d x 2 layers), consolidated."""
+    """The debug entropy model, briefly trained (50 steps at 64d x 2 layers), consolidated (in
+    this process: the tool's and the trainer's runs below are the processes under test)."""
+    from bytelatent.checkpoint.__main__ import main as checkpoint_main
     from tests.trainer.test_cli import TINY_ENTROPY, run_cli
 
     dump = tmp_path / "entropy"
@@ -81,27 +83,35 @@ def train_entropy_model(tmp_path, corpus_root):
     res = run_cli("bytelatent.train", argv)
     assert res.returncode == 0, res.stderr[-3000:]
     step = dump / "checkpoints" / f"{50:010d}"
-    res = run_cli("bytelatent.checkpoint", ["consolidate", str(step)])
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert checkpoint_main(["consolidate", str(step)]) == 0
     return step / "consolidated"
 
 
-def run_tool(model_dir, text, sample_bytes: int) -> tuple[float, float]:
+def run_tool(model_dir, text, sample_bytes: int, capsys=None) -> tuple[float, float]:
+    """The tool's threshold and mean patch length: as a process, or in this one with `capsys`."""
     from tests.trainer.test_cli import run_cli
 
     args = ["--target-mean", "4.5", "--entropy-model", str(model_dir), "--text", str(text)]
-    res = run_cli("bytelatent.data.patch_size", [*args, "--sample-bytes", str(sample_bytes)])
-    assert res.returncode == 0, res.stderr[-3000:]
-    mean = float(re.search(r"mean patch length ([0-9.]+)", res.stdout).group(1))
-    return threshold_of(res.stdout), mean
+    args += ["--sample-bytes", str(sample_bytes)]
+    if capsys is None:
+        res = run_cli("bytelatent.data.patch_size", args)
+        assert res.returncode == 0, res.stderr[-3000:]
+        out = res.stdout
+    else:
+        capsys.readouterr()
+        assert main(args) == 0
+        out = capsys.readouterr().out
+    mean = float(re.search(r"mean patch length ([0-9.]+)", out).group(1))
+    return threshold_of(out), mean
 
 
 @pytest.mark.slow
-def test_debug_entropy_model_threshold_holds_in_training(tmp_path, corpus_root):
+def test_debug_entropy_model_threshold_holds_in_training(tmp_path, corpus_root, capsys):
     from tests.trainer.test_cli import TINY_BLT, metrics, run_cli
 
     model_dir = train_entropy_model(tmp_path, corpus_root)
-    _, val_mean = run_tool(model_dir, corpus_root / "stdlib" / "stdlib.val.jsonl", 10**6)
+    val = corpus_root / "stdlib" / "stdlib.val.jsonl"
+    _, val_mean = run_tool(model_dir, val, 10**6, capsys)
     assert val_mean == pytest.approx(4.5, rel=0.02)
     # The threshold for the text the BLT run reads: its 30 steps x 8 rows x 256 bytes are the
     # first ~61 kB of the training stream (documents in file order: shard shuffling and

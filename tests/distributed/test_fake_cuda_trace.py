@@ -2,7 +2,8 @@
 
 A ~60-line C++ shim (fake_cuda/fake_cuda_shim.cpp, built once per test run with g++ against the
 installed torch: the `fake_cuda_shim` fixture of tests/conftest.py) registers a no-op CUDA device
-guard and CUDA hooks; fake_cuda/trace_step.py loads it before torch in a subprocess, builds the model as the trainer does (meta, then
+guard and CUDA hooks; fake_cuda/trace_step.py loads it before torch in a subprocess (one per file, forking a process per
+trace), builds the model as the trainer does (meta, then
 `to_empty(device="cuda")` under FakeTensorMode) and runs `Trainer.train_step` itself. Every op
 checks devices, so a CPU tensor meeting CUDA ones fails, and a host read of device data (a sync on
 a GPU) raises; either failure names the file and line. The planted bugs show that it does.
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -75,15 +78,53 @@ HNET_CASES = [
 ]  # fmt: skip
 
 
-def run_trace(
-    shim: Path, argv: list[str], plant: str | None = None, host_syncs: tuple[str, ...] = ()
-) -> subprocess.CompletedProcess:
-    case = json.dumps({"argv": argv, "plant": plant, "host_syncs": list(host_syncs)})
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    return subprocess.run(
-        [sys.executable, str(HERE / "trace_step.py"), str(shim), case],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=hang_limit(180),
-    )  # fmt: skip
+class Tracer:
+    """fake_cuda/trace_step.py serving this file's traces: one interpreter imports torch, the
+    shim and the trainer, and forks a process per trace (each trace keeps a process of its own)."""
+
+    def __init__(self, shim: Path, tmp: Path) -> None:
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+        self.tmp, self.count, self.log = tmp, 0, tmp / "server.err"
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(HERE / "trace_step.py"), str(shim), "--serve"], cwd=REPO,
+                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                start_new_session=True,
+            )  # fmt: skip
+
+    def run(
+        self, argv: list[str], plant: str | None = None, host_syncs: tuple[str, ...] = ()
+    ) -> subprocess.CompletedProcess:
+        self.count += 1
+        out, err = self.tmp / f"{self.count}.out", self.tmp / f"{self.count}.err"
+        case = {"argv": argv, "plant": plant, "host_syncs": list(host_syncs),
+                "out": str(out), "err": str(err)}  # fmt: skip
+        try:
+            self.proc.stdin.write(json.dumps(case) + "\n")
+            self.proc.stdin.flush()
+            ready, _, _ = select.select([self.proc.stdout], [], [], hang_limit(180))
+            answer = self.proc.stdout.readline() if ready else ""
+        except BrokenPipeError:  # the server is gone (an earlier trace hung or it failed)
+            answer = ""
+        if not answer:
+            self.close()
+            pytest.fail(f"the trace server gave no answer (exit {self.proc.returncode}): "
+                        f"{self.log.read_text()[-3000:]}")  # fmt: skip
+        rc = json.loads(answer)["rc"]
+        return subprocess.CompletedProcess(argv, rc, out.read_text(), err.read_text())
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the server and a case it still runs
+        self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def run_trace(fake_cuda_shim, tmp_path_factory):
+    """`run_trace(argv, plant=None, host_syncs=())`: one traced training step (Tracer)."""
+    tracer = Tracer(fake_cuda_shim, tmp_path_factory.mktemp("fake_cuda_traces"))
+    yield tracer.run
+    tracer.close()
 
 
 def verdict(res: subprocess.CompletedProcess) -> str:
@@ -92,8 +133,8 @@ def verdict(res: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.parametrize(("config", "overrides"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_the_training_step_traces_clean_on_fake_cuda(fake_cuda_shim, config, overrides):
-    res = run_trace(fake_cuda_shim, [*config, *overrides])
+def test_the_training_step_traces_clean_on_fake_cuda(run_trace, config, overrides):
+    res = run_trace([*config, *overrides])
     assert res.returncode == 0 and verdict(res).startswith("TRACE OK"), (
         verdict(res) + "\n" + res.stderr[-3000:]
     )
@@ -101,16 +142,16 @@ def test_the_training_step_traces_clean_on_fake_cuda(fake_cuda_shim, config, ove
 
 @pytest.mark.parametrize(("config", "stages"), [c[1:] for c in HNET_CASES],
                          ids=[c[0] for c in HNET_CASES])  # fmt: skip
-def test_hnet_step_has_exactly_its_documented_host_syncs(fake_cuda_shim, config, stages):
-    res = run_trace(fake_cuda_shim, config, host_syncs=(PADDED_WIDTH,))
+def test_hnet_step_has_exactly_its_documented_host_syncs(run_trace, config, stages):
+    res = run_trace(config, host_syncs=(PADDED_WIDTH,))
     line = verdict(res)
     assert res.returncode == 0 and line.startswith("TRACE OK HNet"), line + res.stderr[-3000:]
     assert line.endswith(f"host syncs {PADDED_WIDTH} x{2 * stages}"), line
 
 
-def test_hnet_step_without_the_allowance_fails_at_the_sync(fake_cuda_shim):
+def test_hnet_step_without_the_allowance_fails_at_the_sync(run_trace):
     """The allowance is what lets the H-Net trace pass: without it the sync is the failure."""
-    res = run_trace(fake_cuda_shim, HNET)
+    res = run_trace(HNET)
     line = verdict(res)
     assert res.returncode == 1 and "bytelatent/archs/hnet/dc/chunking.py" in line, line
     assert "HostReadError" in line, line
@@ -130,8 +171,8 @@ def _planted_line(name: str) -> str:
         ("cpu_tensor", "two devices"),  # a 1-element CPU tensor meets CUDA activations
     ],
 )
-def test_a_planted_device_bug_fails_naming_its_line(fake_cuda_shim, plant, what):
-    res = run_trace(fake_cuda_shim, [*BLT, "distributed.model_dtype=bf16"], plant=plant)
+def test_a_planted_device_bug_fails_naming_its_line(run_trace, plant, what):
+    res = run_trace([*BLT, "distributed.model_dtype=bf16"], plant=plant)
     line = verdict(res)
     assert res.returncode == 1, line
     assert line.startswith(f"TRACE FAILED at {_planted_line(plant)}:") and what in line, line

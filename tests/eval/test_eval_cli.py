@@ -9,27 +9,17 @@ import pytest
 
 from tests.trainer.test_cli import TINY_BLT, run_cli
 
-EVAL_LOOP = [
-    "steps=200", "eval.every=50", "eval.before_training=true", "eval.validation.max_batches=8",
-    "logging.freq=50", "checkpoint.dump.every=100",
-]  # fmt: skip
-
 
 def eval_lines(dump_dir: Path) -> list[dict]:
     path = dump_dir / "metrics.eval.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-@pytest.fixture(scope="module")
-def debug_run(tmp_path_factory, corpus_root) -> Path:
-    """configs/debug.yaml (tiny widths) for 200 steps with validation every 50 and before training."""
-    dump = tmp_path_factory.mktemp("eval_loop") / "run"
-    res = run_cli(
-        "bytelatent.train",
-        [*TINY_BLT, f"dump_dir={dump}", f"data.root_dir={corpus_root}", *EVAL_LOOP],
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return dump
+@pytest.fixture
+def debug_run(blt_200_run) -> Path:
+    """configs/debug.yaml (tiny widths) for 200 steps with validation every 50 and before training
+    (tests/conftest.py: BLT_200_LOOP, one run per test session)."""
+    return blt_200_run
 
 
 @pytest.mark.slow  # a 200-step training run with evaluations (end to end)
@@ -125,9 +115,12 @@ def test_early_stop_acts_on_val_bpb(tmp_path, corpus_root):
 
 @pytest.mark.slow  # a 200-step training run with evaluations (end to end)
 def test_standalone_eval_of_a_consolidated_folder_gives_the_same_bpb(debug_run, tmp_path):
+    from bytelatent.checkpoint.__main__ import main as checkpoint_main
+
     step_dir = debug_run / "checkpoints" / "0000000200"
-    res = run_cli("bytelatent.checkpoint", ["consolidate", str(step_dir)])
-    assert res.returncode == 0, res.stderr[-3000:]
+    # in this process (tests/checkpoint/test_consolidate_cli.py runs the command); into the step
+    # folder, the default, whose name gives the evaluation its step
+    assert checkpoint_main(["consolidate", str(step_dir)]) == 0
     res = run_cli("bytelatent.eval", [f"ckpt={step_dir / 'consolidated'}", f"dump_dir={tmp_path}"])
     assert res.returncode == 0, res.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())

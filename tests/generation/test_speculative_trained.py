@@ -1,5 +1,5 @@
-"""Self-speculative decoding on a trained BLT (a few hundred steps on the stdlib corpus: patches
-of a few bytes, not the one-patch output of a 20-step run): greedy output equals plain cached
+"""Self-speculative decoding on a trained BLT (200 steps on the stdlib corpus, the eval tests'
+run: patches of a few bytes, not the one-patch output of a 20-step run): greedy output equals plain cached
 decoding byte for byte, with fewer global-transformer calls per byte at k = 8."""
 
 from __future__ import annotations
@@ -9,10 +9,8 @@ import torch
 
 from bytelatent.eval.generation import GenerationArgs, load_generator
 from bytelatent.eval.generation.engines import CachedEngine
-from tests.conftest import TINY_BLT, train_tiny
-from tests.tiny import BLT_CONFIG
 
-STEPS = 400
+STEPS = 200  # tests/conftest.py: blt_200_run
 # prompts that end inside code: a prompt ending in a newline makes this model emit spaces only
 PROMPTS = ["class Foo:\n    def ", "    return self.", "if x is None:\n    raise Value"]
 
@@ -32,13 +30,9 @@ def plain_global_steps(gen, results) -> int:
 
 
 @pytest.mark.slow
-def test_trained_blt_speculative_greedy_is_plain_with_fewer_global_steps(
-    tmp_path, corpus_root
-) -> None:
-    extra = [*TINY_BLT, "data.batch_size=4"]
-    run = train_tiny(str(BLT_CONFIG), tmp_path / "blt", corpus_root, STEPS, extra)
+def test_trained_blt_speculative_greedy_is_plain_with_fewer_global_steps(blt_200_run) -> None:
     torch.set_num_threads(1)
-    gen = load_generator(run / "checkpoints" / f"{STEPS:010d}")
+    gen = load_generator(blt_200_run / "checkpoints" / f"{STEPS:010d}")
     args = GenerationArgs(max_new_bytes=128, stop_at_eos=False)
     plain = gen.generate(PROMPTS, args)
     new_bytes = sum(len(r.tokens) for r in plain)

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
-from harness import losses_by_step, metric_by_step, read_metrics
+from harness import Runner, losses_by_step, metric_by_step, read_metrics
 from test_resume import PREEMPT_AT, STEP_DELAY
 
 CONFIG = Path(__file__).resolve().parents[1] / "toy_arch" / "toy_arch.yaml"
@@ -20,18 +20,36 @@ def toy_args(nproc: int, arch: str = "tests.toy_arch:toy") -> list[str]:
             f"distributed.dp_shard={nproc}"]  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def toy_reference(data_root: Path, tmp_path_factory: pytest.TempPathFactory):
+    """`reference(nproc)`: (dump_dir, console output) of the uninterrupted 20-step run on `nproc`
+    ranks, run once for this file's tests (the resume tests and the auxiliary-loss test)."""
+    runs: dict[int, tuple[Path, str]] = {}
+
+    def reference(nproc: int) -> tuple[Path, str]:
+        if nproc not in runs:
+            runner = Runner(data_root, tmp_path_factory.mktemp(f"toy_reference_{nproc}"))
+            try:
+                run = runner.start("reference", toy_args(nproc), nproc=nproc)
+                runs[nproc] = (run.dump_dir, run.wait_ok())
+            finally:
+                runner.cleanup()
+        return runs[nproc]
+
+    return reference
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2], ids=["1proc", "fsdp2"])
-def test_toy_arch_trains_and_resumes_bitwise(runner, nproc: int) -> None:
-    reference = runner.start("reference", toy_args(nproc), nproc=nproc)
-    out = reference.wait_ok()
+def test_toy_arch_trains_and_resumes_bitwise(runner, toy_reference, nproc: int) -> None:
+    reference_dir, out = toy_reference(nproc)
     assert "model: ToyByteLM (arch tests.toy_arch:toy)" in out
-    expected = losses_by_step(reference.dump_dir)
+    expected = losses_by_step(reference_dir)
     assert sorted(expected) == list(range(1, 21))
-    aux = metric_by_step(reference.dump_dir, "aux/act_l2")
+    aux = metric_by_step(reference_dir, "aux/act_l2")
     assert sorted(aux) == list(range(1, 21)), "aux/act_l2 is not logged at every step"
     assert all(v > 0 and math.isfinite(v) for v in aux.values()), aux
-    for m in read_metrics(reference.dump_dir):  # byte tokens: bpb is the LM loss in bits, only
+    for m in read_metrics(reference_dir):  # byte tokens: bpb is the LM loss in bits, only
         assert m["bpb"] == pytest.approx(m["loss"] / math.log(2), rel=1e-12), m
 
     first = runner.start("run", toy_args(nproc), nproc=nproc, env=STEP_DELAY)
@@ -49,13 +67,14 @@ def test_toy_arch_trains_and_resumes_bitwise(runner, nproc: int) -> None:
 
 
 @pytest.mark.slow
-def test_toy_aux_loss_is_trained_but_not_in_bpb(runner) -> None:
+def test_toy_aux_loss_is_trained_but_not_in_bpb(runner, toy_reference) -> None:
     """Weighted 0, the auxiliary term leaves the first step's loss and bpb exactly as they are
-    (they never include it) but changes the losses after the first update (it is trained)."""
-    with_aux = runner.start("aux", [*toy_args(1), "steps=4"])
-    without = runner.start("zero", [*toy_args(1, "tests.toy_arch:toy_zero_aux"), "steps=4"])
-    with_aux.wait_ok(), without.wait_ok()
-    a, z = read_metrics(with_aux.dump_dir), read_metrics(without.dump_dir)
+    (they never include it) but changes the losses after the first update (it is trained). With
+    the term: the 1-process reference run; without it: the same 20 steps."""
+    without = runner.start("zero", toy_args(1, "tests.toy_arch:toy_zero_aux"))
+    without.wait_ok()
+    a, z = read_metrics(toy_reference(1)[0]), read_metrics(without.dump_dir)
+    assert [m["global_step"] for m in a] == [m["global_step"] for m in z] == list(range(1, 21))
     assert a[0]["bpb"] == z[0]["bpb"] and a[0]["loss"] == z[0]["loss"]
     assert a[0]["aux/act_l2"] == z[0]["aux/act_l2"]  # logged unweighted
     assert a[-1]["loss"] != z[-1]["loss"], "the auxiliary term did not change training"

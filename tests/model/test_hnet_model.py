@@ -163,8 +163,8 @@ def test_mfu_counts_the_measured_chunks() -> None:
         assert m["mfu"] == pytest.approx(m["flops_per_s"] / 1e12)
         return m["flops_per_s"]
 
-    target = hnet_training_flops(args.arch_args, args.data)(128, 0)
-    measured = hnet_training_flops(args.arch_args, args.data, [1.5])(128, 0)
+    target = hnet_training_flops(args.model, args.data)(128, 0)
+    measured = hnet_training_flops(args.model, args.data, [1.5])(128, 0)
     assert measured > target * 1.1  # 1.5 bytes per chunk: a busier global transformer
     assert interval_flops({}) == pytest.approx(target)
     # ratio_loss/stage0 alone is not a chunk count: the target estimate stays
@@ -185,7 +185,7 @@ def _train_args(**arch_args) -> dict:
 
 def test_config_rules() -> None:
     args = TrainArgs.model_validate(_train_args(max_seqlen=64))
-    assert isinstance(args.arch_args, HNetArgs)
+    assert isinstance(args.model, HNetArgs)
     tp2 = TrainArgs.model_validate({**_train_args(max_seqlen=64), "distributed": {"tp_size": 2}})
     assert tp2.distributed.tp_size == 2
     with pytest.raises(
@@ -215,7 +215,7 @@ def test_two_stage_config_dry_run_in_process(tmp_path, monkeypatch) -> None:
     assert sum(p.numel() for p in model.parameters()) == HNET_2STAGE_PARAMS
     mem = estimate_memory(model, parameter_table(model), args)
     assert mem.params == 4 * HNET_2STAGE_PARAMS and mem.activations > 0
-    per_byte = hnet_training_flops(args.arch_args, args.data)(1, 0)
+    per_byte = hnet_training_flops(args.model, args.data)(1, 0)
     text, _, _ = render(model, args, 1, 0)
     assert f"training FLOPs per byte: {per_byte:,.0f} (an estimate at the target" in text
     names = {n for n, _ in model.named_parameters()}

@@ -61,7 +61,7 @@ def test_a_collapsed_router_is_warned_about_once_and_logged(caplog):
     assert len(warnings) == 1, warnings
     assert warnings[0].startswith("H-Net router collapse at step 125: stage 0 has 251 positions")
     assert "since step 25, target 4: almost no chunk boundaries" in warnings[0]
-    assert "raise arch_args.stages[0].ratio_loss_weight (now 0.03)" in warnings[0]
+    assert "raise model.stages[0].ratio_loss_weight (now 0.03)" in warnings[0]
     flagged = [i for i, r in enumerate(records) if "hnet/router_collapse/stage0" in r]
     assert flagged == list(range(24, 40))  # from the warning on, every record while it lasts
     assert records[-1]["hnet/router_collapse/stage0"] == pytest.approx(250.9 / 4)
@@ -148,5 +148,5 @@ def test_targets_that_cannot_fit_the_row_and_non_finite_values_are_config_errors
 def test_the_debug_config_still_validates(tmp_path):
     args = parse_args(TrainArgs, [f"config={REPO / 'configs' / 'hnet_debug.yaml'}",
                                   f"dump_dir={tmp_path}"])  # fmt: skip
-    assert args.arch_args.cumulative_ratios() == [4.0]
-    assert torch.isfinite(torch.tensor(args.arch_args.stages[0].ratio_loss_weight))
+    assert args.model.cumulative_ratios() == [4.0]
+    assert torch.isfinite(torch.tensor(args.model.stages[0].ratio_loss_weight))

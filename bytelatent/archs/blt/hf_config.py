@@ -258,9 +258,9 @@ def entropy_params(eargs: LMTransformerArgs, source: str) -> JsonDict:
     return {
         "name": "hf_import",
         "source": str(source),
-        "train_entropy_model": True,
-        "model": None,
-        "entropy_model": eargs.model_dump(mode="json"),
+        "arch": "entropy",
+        "train_entropy_model": True,  # readers from before `arch`
+        "model": eargs.model_dump(mode="json"),
     }
 
 

@@ -395,6 +395,20 @@ def patcher_settings_from_reference(model_dict: dict[str, Any]) -> dict[str, Any
     return {name: model_dict[name] for name in names if name in model_dict}
 
 
+def patcher_fields_from_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The BLT spec's `patcher_settings`: PatcherArgs fields that a reference-layout params.json
+    keeps in its model section (its BLT forward read them there); {} for our layout."""
+    model = params.get("model") or {}
+    if "patching_mode" not in model:
+        return {}
+    renames = {"patching_threshold": "threshold", "patching_threshold_add": "threshold_add"}
+    return {
+        renames.get(name, name): value
+        for name, value in patcher_settings_from_reference(model).items()
+        if value is not None or name in renames
+    }
+
+
 def adapt_reference_blt_state_dict(
     state_dict: dict[str, torch.Tensor], args: ByteLatentTransformerArgs
 ) -> tuple[dict[str, torch.Tensor], list[str]]:

@@ -20,7 +20,8 @@ def looks_like_reference(tree: dict) -> bool:
     if REFERENCE_ONLY_TOP & set(tree):
         return True
     model = tree.get("model")
-    if isinstance(model, dict):
+    a_blt = tree.get("arch") in (None, "blt") and not tree.get("train_entropy_model")
+    if a_blt and isinstance(model, dict):  # another arch's `model` holds its own args
         # only reference field names (a typo of ours gets the parser's did-you-mean instead)
         extra = set(model) - set(ByteLatentTransformerArgs.model_fields)
         return bool(extra) and extra <= reference_blt_fields()

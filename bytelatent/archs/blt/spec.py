@@ -10,8 +10,6 @@ from bytelatent.model.spec import Adapters, ArchSpec, Forward, Sizes
 
 def check_blt_run(args: Any) -> None:
     """Cross-section rules of a BLT run; `args` is a TrainArgs."""
-    if args.model is None:
-        raise ValueError("model: must be set unless train_entropy_model=true")
     if args.model.global_init is not None and args.checkpoint.init_ckpt_path:
         raise ValueError(
             "model.global_init and checkpoint.init_ckpt_path both initialise weights; set one"
@@ -56,6 +54,18 @@ def _read_params(params: dict, where: str) -> Any:
     return blt_args_from_params(params, where)
 
 
+def _patcher_settings(params: dict) -> dict:
+    from bytelatent.archs.blt.reference_compat import patcher_fields_from_params
+
+    return patcher_fields_from_params(params)
+
+
+def _config_format_hint(tree: dict, path: str | None) -> str | None:
+    from bytelatent.archs.blt.reference_format import looks_like_reference, reference_hint
+
+    return reference_hint(path) if looks_like_reference(tree) else None
+
+
 def _reference_state_dict(state: dict, args: Any) -> Any:
     from bytelatent.archs.blt.reference_compat import adapt_reference_blt_state_dict
 
@@ -91,12 +101,14 @@ SPEC = ArchSpec(
     description="Byte Latent Transformer: local encoder, global latent transformer over "
     "patches, local decoder",
     args_class=ByteLatentTransformerArgs,
-    section="model",
+    legacy_section="model",
     model=_model,
     forward=Forward(patched=True, batch_inputs=("patch_lengths",), host_batch=True),
     sizes=Sizes(flops=_flops, activation_bytes=_activation_bytes, lower_bound=_lower_bound),
     adapters=Adapters(
         read_params=_read_params,
+        patcher_settings=_patcher_settings,
+        config_format_hint=_config_format_hint,
         reference_state_dict=_reference_state_dict,
         warm_start=_warm_start,
         hf_export=_hf_export,

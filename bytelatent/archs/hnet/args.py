@@ -1,4 +1,4 @@
-"""The H-Net model's configuration (`arch: hnet`, section `arch_args`), torch-free.
+"""The H-Net model's configuration (`arch: hnet`, section `model`), torch-free.
 
 An H-Net of S stages: byte embeddings (width ``stages[0].dim``) -> stage 0 encoder -> route ->
 chunk -> [stage 1 encoder -> route -> chunk -> ...] -> main (global) transformer (width ``dim``)

@@ -43,7 +43,7 @@ def hnet_hf_config(args: HNetArgs, weights: StateDict) -> JsonDict:
         "bos_token_id": BOS_ID,
         "eos_token_id": args.eos_id,
         "pad_token_id": 0,
-        OURS_KEY: {"arch": "hnet", "arch_args": args.model_dump(mode="json")},
+        OURS_KEY: {"arch": "hnet", "model": args.model_dump(mode="json")},
     }
 
 
@@ -73,21 +73,21 @@ def import_hnet_hf(hf_dir: str, out: str) -> str:
     """An exported H-Net folder -> `out/params.json` + `out/consolidated.pth`."""
     config, weights = hf.read_hf_folder(hf_dir, (HNET_MODEL_TYPE,), "an exported H-Net")
     where = f"{hf_dir}/{CONFIG_FILE}"
-    section = (config.get(OURS_KEY) or {}).get("arch_args")
+    ours = config.get(OURS_KEY) or {}
+    section = ours.get("model") or ours.get("arch_args")  # arch_args: exports before one section
     if not isinstance(section, dict):
-        raise CheckpointError(f"{where}: no {OURS_KEY}.arch_args; not an exported H-Net")
+        raise CheckpointError(f"{where}: no {OURS_KEY}.model; not an exported H-Net")
     try:
         args = HNetArgs.model_validate(section)
     except ValidationError as exc:
         first = str(exc).splitlines()
-        raise CheckpointError(f"{where}: arch_args invalid ({' '.join(first[:3])})") from None
+        raise CheckpointError(f"{where}: model args invalid ({' '.join(first[:3])})") from None
     _check_hnet_weights(args, weights, hf_dir)
     params = {
         "name": "hf_import",
         "source": str(hf_dir),
         "arch": "hnet",
-        "model": None,
-        "arch_args": args.model_dump(mode="json"),
+        "model": args.model_dump(mode="json"),
         "data": {"add_patches": False, "patcher_args": {"patching_mode": "byte"}},
     }
     hf.write_consolidated(Path(out), params, weights)

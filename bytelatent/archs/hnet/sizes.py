@@ -59,7 +59,7 @@ def hnet_activation_bytes(model: nn.Module, args: Any, tp: int = 1) -> int:
     positions per row, the global transformer seq_len / (N_0 ... N_{S-1}) (the target ratios,
     not learned ones); sdpa's dense masks per stage; the logits. Routing, chunking, the EMA and
     the residual add a few values per position and stage, not counted."""
-    hnet, micro_batch = args.arch_args, args.data.batch_size
+    hnet, micro_batch = args.model, args.data.batch_size
     mode = args.distributed.activation_checkpointing
     act_bytes = args.distributed.param_dtype.itemsize
     seq_len = args.data.seq_len

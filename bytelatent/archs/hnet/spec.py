@@ -10,7 +10,7 @@ from bytelatent.model.spec import Adapters, ArchSpec, AuxLoss, Forward, Sizes
 
 def check_hnet_run(args: Any) -> None:
     """Cross-section rules of an H-Net run; `args` is a TrainArgs."""
-    hnet = args.arch_args
+    hnet = args.model
     if args.data.patcher_args.patching_mode != "byte" or args.data.add_patches:
         raise ValueError(
             "data.patcher_args.patching_mode: an H-Net chunks bytes itself; set "
@@ -18,13 +18,13 @@ def check_hnet_run(args: Any) -> None:
         )
     if hnet.max_seqlen < args.data.seq_len:
         raise ValueError(
-            f"arch_args.max_seqlen ({hnet.max_seqlen}) < data.seq_len ({args.data.seq_len}): "
-            "RoPE tables would be too short; raise arch_args.max_seqlen"
+            f"model.max_seqlen ({hnet.max_seqlen}) < data.seq_len ({args.data.seq_len}): "
+            "RoPE tables would be too short; raise model.max_seqlen"
         )
     _check_hnet_fits_row(hnet, args.data.seq_len)
     if hnet.global_init is not None and args.checkpoint.init_ckpt_path:
         raise ValueError(
-            "arch_args.global_init and checkpoint.init_ckpt_path both initialise weights; set one"
+            "model.global_init and checkpoint.init_ckpt_path both initialise weights; set one"
         )
     _check_hnet_tp(hnet, args.distributed.tp_size)
 
@@ -42,7 +42,7 @@ def _check_hnet_fits_row(hnet: HNetArgs, row: int) -> None:
             ratios = " x ".join(f"{t.target_ratio:g}" for t in hnet.stages[: s + 1])
             which = f"stages 0-{s}" if s else "stage 0"
             raise ValueError(
-                f"arch_args.stages[{s}].target_ratio: the targets of {which} ({ratios}) make "
+                f"model.stages[{s}].target_ratio: the targets of {which} ({ratios}) make "
                 f"{bytes_per_chunk:.4g} bytes per chunk, {chunks:.3g} chunks in a row of "
                 f"data.seq_len={row} bytes (at least {MIN_TARGET_CHUNKS_PER_ROW} needed); lower "
                 "the target ratios, use fewer stages or longer rows"
@@ -53,10 +53,10 @@ def _check_hnet_tp(hnet: HNetArgs, tp: int) -> None:
     """Tensor parallelism splits every block's heads (`HNet.tp_plan`): tp must divide them."""
     if tp <= 1:
         return
-    heads = {f"arch_args.stages[{i}].n_heads": s.n_heads for i, s in enumerate(hnet.stages)}
-    heads["arch_args.n_heads"] = hnet.n_heads
+    heads = {f"model.stages[{i}].n_heads": s.n_heads for i, s in enumerate(hnet.stages)}
+    heads["model.n_heads"] = hnet.n_heads
     if hnet.n_kv_heads is not None:
-        heads["arch_args.n_kv_heads"] = hnet.n_kv_heads
+        heads["model.n_kv_heads"] = hnet.n_kv_heads
     for key, value in heads.items():
         if value % tp:
             raise ValueError(
@@ -124,11 +124,10 @@ SPEC = ArchSpec(
     description="H-Net: dynamic chunking stages (learned byte boundaries) around a global "
     "transformer",
     args_class=HNetArgs,
-    section="arch_args",
     model=_model,
     forward=Forward(
         host_batch=True,
-        # Σ_s alpha_s * ratio loss_s (alpha_s = arch_args.stages[s].ratio_loss_weight)
+        # Σ_s alpha_s * ratio loss_s (alpha_s = model.stages[s].ratio_loss_weight)
         aux_losses=(AuxLoss("ratio_loss", 1.0),),
         aux_metrics=("ratio_loss/", "chunk_len_mean/", "bytes_per_chunk/"),
     ),

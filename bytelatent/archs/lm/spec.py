@@ -10,16 +10,14 @@ from bytelatent.model.spec import Adapters, ArchSpec, Forward, Sizes
 
 def check_entropy_run(args: Any) -> None:
     """Cross-section rules of an entropy-model (byte LM) run; `args` is a TrainArgs."""
-    if args.entropy_model is None:
-        raise ValueError("entropy_model: must be set when arch=entropy (train_entropy_model=true)")
     if args.data.patcher_args.patching_mode != "byte":
         raise ValueError(
             "data.patcher_args.patching_mode: the entropy model trains on bytes; "
             f"set it to 'byte' (got '{args.data.patcher_args.patching_mode}')"
         )
-    if args.entropy_model.max_seqlen < args.data.seq_len:
+    if args.model.max_seqlen < args.data.seq_len:
         raise ValueError(
-            f"entropy_model.max_seqlen ({args.entropy_model.max_seqlen}) < data.seq_len "
+            f"model.max_seqlen ({args.model.max_seqlen}) < data.seq_len "
             f"({args.data.seq_len}): RoPE tables would be too short"
         )
 
@@ -49,9 +47,9 @@ def _lower_bound(args: Any) -> tuple[int, int]:
 
 
 def _read_params(params: dict, where: str) -> Any:
-    from bytelatent.checkpoint.pretrained import entropy_args_from_params
+    from bytelatent.archs.lm.params import lm_args_from_params
 
-    return entropy_args_from_params(params, where)
+    return lm_args_from_params(params, where)
 
 
 def _hf_export(ckpt: str, out: str, entropy_model: Any, allow_window_mismatch: bool) -> list:
@@ -72,7 +70,7 @@ SPEC = ArchSpec(
     aliases=("lm",),
     description="byte-level LMTransformer (the BLT's entropy model)",
     args_class=LMTransformerArgs,
-    section="entropy_model",
+    legacy_section="entropy_model",
     model=_model,
     forward=Forward(host_batch=True),
     sizes=Sizes(flops=_flops, activation_bytes=_activation_bytes, lower_bound=_lower_bound),

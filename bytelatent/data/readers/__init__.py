@@ -4,7 +4,7 @@
 
 `base.py` has the protocol (`Reader`, `Position`, `DataFormat`) and the registry; `jsonl.py` and
 `table.py` register the built-in formats (JSONL, `.jsonl.zst`, `.jsonl.gz`, Arrow IPC, Parquet).
-How to add one: docs/extending.md, "How to add a data format".
+How to add one: docs/data.md, "Adding a data format".
 """
 
 from bytelatent.data.readers.base import (

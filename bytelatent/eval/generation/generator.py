@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from bytelatent.archs.blt.reference_compat import patcher_settings_from_reference
-from bytelatent.checkpoint.pretrained import load_any_checkpoint
+from bytelatent.checkpoint.pretrained import load_any_checkpoint, load_entropy_checkpoint
 from bytelatent.data.patcher import PatcherArgs, PatchingMode
 from bytelatent.errors import CheckpointError, ConfigError, DataError
 from bytelatent.eval.generation.engines import CachedEngine, RecomputeEngine, model_spec
 from bytelatent.eval.generation.sampling import GenerationArgs, sample_rows
 from bytelatent.eval.generation.speculative import SpeculativeEngine, SpeculativeStats
+from bytelatent.model.registry import arch_name_from_params, get_arch
 from bytelatent.tokenizers.constants import BOS_ID, EOS_ID, OFFSET
 
 logger = logging.getLogger("bytelatent")
@@ -229,12 +229,13 @@ def patcher_args_from_params(params: dict) -> PatcherArgs:
     model-section patching_* settings, which its BLT forward uses)."""
     data = (params.get("data") or {}).get("patcher_args") or {}
     fields = {k: v for k, v in data.items() if k in PatcherArgs.model_fields}
-    model = params.get("model") or {}
-    if "patching_mode" in model:  # the reference layout: the model section carries the patcher
-        renames = {"patching_threshold": "threshold", "patching_threshold_add": "threshold_add"}
-        for name, value in patcher_settings_from_reference(model).items():
-            if value is not None or name in renames:
-                fields[renames.get(name, name)] = value
+    try:
+        spec = get_arch(arch_name_from_params(params))
+    except ValueError:
+        spec = None  # an arch this process has not registered: our layout only
+    read = spec.adapters.patcher_settings if spec is not None else None
+    if read is not None:  # e.g. a reference BLT layout: its model section carries the patcher
+        fields.update(read(params))
     fields.update(patching_device="auto", device="auto", realtime_patching=False)
     try:
         return PatcherArgs.model_validate(fields)
@@ -278,5 +279,5 @@ def load_generator(
     entropy_model = None
     if patcher_args.patching_mode in (PatchingMode.entropy, PatchingMode.bpe_patcher):
         where = _entropy_dir(ckpt, patcher_args, entropy_ckpt)
-        entropy_model = load_any_checkpoint(where, device, kind="entropy")[0]
+        entropy_model = load_entropy_checkpoint(where, device)
     return Generator(model, patcher_args, entropy_model, dtype)

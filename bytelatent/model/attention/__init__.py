@@ -13,7 +13,7 @@ A model picks its backend once (``resolve_backend``/``select_backend``: flex or 
 they can run, else sdpa with the same masks, logged once), builds each mask once per forward in
 that backend's representation (``self_attn_mask``, ``build_mask``) and shares it across the
 layers; ``attend(q, k, v, mask)`` runs it on the backend it was built for, never on a silently
-different mask. How to add a backend: docs/extending.md, "How to add an attention backend".
+different mask. How to add a backend: docs/attention.md.
 """
 
 from __future__ import annotations

@@ -55,6 +55,7 @@ class RouterCollapseMonitor(Action):
         self.streaks = [0] * len(targets)  # consecutive far log steps per stage
         self.since: list[int | None] = [None] * len(targets)  # the first of them
         self.warned = [False] * len(targets)  # this episode was reported
+        self.key = "model"  # what the config called its section (hnet_actions sets it)
 
     def observe(self, step: int, metrics: dict[str, Any]) -> None:
         for s, target in enumerate(self.targets):
@@ -81,7 +82,7 @@ class RouterCollapseMonitor(Action):
         return (
             f"H-Net router collapse at step {step}: stage {s} has {value:.3g} positions per "
             f"chunk (aux/chunk_len_mean/stage{s}) since step {self.since[s]}, target "
-            f"{self.targets[s]:g}: {what}; raise arch_args.stages[{s}].ratio_loss_weight (now "
+            f"{self.targets[s]:g}: {what}; raise {self.key}.stages[{s}].ratio_loss_weight (now "
             f"{self.weights[s]:g}) or lower optim.lr"
         )
 
@@ -102,6 +103,8 @@ class RouterCollapseMonitor(Action):
 
 def hnet_actions(train_args: Any, rank: int) -> list[Action]:
     """The H-Net spec's `actions`: the router collapse monitor (warnings on rank 0 only)."""
-    stages = train_args.arch_args.stages
+    stages = train_args.model.stages
     targets, weights = [s.target_ratio for s in stages], [s.ratio_loss_weight for s in stages]
-    return [RouterCollapseMonitor(targets, weights, train_args.optim.warmup, warn=rank == 0)]
+    monitor = RouterCollapseMonitor(targets, weights, train_args.optim.warmup, warn=rank == 0)
+    monitor.key = getattr(train_args, "model_key", "model")  # the section as the config named it
+    return [monitor]
