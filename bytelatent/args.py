@@ -36,6 +36,7 @@ from bytelatent.model.registry import (
 )
 from bytelatent.trainer.actions import ActionArgs
 from bytelatent.trainer.args import LoggingArgs, OptimArgs, ProfilerArgs
+from bytelatent.trainer.distill_args import DistillArgs
 from bytelatent.trainer.run_lock import RunLockArgs
 
 # Exported before the process group is created; NCCL settings are harmless on CPU.
@@ -219,6 +220,11 @@ class TrainArgs(BaseModel):
         default_factory=list,
         description="run after each log step and evaluation: {kind: early_stop, metric, mode, "
         "patience, min_delta} or {kind: nonfinite_stop, max_skipped_steps}",
+    )
+    distill: DistillArgs | None = Field(
+        None,
+        description="a frozen token-level teacher to distill from (byteify, docs/byteify.md): "
+        "{teacher: HF folder, weight, temperature}",
     )
 
     @model_validator(mode="wrap")

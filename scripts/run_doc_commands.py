@@ -87,6 +87,11 @@ REWRITES = [
     ),
     (r'prompt="\.\.\."', 'prompt="import "', '"..." stands for your prompt'),
     (
+        r"(train_token_teacher\.py .*--steps )600\b",
+        r"\g<1>60",
+        "the byteify teacher's 600 steps, shortened (docs/byteify.md)",
+    ),
+    (
         r"(bytelatent\.data\.prepare --out \S+)",
         r"\1 --max-mb 1",
         "a 1 MB corpus: entropies in seconds",

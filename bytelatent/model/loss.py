@@ -11,6 +11,7 @@ byte LM never does), and so are the auxiliary loss terms its forward returns nex
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -86,17 +87,29 @@ def batch_loss_sum(
     return batch_losses(model, batch, device, forward_context)[0]
 
 
+class LogitTerm(Protocol):
+    """A loss term computed from the logits outside the model (a frozen teacher's distillation):
+    `term(batch, logits)` is a scalar, the mean over the micro-batch, returned under `name`."""
+
+    name: str
+
+    def __call__(self, batch: Batch, logits: torch.Tensor) -> torch.Tensor: ...
+
+
 def batch_losses(
     model: torch.nn.Module,
     batch: Batch,
     device: torch.device,
     forward_context: contextlib.AbstractContextManager | None = None,
+    logit_terms: Sequence[LogitTerm] = (),
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(Σ CE over `batch`'s unmasked targets, {aux loss name: float32 scalar}). The forward runs
     inside `forward_context` (autocast, tensor-parallel loss context); the losses outside it, in
-    float32, as always."""
+    float32, as always. `logit_terms` add their values to the aux dict under their names."""
     y, mask = host_to_device(batch.y, device), host_to_device(batch.target_mask, device)
     with forward_context if forward_context is not None else contextlib.nullcontext():
         logits, aux = forward_outputs(model, batch, device)
     aux = {name: value.float() for name, value in aux.items()}
+    for term in logit_terms:
+        aux[term.name] = term(batch, logits).float()
     return masked_cross_entropy_sum(logits, y, mask), aux

@@ -16,7 +16,8 @@ p(t) only when t is the prefix of no other token ("a" is, when "ab" is also in t
 
 The vocabulary is kept sorted by byte string, so the tokens under any prefix form one
 contiguous range: a target row costs one scatter over that range (the whole vocabulary at a
-boundary, fewer tokens deeper in).
+boundary, fewer tokens deeper in), and the ranges of every prefix of every token are
+precomputed, so the targets of a whole text are one gather and one scatter.
 """
 
 from __future__ import annotations
@@ -53,6 +54,33 @@ class TokenByteTrie:
             byte_at[j, : len(token)] = torch.tensor(list(token), dtype=torch.long)
             byte_at[j, len(token)] = END
         self.byte_at = byte_at
+        self.token_len = torch.tensor([len(t) for t in self.vocab], dtype=torch.long)
+        position = torch.full((len(self.vocab),), -1, dtype=torch.long)
+        position[self.sorted_ids] = torch.arange(len(ids))
+        self.position = position  # token id -> its row in the sorted vocabulary (-1: empty)
+        self.range_lo, self.range_hi = self._prefix_ranges(max_len)
+
+    def _prefix_ranges(self, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """[V', max_len + 1] each: for sorted token j and k <= len(token j), the range [lo, hi) of
+        the tokens that start with token j's first k bytes (sorted order keeps them together)."""
+        n = len(self.sorted_bytes)
+        # lcp[j]: common prefix length of sorted tokens j - 1 and j (-1 before the first one)
+        lcp = torch.full((n,), -1, dtype=torch.long)
+        for j in range(1, n):
+            a, b = self.sorted_bytes[j - 1], self.sorted_bytes[j]
+            k = 0
+            while k < min(len(a), len(b)) and a[k] == b[k]:
+                k += 1
+            lcp[j] = k
+        positions = torch.arange(n)
+        lo = torch.empty((n, max_len + 1), dtype=torch.long)
+        hi = torch.empty_like(lo)
+        for k in range(max_len + 1):
+            group = torch.cumsum(lcp < k, 0)  # tokens sharing their first k bytes: one group
+            starts = positions[lcp < k]  # group g starts at starts[g - 1]
+            lo[:, k] = starts[group - 1]
+            hi[:, k] = torch.cat([starts[1:], torch.tensor([n])])[group - 1]
+        return lo, hi
 
     def prefix_range(self, prefix: bytes) -> tuple[int, int]:
         """[lo, hi): the sorted positions of the tokens whose byte string starts with `prefix`."""
@@ -76,32 +104,64 @@ class TokenByteTrie:
         target.scatter_add_(0, classes, sorted_probs[lo:hi])
         return target / target.sum().clamp_min(torch.finfo(target.dtype).tiny)
 
-    def token_targets(self, probs: torch.Tensor, token_ids: Sequence[int]) -> torch.Tensor:
+    def token_rows(
+        self, probs: torch.Tensor, token_ids: Sequence[int] | torch.Tensor, end_rows: bool = False
+    ) -> torch.Tensor:
+        """The 257-class targets of every byte of every token, as one scatter (no Python loop
+        over bytes): `probs[i]` ([T, V]) is the teacher's distribution for token i. Rows per
+        token: one per byte (the target for byte k given bytes < k), and with `end_rows` one
+        more (the target after its last byte, whose END entry closes the token)."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).cpu()
+        if probs.shape[0] != ids.numel():
+            raise ValueError(f"{probs.shape[0]} teacher distributions for {ids.numel()} tokens")
+        if ids.numel() and bool((self.position[ids] < 0).any()):
+            raise ValueError("a token with no bytes (a special token) has no byte targets")
+        n_rows = self.token_len[ids] + int(end_rows)
+        token_of_row = torch.repeat_interleave(torch.arange(ids.numel()), n_rows)
+        first_row = torch.cumsum(n_rows, 0) - n_rows
+        depth = torch.arange(token_of_row.numel()) - first_row[token_of_row]
+        device = probs.device
+        sorted_probs = self.sorted_probs(probs)
+        flat = torch.zeros(token_of_row.numel() * N_CLASSES, dtype=probs.dtype, device=device)
+        rows = flat.view(-1, N_CLASSES)
+        # a token's first byte sees the whole vocabulary: one index_add over the sorted tokens'
+        # first bytes gives those rows for every token at once (T x V' adds, no index math)
+        first_rows = torch.zeros((ids.numel(), N_CLASSES), dtype=probs.dtype, device=device)
+        first_rows.index_add_(1, self.byte_at[:, 0].to(device), sorted_probs)
+        rows[first_row.to(device)] = first_rows
+        # deeper rows see few tokens: every (row, sorted token in [lo, hi)) pair, flattened
+        deep = (depth > 0).nonzero().flatten()
+        sorted_row = self.position[ids][token_of_row[deep]]
+        lo, hi = self.range_lo[sorted_row, depth[deep]], self.range_hi[sorted_row, depth[deep]]
+        width = hi - lo
+        pair = torch.repeat_interleave(torch.arange(deep.numel()), width)
+        pair_start = torch.cumsum(width, 0) - width
+        pair_token = lo[pair] + torch.arange(pair.numel()) - pair_start[pair]
+        classes = self.byte_at[pair_token, depth[deep][pair]]
+        values = sorted_probs[token_of_row[deep][pair].to(device), pair_token.to(device)]
+        flat.scatter_add_(0, (deep[pair] * N_CLASSES + classes).to(device), values)
+        return rows / rows.sum(-1, keepdim=True).clamp_min(torch.finfo(rows.dtype).tiny)
+
+    def token_targets(
+        self, probs: torch.Tensor, token_ids: Sequence[int] | torch.Tensor
+    ) -> torch.Tensor:
         """Targets for the bytes of a tokenized text: `probs[i]` ([T, V]) is the teacher's
         distribution for token i given tokens < i; returns [sum of token lengths, 257], row j
         the target for the byte at position j given the bytes before it (its own token's
         prefix and, through the teacher, the earlier tokens)."""
-        if probs.shape[0] != len(token_ids):
-            raise ValueError(f"{probs.shape[0]} teacher distributions for {len(token_ids)} tokens")
-        rows = []
-        for dist, token in zip(self.sorted_probs(probs), token_ids):
-            data = self.vocab[int(token)]
-            rows.extend(self.next_byte_target(dist, data[:k]) for k in range(len(data)))
-        if not rows:
-            return probs.new_zeros((0, N_CLASSES))
-        return torch.stack(rows)
+        return self.token_rows(probs, token_ids)
 
 
 def token_end_probs(
-    trie: TokenByteTrie, probs: torch.Tensor, token_ids: Sequence[int]
+    trie: TokenByteTrie, probs: torch.Tensor, token_ids: Sequence[int] | torch.Tensor
 ) -> torch.Tensor:
     """[T]: P(END | all bytes of token i) under the teacher's distribution for token i, the
     factor that closes the product of token i's byte probabilities (see the module docstring);
     with `TokenByteTrie.token_targets` rows, prod_k row_k[t_i[k]] * end[i] = probs[i, t_i]."""
-    sorted_probs = trie.sorted_probs(probs)
-    return torch.stack(
-        [trie.next_byte_target(d, trie.vocab[int(t)])[END] for d, t in zip(sorted_probs, token_ids)]
-    )
+    ids = torch.as_tensor(token_ids, dtype=torch.long).cpu()
+    rows = trie.token_rows(probs, ids, end_rows=True)
+    last = torch.cumsum(trie.token_len[ids] + 1, 0) - 1
+    return rows[last.to(rows.device), END]
 
 
 def token_boundaries(token_ids: Sequence[int], vocab: Sequence[bytes]) -> list[int]:

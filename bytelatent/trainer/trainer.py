@@ -36,6 +36,7 @@ from bytelatent.model.loss import batch_losses
 from bytelatent.model.registry import get_arch
 from bytelatent.trainer.actions import NONFINITE_EXIT_CODE, Actions, Stop, with_nonfinite_stop
 from bytelatent.trainer.build import build_parallel_model, warm_start_from_spec
+from bytelatent.trainer.distill_loss import build_extra_losses
 from bytelatent.trainer.guard import NonFiniteGuard
 from bytelatent.trainer.interval import IntervalMetrics, StepOutput
 from bytelatent.trainer.loop_controls import resolve_stop_step
@@ -77,7 +78,11 @@ class Trainer:
         )):  # fmt: skip
             torch.set_num_threads(threads)
         self.mesh = build_mesh(args.distributed, env.world_size, self.device.type)
-        self.aux_terms = get_arch(args.arch).aux_losses  # logged as aux/<name>, apart from bpb
+        # loss terms from the logits outside the model (a frozen teacher: the `distill` section)
+        self.logit_terms = build_extra_losses(args, self.device)
+        self.aux_terms = (  # logged as aux/<name>, apart from bpb
+            *get_arch(args.arch).aux_losses, *(term.spec for term in self.logit_terms)
+        )  # fmt: skip
         self.dp_rank, self.dp_size = dp_rank_and_size(self.mesh)
         self._dp_group_cache = None
         # Small per-step agreements (target counts, the preemption flag) use CPU tensors: on CUDA a
@@ -340,7 +345,7 @@ class Trainer:
         (`ArchSpec.aux_losses`, a per-micro-batch mean) weighted and divided by the micro-batches:
         FSDP's average over data-parallel ranks then makes it the mean over all micro-batches."""
         context = forward_context(self.mesh, self.args.distributed, self.device.type)
-        loss_sum, aux = batch_losses(self.model, batch, self.device, context)
+        loss_sum, aux = batch_losses(self.model, batch, self.device, context, self.logit_terms)
         objective = loss_sum * scale
         for term in self.aux_terms:
             objective = objective + aux[term.name] * (term.weight / self.args.grad_acc_steps)

@@ -126,3 +126,19 @@ def test_tiny_teacher_token_probabilities_from_bytes(bpe):
         assert abs(got.item() - want.item()) < 1e-5 * want.item(), (i, data)
         offset += len(data)
     assert (probs.max(-1).values < 0.99).all()  # a random teacher, not a degenerate one
+
+
+def test_vectorised_rows_equal_the_per_row_reference(bpe):
+    vocab = byte_level_vocab(bpe)
+    trie = TokenByteTrie(vocab)
+    ids = bpe.encode(TEXT).ids
+    torch.manual_seed(1)
+    probs = torch.softmax(torch.randn(len(ids), len(vocab), dtype=torch.float64) * 3, -1)
+    rows = trie.token_rows(probs, ids, end_rows=True)
+    expected = [
+        trie.next_byte_target(dist, vocab[token][:k])
+        for dist, token in zip(trie.sorted_probs(probs), ids)
+        for k in range(len(vocab[token]) + 1)  # + the row after the token's last byte
+    ]
+    torch.testing.assert_close(rows, torch.stack(expected), rtol=0, atol=1e-15)
+    assert trie.token_rows(probs[:0], []).shape == (0, N_CLASSES)
