@@ -167,7 +167,9 @@ def build_extra_losses(args, device: torch.device) -> list[TeacherDistillation]:
     A teacher that does not fit the student is a ConfigError (one line) before anything loads."""
     if args.distill is None:
         return []
-    width = args.model.dim if args.arch == "blt" and args.model is not None else None
+    # byteify keeps the teacher's backbone: the student's global transformer (`model.dim` in
+    # every built-in architecture) must be the teacher's width
+    width = getattr(args.model, "dim", None)
     if problems := args.distill.mismatches(width):
         raise ConfigError(f"distill.teacher={args.distill.teacher}: {'; '.join(problems)}")
     return [TeacherDistillation(args.distill, device)]

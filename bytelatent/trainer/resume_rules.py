@@ -80,6 +80,7 @@ RULES: dict[str, Rule] = {
     "run_lock": _HARMLESS,
     "eval": _HARMLESS,
     "actions": Rule("applied", "actions are built from the config"),
+    "distill": Rule("applied", "the teacher and its loss term are built from the config"),
     # optimizer: the config's values are set after the optimizer and scheduler states load
     "optim": _ADAMW,
     "optim.lr": _SCHEDULE,
