@@ -162,6 +162,7 @@ class StepHost:
 
     def __init__(self, args, model, device) -> None:
         from bytelatent.model.registry import get_arch
+        from bytelatent.trainer.distill_loss import build_extra_losses
         from bytelatent.trainer.guard import NonFiniteGuard
         from bytelatent.trainer.optim import build_optimizer
         from bytelatent.trainer.probe import NoProbe
@@ -173,7 +174,8 @@ class StepHost:
         self.guard = NonFiniteGuard(self.optimizer, device)
         self.probe = NoProbe()
         self.tokenizer = args.data.tokenizer_args.build()
-        self.aux_terms = get_arch(args.arch).aux_losses
+        self.logit_terms = build_extra_losses(args, device)
+        self.aux_terms = (*get_arch(args.arch).aux_losses, *(t.spec for t in self.logit_terms))
         self.step = Trainer.train_step.__get__(self)
         self.forward_backward = Trainer.forward_backward.__get__(self)
         self._all_reduce_count = Trainer._all_reduce_count.__get__(self)
