@@ -133,7 +133,7 @@ def main() -> None:
         calls = record_ema_calls(models["hnet"])
         shapes = ", ".join(f"{tuple(c[1].shape)}" for c in calls)
         print(f"ema_scan calls per H-Net step: {len(calls)} on inputs {shapes}")
-        hnet = models["hnet"].args.arch_args
+        hnet = models["hnet"].args.model
         log_decay, inputs, reset, block = calls[0]
         batch, _, width = inputs.shape
         at_ratio = int(models["hnet"].args.data.seq_len / hnet.stages[0].target_ratio)

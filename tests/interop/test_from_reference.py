@@ -342,8 +342,11 @@ def test_cli_writes_output_and_report(tmp_path):
     ref.write_text(REFERENCE_ENTROPY_YAML)
     result = _run("bytelatent.archs.blt.from_reference", str(ref), "-o", str(tmp_path / "out.yaml"))
     assert result.returncode == 0, result.stderr
-    assert "needs you (2):" in result.stderr and "dropped (4):" in result.stderr
-    assert yaml.safe_load((tmp_path / "out.yaml").read_text())["entropy_model"]["dim"] == 768
+    assert "needs you (2):" in result.stderr and "dropped (5):" in result.stderr
+    assert "train_entropy_model -> arch = entropy" in result.stderr  # model: null dropped
+    out = yaml.safe_load((tmp_path / "out.yaml").read_text())
+    assert out["arch"] == "entropy" and out["model"]["dim"] == 768  # one model section
+    assert "entropy_model" not in out and "train_entropy_model" not in out
 
 
 def test_neither_ours_nor_reference_is_one_line_exit_2(tmp_path):

@@ -187,8 +187,17 @@ def convert(tree: dict) -> tuple[dict, Report]:
     """(bytelatent config tree, report) for a reference TrainArgs tree; unknown keys are errors."""
     out: dict = {}
     report = Report()
+    # ours has one model section: the reference's `model` (the BLT) or, with
+    # `train_entropy_model: true`, its `entropy_model` (written as `arch: entropy` + `model:`)
+    entropy_trains = bool(tree.get("train_entropy_model"))
     for key, value in tree.items():
-        if key in _SAME_TOP:
+        if key == "train_entropy_model":
+            if entropy_trains:
+                report.map(key, "arch", "entropy", "one model section: the entropy model's")
+                out["arch"] = "entropy"
+            else:
+                report.drop(key, value, "the BLT trains (the default arch)")
+        elif key in _SAME_TOP:
             _leaf(report, out, key, key, value)
         elif key in _DROPPED_TOP:
             report.drop(key, value, "null: no effect" if value is None else _DROPPED_TOP[key])
@@ -205,8 +214,25 @@ def convert(tree: dict) -> tuple[dict, Report]:
             _checkpoint(report, out, value)
         elif key in _SECTIONS_SAME:
             _section(report, out, key, value)
+        elif key == "model" and entropy_trains:
+            _drop_section(
+                report,
+                "model",
+                value,
+                "train_entropy_model: the reference trains "
+                "the entropy model and ignores the BLT's section",
+            )
         elif key == "model":
             _model(report, out, value)
+        elif key == "entropy_model" and not entropy_trains:
+            _drop_section(
+                report,
+                "entropy_model",
+                value,
+                "read only with train_entropy_model: "
+                "true (the BLT's patcher loads its entropy model from "
+                "data.patcher_args.entropy_model_checkpoint_dir)",
+            )
         elif key == "entropy_model":
             _entropy_model(report, out, value)
         elif key == "config":
@@ -385,9 +411,10 @@ def _model(report: Report, out: dict, value: Any) -> None:
 
 
 def _entropy_model(report: Report, out: dict, value: Any) -> None:
+    """The entropy model that trains (`train_entropy_model: true`): our `model:` section."""
     if value is None:
-        report.map("entropy_model", "entropy_model", None)
-        out["entropy_model"] = None
+        report.map("entropy_model", "model", None, "the entropy model's defaults")
+        out["model"] = {}
         return
     section = _mapping(value, "entropy_model")
     args, ignored = lm_args_from_reference(section)
@@ -397,21 +424,21 @@ def _entropy_model(report: Report, out: dict, value: Any) -> None:
         note = reasons.get(key, "")
         report.map(
             f"entropy_model.{key}",
-            f"entropy_model.{key}",
+            f"model.{key}",
             converted.get(key),
             _reason(note) if note else "",
         )
     for name, entry in reasons.items():
         if name not in section:
-            report.notes.append(f"entropy_model.{name}: {entry}")
-    out["entropy_model"] = converted
+            report.notes.append(f"model.{name}: {entry}")
+    out["model"] = converted
 
 
 def _reconcile(tree: dict, report: Report) -> None:
     """Rules our TrainArgs checks across sections and the reference did not (noted in the report)."""
     data = tree.setdefault("data", {}) if isinstance(tree.get("data", {}), dict) else {}
     model = tree.get("model")
-    if tree.get("train_entropy_model"):
+    if tree.get("arch") == "entropy":
         patcher = data.setdefault("patcher_args", {})
         if patcher.get("patching_mode") != "byte":
             report.notes.append(
@@ -452,7 +479,11 @@ def convert_file(path: str) -> tuple[str, Report]:
     tree = load_yaml_file(path)
     converted, report = convert(tree)
     patcher = (converted.get("data") or {}).get("patcher_args") or {}
-    if converted.get("model") is not None and "patching_mode" not in patcher:
+    if (
+        converted.get("arch") != "entropy"
+        and converted.get("model") is not None
+        and "patching_mode" not in patcher
+    ):
         report.notes.append(
             "data.patcher_args.patching_mode not set: the reference default (entropy) reads "
             "precomputed entropies from the data (data.preprocess_dir); set it to train otherwise"
