@@ -18,7 +18,8 @@ import time
 
 import torch
 
-from bytelatent.trainer.distill import TokenByteTrie, byte_level_vocab
+from bytelatent.tokenizers.hf_bpe import byte_level_vocab
+from bytelatent.trainer.distill import TokenByteTrie
 
 
 def loop_targets(trie: TokenByteTrie, probs: torch.Tensor, token_ids: list[int]) -> torch.Tensor:

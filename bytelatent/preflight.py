@@ -5,9 +5,10 @@ each found here in about a second from the config, the environment and the files
 nothing written (no dump_dir, no train.log): a missing data source or `data.root_dir` (with a
 close name when there is one), a missing validation file, a mesh that does not fill the launched
 world (`dp_shard=2` without torchrun), a `model.global_init.path` that is not a HF folder, a
-resume whose global batch differs from the checkpoint's data stream, and a data file that changed
-since the checkpoint's data state was saved. Every check reads what the
-run itself would read next; torch-free (tests/test_preflight.py checks it never loads torch).
+`patching_mode=tokenizer` tokenizer that is missing or not a byte-level BPE, a resume whose
+global batch differs from the checkpoint's data stream, and a data file that changed since the
+checkpoint's data state was saved. Every check reads what the run itself would read next;
+torch-free (tests/test_preflight.py checks it never loads torch).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from bytelatent.checkpoint.layout import FolderStore, train_state_name
 from bytelatent.data.changed_files import changed_files
 from bytelatent.data.elastic import check_layout, packing_base
 from bytelatent.data.iterators.streams import StreamsIteratorState
+from bytelatent.data.patcher_args import PatchingMode
 from bytelatent.distributed.world import launch_ranks, resolve_layout
 from bytelatent.errors import CheckpointError, DataError
 from bytelatent.eval.val_sources import resolve_validation_sources
+from bytelatent.tokenizers.hf_bpe import load_byte_level_bpe
 from bytelatent.trainer.resume_config import (
     ResumeCheck,
     config_diff,
@@ -49,6 +52,9 @@ def preflight(args: TrainArgs) -> None:
         check_global_init(init.path, "model.global_init")
     for source in args.data.source_weights():
         args.data.files_of(source)
+    patcher = args.data.patcher_args
+    if args.data.add_patches and patcher.patching_mode == PatchingMode.tokenizer:
+        load_byte_level_bpe(patcher.tokenizer_path)  # what each data-loader worker loads
     if args.eval.enabled:
         resolve_validation_sources(args.eval, args.data)
 

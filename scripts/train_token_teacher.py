@@ -59,7 +59,7 @@ def held_out_bpb(model, tok, texts: list[str], seq_len: int, max_bytes: int) -> 
     window's first token has no context and is not scored)."""
     import torch
 
-    from bytelatent.trainer.distill import byte_level_vocab
+    from bytelatent.tokenizers.hf_bpe import byte_level_vocab
 
     vocab = byte_level_vocab(tok)
     ids = token_stream(tok, texts)
@@ -148,7 +148,7 @@ def main() -> None:
     )
     generator = torch.Generator().manual_seed(args.seed)
     t0, tokens, trained_bytes = time.time(), 0, 0
-    from bytelatent.trainer.distill import byte_level_vocab
+    from bytelatent.tokenizers.hf_bpe import byte_level_vocab
 
     vocab_len = torch.tensor([len(b) for b in byte_level_vocab(tok)])
     for step in range(1, args.steps + 1):

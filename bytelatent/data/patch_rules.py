@@ -1,7 +1,7 @@
 """The patching rules on numpy arrays, without torch (the rules themselves: patcher.py's docstring).
 
-Every rule that needs no model is here: where patches start in `space`, `bpe` and threshold
-`entropy` mode (entropies given), `static` and `byte` lengths, patch lengths from start masks,
+Every rule that needs no model is here: where patches start in `space`, `bpe`, `tokenizer` and
+threshold `entropy` mode (entropies given), `static` and `byte` lengths, patch lengths from start masks,
 `max_patch_length` splitting. `Patcher` (patcher.py, torch) runs the models and the top-k entropy
 rule and hands their start masks to `patch_lengths`; a data-loader worker whose run needs neither
 (`PatcherArgs.needs_torch` false) patches each document here and never imports torch.
@@ -9,12 +9,15 @@ rule and hands their start masks to `patch_lengths`; a data-loader worker whose 
 
 from __future__ import annotations
 
+import codecs
+
 import numpy as np
 
-from bytelatent.data.chat import turn_starts
+from bytelatent.data.chat import is_marker, turn_starts
 from bytelatent.data.patcher_args import PatcherArgs, PatchingMode
 from bytelatent.errors import ConfigError, DataError
 from bytelatent.tokenizers.constants import BPE_ID, OFFSET
+from bytelatent.tokenizers.hf_bpe import ByteLevelBPE, load_byte_level_bpe
 
 
 def patch_document(
@@ -72,6 +75,8 @@ def _rule_starts(
         return space_patch_starts(tokens, length)
     if mode == PatchingMode.bpe:
         return bpe_delim_patch_starts(tokens, length)
+    if mode == PatchingMode.tokenizer:
+        return tokenizer_patch_starts(tokens, length, args.tokenizer_path)
     threshold = args.threshold if threshold is None else threshold
     if mode != PatchingMode.entropy or threshold is None:
         raise ValueError(f"patching_mode={mode.value}: its starts come from Patcher (torch)")
@@ -168,6 +173,62 @@ def bpe_delim_patch_starts(tokens: np.ndarray, length: int) -> np.ndarray:
     starts = first_two_starts(tokens.shape[0], length)
     starts[:, 2:] = tokens[:, 1 : length - 1] == BPE_ID
     return starts
+
+
+def tokenizer_patch_starts(tokens: np.ndarray, length: int, path: str) -> np.ndarray:
+    """Start mask [B, length] for tokenizer mode: a patch starts at the first byte of each token
+    of the byte-level BPE at `path`, each row's text tokenized once as a whole.
+
+    Positions 0 and 1 start a patch (as in every mode), so does the first byte after a special
+    token or a chat marker (as in space mode; `turn_starts` adds the markers' starts). The bytes
+    between such tokens are one text: its valid UTF-8 stretches are tokenized, and a byte that
+    is not valid UTF-8 is a patch of its own (what a byte-level BPE, which merged valid text,
+    makes of such bytes). A stretch whose tokens do not spell it (the tokenizer's normalizer
+    changed it) is patched with the space rule. Unlike every other mode, a start at p depends on
+    the bytes from p on (where the tokenizer cuts): the starts cannot be decided online."""
+    if length > tokens.shape[1]:
+        raise ConfigError(
+            "patching_mode=tokenizer cannot patch online (include_next_token, generation): a "
+            "token's start depends on the bytes after it; use it for training and scoring only"
+        )
+    bpe = load_byte_level_bpe(path)
+    starts = first_two_starts(tokens.shape[0], length)
+    text = (tokens >= OFFSET) & (tokens < OFFSET + 256) & ~is_marker(tokens)
+    for row in range(tokens.shape[0]):
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], text[row].astype(np.int8), [0]])))
+        for begin, end in zip(edges[::2].tolist(), edges[1::2].tolist()):
+            data = (tokens[row, begin:end] - OFFSET).astype(np.uint8).tobytes()
+            starts[row, begin + _text_starts(bpe, data)] = True
+    return starts
+
+
+def _text_starts(bpe: ByteLevelBPE, data: bytes) -> np.ndarray:
+    """Token starts (byte offsets) of one text: its valid UTF-8 stretches through the tokenizer,
+    each invalid byte alone, a stretch the normalizer changed by the space rule."""
+    found, offset, view = [], 0, memoryview(data)
+    while offset < len(data):
+        try:  # a view, not a slice: each try reads only up to the next invalid byte
+            codecs.utf_8_decode(view[offset:], "strict", True)
+            end = len(data)
+        except UnicodeDecodeError as exc:
+            end = offset + exc.start
+        if end > offset:
+            piece = data[offset:end]
+            starts = bpe.token_starts(piece)
+            found.append(offset + (_space_starts(piece) if starts is None else starts))
+        if end < len(data):
+            found.append(np.array([end], dtype=np.int64))  # an invalid byte: a patch alone
+        offset = end + 1
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+
+def _space_starts(data: bytes) -> np.ndarray:
+    """Space-mode starts of one text on its own (its first byte starts a patch)."""
+    ids = np.frombuffer(data, dtype=np.uint8).astype(np.int64)[None] + OFFSET
+    starts = np.zeros(len(data), dtype=bool)
+    starts[0] = True
+    starts[1:] = space_like(ids)[0, :-1]
+    return np.flatnonzero(starts)
 
 
 def lengths_from_starts(starts: np.ndarray) -> np.ndarray:

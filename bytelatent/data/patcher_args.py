@@ -22,6 +22,12 @@ class PatchingMode(str, Enum):
     space = "space"
     static = "static"
     byte = "byte"
+    tokenizer = "tokenizer"  # a patch per token of a Hugging Face byte-level BPE (byteify)
+
+
+# Patch starts decided from the whole document (a token's start depends on the bytes after it):
+# training and scoring only, never generation or online patching (docs/byteify.md).
+OFFLINE_MODES = (PatchingMode.tokenizer,)
 
 
 MODEL_MODES = (PatchingMode.entropy, PatchingMode.bpe_patcher)
@@ -35,7 +41,14 @@ class PatcherArgs(BaseModel):
     patching_mode: PatchingMode = Field(
         PatchingMode.entropy,
         description="entropy (next-byte entropy vs threshold), space, bpe (BPE delimiters in the "
-        "tokens), bpe_patcher (a model predicts them), static (patch_size bytes), byte (1 byte)",
+        "tokens), bpe_patcher (a model predicts them), static (patch_size bytes), byte (1 byte), "
+        "tokenizer (a patch per token of tokenizer_path's byte-level BPE; training only)",
+    )
+    tokenizer_path: str | None = Field(
+        None,
+        description="tokenizer mode: a Hugging Face byte-level BPE, the folder holding "
+        "tokenizer.json or the file (byteify: the teacher's, e.g. hf/stdlib-teacher); other "
+        "modes ignore it",
     )
     patching_device: str = Field(
         "auto",
@@ -115,6 +128,11 @@ class PatcherArgs(BaseModel):
             raise ValueError(
                 "realtime_patching=true needs entropy_model_checkpoint_dir (a directory with "
                 "params.json and consolidated.pth)"
+            )
+        if mode == PatchingMode.tokenizer and not self.tokenizer_path:
+            raise ValueError(
+                "patching_mode=tokenizer needs tokenizer_path (a Hugging Face tokenizer folder "
+                "or its tokenizer.json)"
             )
         if self.monotonicity and self.threshold_add is not None:
             raise ValueError(

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
-from bytelatent.tokenizers.byte_level import byte_to_unicode
+from bytelatent.tokenizers.hf_bpe import token_boundaries
 
 N_BYTES = 256
 END = N_BYTES  # the class index of "the token ends here" (a token boundary follows)
@@ -164,15 +164,6 @@ def token_end_probs(
     return rows[last.to(rows.device), END]
 
 
-def token_boundaries(token_ids: Sequence[int], vocab: Sequence[bytes]) -> list[int]:
-    """The byte offset at which each token starts (the teacher tokenizer's patch boundaries)."""
-    starts, offset = [], 0
-    for token in token_ids:
-        starts.append(offset)
-        offset += len(vocab[int(token)])
-    return starts
-
-
 def boundary_mask(token_ids: Sequence[int], vocab: Sequence[bytes]) -> torch.Tensor:
     """Bool [n_bytes]: True at the first byte of each non-empty token (a patch starts there)."""
     n_bytes = sum(len(vocab[int(t)]) for t in token_ids)
@@ -180,29 +171,3 @@ def boundary_mask(token_ids: Sequence[int], vocab: Sequence[bytes]) -> torch.Ten
     starts = [s for s, t in zip(token_boundaries(token_ids, vocab), token_ids) if vocab[int(t)]]
     mask[torch.tensor(starts, dtype=torch.long)] = True
     return mask
-
-
-def byte_level_vocab(tokenizer) -> list[bytes]:
-    """A Hugging Face `tokenizers.Tokenizer`'s vocabulary as byte strings, by token id.
-
-    Only byte-level BPE (GPT-2 / Llama 3 style: each byte written as one printable character)
-    is supported; special tokens (added tokens) map to b"" (they stand for no text bytes).
-    """
-    from tokenizers import pre_tokenizers
-
-    table = {char: byte for byte, char in byte_to_unicode().items()}
-    special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
-    if not isinstance(tokenizer.pre_tokenizer, pre_tokenizers.ByteLevel):
-        raise ValueError(
-            "the teacher tokenizer is not byte-level BPE (pre_tokenizer "
-            f"{type(tokenizer.pre_tokenizer).__name__}); only byte-level vocabularies are supported"
-        )
-    vocab = [b""] * tokenizer.get_vocab_size(with_added_tokens=True)
-    for token, index in tokenizer.get_vocab(with_added_tokens=True).items():
-        if token in special:
-            continue
-        try:
-            vocab[index] = bytes(table[char] for char in token)
-        except KeyError:
-            raise ValueError(f"token {token!r} (id {index}) is not a byte-level token") from None
-    return vocab

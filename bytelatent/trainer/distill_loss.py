@@ -30,7 +30,8 @@ import torch
 from bytelatent.errors import ConfigError
 from bytelatent.model.spec import AuxLoss
 from bytelatent.tokenizers.constants import OFFSET
-from bytelatent.trainer.distill import END, N_BYTES, TokenByteTrie, byte_level_vocab
+from bytelatent.tokenizers.hf_bpe import byte_level_vocab
+from bytelatent.trainer.distill import END, N_BYTES, TokenByteTrie
 from bytelatent.trainer.distill_args import DistillArgs
 
 logger = logging.getLogger("bytelatent")

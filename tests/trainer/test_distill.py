@@ -8,13 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bytelatent.tokenizers.hf_bpe import byte_level_vocab, token_boundaries
 from bytelatent.trainer.distill import (
     END,
     N_CLASSES,
     TokenByteTrie,
     boundary_mask,
-    byte_level_vocab,
-    token_boundaries,
     token_end_probs,
 )
 from tests.extras import lazy_extra

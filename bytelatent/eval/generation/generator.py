@@ -21,6 +21,7 @@ from bytelatent.checkpoint.pretrained import load_any_checkpoint, load_entropy_c
 from bytelatent.data.patcher import PatcherArgs, PatchingMode
 from bytelatent.errors import CheckpointError, ConfigError, DataError
 from bytelatent.eval.generation.engines import CachedEngine, RecomputeEngine, model_spec
+from bytelatent.eval.generation.patching import refuse_offline_patching
 from bytelatent.eval.generation.sampling import GenerationArgs, sample_rows
 from bytelatent.eval.generation.speculative import SpeculativeEngine, SpeculativeStats
 from bytelatent.model.registry import arch_name_from_params, get_arch
@@ -89,6 +90,7 @@ class Generator:
         if self.is_blt:
             if patcher_args is None:
                 raise ConfigError("a BLT needs patcher settings (data.patcher_args)")
+            refuse_offline_patching(patcher_args)
             if patcher_args.patching_mode in (PatchingMode.entropy, PatchingMode.bpe_patcher) and (
                 entropy_model is None
             ):

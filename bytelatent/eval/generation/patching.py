@@ -27,6 +27,7 @@ from bytelatent.data.patch_rules import (
     space_patch_starts,
 )
 from bytelatent.data.patcher import Patcher, PatcherArgs, PatchingMode
+from bytelatent.data.patcher_args import OFFLINE_MODES
 from bytelatent.errors import ConfigError
 from bytelatent.model.patch_lengths import first_token_alone
 
@@ -44,10 +45,22 @@ def blt_patch_lengths(
     return first_token_alone(lengths)
 
 
+def refuse_offline_patching(args: PatcherArgs) -> None:
+    """A mode whose starts depend on the bytes after them (`OFFLINE_MODES`: tokenizer) cannot
+    patch what is generated, nor score a continuation without seeing it: one config line."""
+    if args.patching_mode in OFFLINE_MODES:
+        raise ConfigError(
+            f"patching_mode={args.patching_mode.value} cannot generate or score: a patch start "
+            "depends on the bytes after it (where the tokenizer cuts), which generation does not "
+            "have; override the patcher with a causal rule, e.g. patcher.patching_mode=space"
+        )
+
+
 class OnlinePatcher:
     """Decides whether each new position starts a patch (``PatcherArgs`` semantics)."""
 
     def __init__(self, args: PatcherArgs) -> None:
+        refuse_offline_patching(args)
         mode = args.patching_mode
         if mode == PatchingMode.bpe_patcher:
             raise ConfigError(
