@@ -18,6 +18,9 @@ VARIANTS = {  # label: (stage 1 run, stage 2 run or None)
     "byteify + distill": ("byteify_stage1", "byteify_stage2"),
     "byteify, no distill": ("byteify_nodistill_stage1", "byteify_nodistill_stage2"),
     "BLT from scratch": ("byteify_scratch", None),
+    # patching_mode=tokenizer (the teacher's token starts): configs/byteify_distill_stage*_tok.yaml
+    "byteify + distill, token patches": ("byteify_stage1_tok", "byteify_stage2_tok"),
+    "BLT from scratch, token patches": ("byteify_scratch_tok", None),
 }
 
 
@@ -85,8 +88,11 @@ def main() -> None:
 
         fig, (train_ax, val_ax) = plt.subplots(1, 2, figsize=(11, 4))
         for label, (xs, ys) in curves.items():
-            train_ax.plot(xs, ys, label=label)
-            val_ax.plot(*zip(*vals[label]), marker="o", label=label)
+            if not xs:
+                continue  # a variant whose runs are not there
+            style = "--" if "token patches" in label else "-"
+            train_ax.plot(xs, ys, style, label=label)
+            val_ax.plot(*zip(*vals[label]), style, marker="o", label=label)
         for ax in (train_ax, val_ax):
             ax.axhline(teacher["val_bpb"], color="k", ls="--", label="teacher (validation)")
             ax.set_xlabel("training bytes")

@@ -79,6 +79,9 @@ def test_each_early_mistake_is_one_line_exit_2_without_torch_or_files(
                         f"model.global_init.path {tmp_path}/llama: no such folder"),
         "global_init_no_config": ([f"model.global_init.path={no_llama}"], {},
                                   f"{no_llama}/config.json: missing"),
+        "tokenizer_patching": (["data.patcher_args.patching_mode=tokenizer",
+                                f"data.patcher_args.tokenizer_path={no_llama}"], {},
+                               f"tokenizer_path={no_llama}: no tokenizer.json there"),
     }  # fmt: skip
     commands = [
         ([*base, f"dump_dir={tmp_path}/{name}", *argv], env)
