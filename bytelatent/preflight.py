@@ -23,7 +23,7 @@ from bytelatent.data.elastic import check_layout, packing_base
 from bytelatent.data.iterators.streams import StreamsIteratorState
 from bytelatent.data.patcher_args import PatchingMode
 from bytelatent.distributed.world import launch_ranks, resolve_layout
-from bytelatent.errors import CheckpointError, DataError
+from bytelatent.errors import CheckpointError, ConfigError, DataError
 from bytelatent.eval.val_sources import resolve_validation_sources
 from bytelatent.tokenizers.hf_bpe import load_byte_level_bpe
 from bytelatent.trainer.resume_config import (
@@ -54,6 +54,13 @@ def preflight(args: TrainArgs) -> None:
         args.data.files_of(source)
     patcher = args.data.patcher_args
     if args.data.add_patches and patcher.patching_mode == PatchingMode.tokenizer:
+        online = sorted(set(args.eval.tasks) & {"generation", "harness"})
+        if online:
+            raise ConfigError(
+                f"eval.tasks={online}: patching_mode=tokenizer cannot generate or score (a patch "
+                "start depends on the bytes after it); evaluate with the bpb task, or run those "
+                "tasks on the checkpoint with a causal patcher (patcher.patching_mode=space)"
+            )
         load_byte_level_bpe(patcher.tokenizer_path)  # what each data-loader worker loads
     if args.eval.enabled:
         resolve_validation_sources(args.eval, args.data)

@@ -82,6 +82,10 @@ def test_each_early_mistake_is_one_line_exit_2_without_torch_or_files(
         "tokenizer_patching": (["data.patcher_args.patching_mode=tokenizer",
                                 f"data.patcher_args.tokenizer_path={no_llama}"], {},
                                f"tokenizer_path={no_llama}: no tokenizer.json there"),
+        "tokenizer_generation": (["data.patcher_args.patching_mode=tokenizer",
+                                  f"data.patcher_args.tokenizer_path={no_llama}",
+                                  "eval.tasks=[bpb,generation]"], {},
+                                 "patching_mode=tokenizer cannot generate or score"),
     }  # fmt: skip
     commands = [
         ([*base, f"dump_dir={tmp_path}/{name}", *argv], env)
