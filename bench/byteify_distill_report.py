@@ -20,6 +20,10 @@ VARIANTS = {  # label: (stage 1 run, stage 2 run or None)
     "BLT from scratch": ("byteify_scratch", None),
     # patching_mode=tokenizer (the teacher's token starts): configs/byteify_distill_stage*_tok.yaml
     "byteify + distill, token patches": ("byteify_stage1_tok", "byteify_stage2_tok"),
+    "byteify, no distill, token patches": (
+        "byteify_nodistill_stage1_tok",
+        "byteify_nodistill_stage2_tok",
+    ),
     "BLT from scratch, token patches": ("byteify_scratch_tok", None),
 }
 
