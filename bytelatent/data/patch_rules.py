@@ -1,8 +1,8 @@
 """The patching rules on numpy arrays, without torch (the rules themselves: patcher.py's docstring).
 
 Every rule that needs no model is here: where patches start in `space`, `bpe`, `tokenizer` and
-threshold `entropy` mode (entropies given), `static` and `byte` lengths, patch lengths from start masks,
-`max_patch_length` splitting. `Patcher` (patcher.py, torch) runs the models and the top-k entropy
+threshold `entropy` mode (entropies given), `static` and `byte` lengths, patch lengths from start
+masks, `max_patch_length` splitting. `Patcher` (patcher.py, torch) runs the models and the top-k entropy
 rule and hands their start masks to `patch_lengths`; a data-loader worker whose run needs neither
 (`PatcherArgs.needs_torch` false) patches each document here and never imports torch.
 """
