@@ -12,7 +12,9 @@ Every dynamic mode decides, for each position ``p``, whether a patch starts ther
   picks the ``N // patch_size - 2`` highest entropies);
 - ``space``: token ``p-1`` is the first of a run of space-like bytes, or a special token;
 - ``bpe``: token ``p-1`` is the BPE delimiter (id 3);
-- ``bpe_patcher``: a model run on tokens ``1..`` predicts the delimiter after token ``p-1``.
+- ``bpe_patcher``: a model run on tokens ``1..`` predicts the delimiter after token ``p-1``;
+- ``tokenizer``: a token of ``tokenizer_path``'s byte-level BPE starts at ``p`` (decided from the
+  whole document, bytes after ``p`` included: training and scoring only, never online).
 
 ``static`` cuts patches of ``patch_size``; ``byte`` makes every token a patch. ``max_patch_length``
 then splits longer patches. Everything is vectorised over the batch, and entropies from an
