@@ -66,6 +66,19 @@ def preflight(args: TrainArgs) -> None:
         resolve_validation_sources(args.eval, args.data)
 
 
+def offline_patching_warning(args: TrainArgs) -> str | None:
+    """The line a run whose patches are decided from the whole document gets in train.log: its
+    val/bpb sees where the tokenizer cuts (bytes after each start), so it is not a causal score."""
+    patcher = args.data.patcher_args
+    if not (args.data.add_patches and patcher.patching_mode == PatchingMode.tokenizer):
+        return None
+    return (
+        "patching_mode=tokenizer: bpb is conditional on the tokenizer's boundaries, which see the "
+        "bytes after each patch start (not a causal score): compare it only with runs patched the "
+        "same way; bench/byteify_causal_eval.py rescores a checkpoint causally (docs/byteify.md)"
+    )
+
+
 def resume_folder(args: TrainArgs) -> str | None:
     """The step folder a resume would load first (`checkpoint.load_path`, else the newest
     complete save); None for a fresh start."""

@@ -22,7 +22,7 @@ from bytelatent.config.help import (
 )
 from bytelatent.data.worker_server import start_early
 from bytelatent.errors import FILE_ONLY, UserError
-from bytelatent.preflight import preflight
+from bytelatent.preflight import offline_patching_warning, preflight
 
 USAGE = "usage: python -m bytelatent.train config=FILE.yaml [key=value ...]   (--help for more)"
 
@@ -162,6 +162,8 @@ def run(args: TrainArgs) -> int:
             setup_logging(args.dump_dir, env.rank)
             if check.changes and env.rank == 0:
                 logger.warning(changes_line(check))
+            if env.rank == 0 and (line := offline_patching_warning(args)):
+                logger.warning(line)
             trainer = Trainer(args, env)  # takes `preemption`, the process's flag
             trainer.train()
             raise_log_file_error()  # train.log failed on the last lines (a full disk)

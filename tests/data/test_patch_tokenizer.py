@@ -181,3 +181,21 @@ def test_data_loader_rows_carry_the_token_patches(tmp_path, bpe_dir):
             inside = {int(s) for s in starts if 2 <= s <= n}
             assert inside == {s - position for s in stream_starts if 2 <= s - position <= n}
             position += n
+
+
+def test_a_token_patched_run_is_told_its_bpb_is_not_causal(bpe_dir):
+    """train.log gets one warning line for tokenizer patching (its bpb sees the boundaries), none
+    for a causal mode."""
+    from bytelatent.args import TrainArgs
+    from bytelatent.config import parse_args
+    from bytelatent.preflight import offline_patching_warning
+
+    base = ["config=configs/debug.yaml"]
+    token = [
+        *base,
+        "data.patcher_args.patching_mode=tokenizer",
+        f"data.patcher_args.tokenizer_path={bpe_dir}",
+    ]
+    line = offline_patching_warning(parse_args(TrainArgs, token))
+    assert line is not None and "not a causal score" in line and "\n" not in line
+    assert offline_patching_warning(parse_args(TrainArgs, base)) is None
