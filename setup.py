@@ -23,6 +23,7 @@ HF = ["transformers==4.57.6", "tokenizers==0.22.2", "safetensors==0.8.0", *HUB]
 EVAL = ["lm_eval==0.4.13", "datasets==5.0.1", "evaluate==0.4.5", "tqdm>=4.60", *HUB]
 S3 = ["s3fs==2026.6.0", "aiobotocore==3.10.0"]  # s3fs pins fsspec (datasets caps it at 2026.6.0)
 WANDB = ["wandb==0.31.0"]
+RUFF = "ruff==0.8.6"  # the linter and formatter ruff.toml is written for
 PLOT = ["matplotlib==3.11.2"]
 
 EXTRAS = {
@@ -35,6 +36,7 @@ EXTRAS = {
         "botocore==1.43.117",
         "sentencepiece==0.2.3",
         "tiktoken==0.14.0",
+        RUFF,  # tests/meta/test_lint.py: CI holds the code to ruff.toml
         *S3,
         *WANDB,
         *PLOT,
@@ -44,7 +46,7 @@ EXTRAS = {
     # Hugging Face interop (export-hf / import-hf, safetensors): transformers 4.57 has
     # BltForCausalLM and is the release the adapter is tested against (tests/interop).
     "hf": HF,
-    "dev": ["ruff==0.8.6"],
+    "dev": [],  # everything a contributor runs: the test extra (ruff included), added below
     "gpu": ["xformers"],
     "eval": EVAL,
     "s3": S3,

@@ -93,9 +93,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         prog="python -m apps.preprocess_entropies",
         description="Write Arrow shards of per-byte entropies for entropy patching.",
     )
-    parser.add_argument(
-        "--input", nargs="+", required=True, help="files, dirs or globs"
-    )
+    parser.add_argument("--input", nargs="+", required=True, help="files, dirs or globs")
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--entropy-model", required=True, help="checkpoint directory")
     parser.add_argument(
@@ -103,14 +101,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="transformer_100m",
         help="output subfolder; must match data.entropy_model_name (default as there)",
     )
-    parser.add_argument(
-        "--dataset", default=None, help="override the dataset folder name"
-    )
+    parser.add_argument("--dataset", default=None, help="override the dataset folder name")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    parser.add_argument(
-        "--batch-size", type=int, default=32, help="windows per forward"
-    )
+    parser.add_argument("--batch-size", type=int, default=32, help="windows per forward")
     parser.add_argument("--max-length", type=int, default=None, help="window length")
     parser.add_argument(
         "--docs-per-chunk",
@@ -151,10 +145,7 @@ def _rank_and_world(rank: int | None, world: int | None) -> tuple[int, int]:
 
 
 def _is_input_file(name: str) -> bool:
-    return (
-        name.endswith(INPUT_SUFFIXES)
-        or re.search(r"\.jsonl\.shard_\d+$", name) is not None
-    )
+    return name.endswith(INPUT_SUFFIXES) or re.search(r"\.jsonl\.shard_\d+$", name) is not None
 
 
 def discover_inputs(patterns: Sequence[str]) -> list[str]:
@@ -191,20 +182,14 @@ def dataset_name(path: str) -> str:
 
 
 def output_path(output_dir: str, dataset: str, model_name: str, path: str) -> str:
-    return posixpath.join(
-        output_dir.rstrip("/"), dataset, model_name, input_name(path) + ".arrow"
-    )
+    return posixpath.join(output_dir.rstrip("/"), dataset, model_name, input_name(path) + ".arrow")
 
 
 def _document(row: dict, where: str, fallback_id: str) -> Document:
     text = next((row[key] for key in TEXT_KEYS if key in row), None)
     if not isinstance(text, str):
-        raise DataError(
-            f"{where}: no string 'text' or 'content' field (keys: {sorted(row)[:8]})"
-        )
-    sample_id = next(
-        (row[key] for key in SAMPLE_ID_KEYS if row.get(key) is not None), fallback_id
-    )
+        raise DataError(f"{where}: no string 'text' or 'content' field (keys: {sorted(row)[:8]})")
+    sample_id = next((row[key] for key in SAMPLE_ID_KEYS if row.get(key) is not None), fallback_id)
     return Document(sample_id=str(sample_id), text=text)
 
 
@@ -220,9 +205,7 @@ def read_jsonl(path: str) -> Iterator[Document]:
             except json.JSONDecodeError as exc:
                 raise DataError(f"{where}: invalid JSON ({exc.msg})") from None
             if not isinstance(row, dict):
-                raise DataError(
-                    f"{where}: expected a JSON object, got {type(row).__name__}"
-                )
+                raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
             yield _document(row, where, f"{name}:{line_number}")
 
 
@@ -237,16 +220,12 @@ def read_arrow(path: str) -> Iterator[Document]:
             try:
                 batches = iter(pa.ipc.open_stream(handle))
             except pa.ArrowInvalid as exc:
-                raise DataError(
-                    f"{path}: not an Arrow IPC file or stream ({exc})"
-                ) from None
+                raise DataError(f"{path}: not an Arrow IPC file or stream ({exc})") from None
         row_number = 0
         for batch in batches:
             for row in batch.to_pylist():
                 row_number += 1
-                yield _document(
-                    row, f"{path}: row {row_number}", f"{name}:{row_number}"
-                )
+                yield _document(row, f"{path}: row {row_number}", f"{name}:{row_number}")
 
 
 def read_with_loader(path: str) -> Iterator[Document]:
@@ -288,9 +267,7 @@ def entropies_batch(
     flat = np.concatenate([v.numpy() for v in values]).astype(np.float16)
     offsets = np.zeros(len(values) + 1, dtype=np.int32)
     np.cumsum([v.numel() for v in values], out=offsets[1:])
-    entropies = pa.ListArray.from_arrays(
-        pa.array(offsets), pa.array(flat, type=pa.float16())
-    )
+    entropies = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=pa.float16()))
     return pa.RecordBatch.from_arrays(
         [
             pa.array([doc.sample_id for doc in docs], type=pa.string()),
@@ -323,9 +300,7 @@ def process_shard(
             pa.ipc.new_file(handle, SCHEMA) as writer,
         ):
             for chunk in _chunks(read_documents(path), args.docs_per_chunk):
-                batch = entropies_batch(
-                    chunk, model, tokenizer, args.batch_size, args.max_length
-                )
+                batch = entropies_batch(chunk, model, tokenizer, args.batch_size, args.max_length)
                 writer.write_batch(batch)
                 n_docs += len(chunk)
                 progress.update(len(chunk))
@@ -369,9 +344,7 @@ def run(args: argparse.Namespace) -> dict[str, int]:
     counts = {"written": 0, "skipped": skipped, "documents": 0}
     if not todo:
         return counts
-    model = load_entropy_model(
-        args.entropy_model, _model_device(args.device), DTYPES[args.dtype]
-    )
+    model = load_entropy_model(args.entropy_model, _model_device(args.device), DTYPES[args.dtype])
     logger.info(
         "entropy model on %s, window %d tokens",
         next(model.parameters()).device,

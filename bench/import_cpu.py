@@ -27,9 +27,11 @@ KINDS = {
 
 
 def cpu_of(tree: str, modules: list[str]) -> float:
-    code = "import importlib, os\n" + "".join(
-        f"importlib.import_module({m!r})\n" for m in modules
-    ) + "os._exit(0)\n"
+    code = (
+        "import importlib, os\n"
+        + "".join(f"importlib.import_module({m!r})\n" for m in modules)
+        + "os._exit(0)\n"
+    )
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree), OMP_NUM_THREADS="1")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=tree)
@@ -44,7 +46,7 @@ def main() -> None:
     args = p.parse_args()
     trees = dict(t.split("=", 1) for t in args.tree)
     samples = {(kind, name): [] for kind in KINDS for name in trees}
-    for kind, modules in KINDS.items():  # warm-up: page cache, .pyc files
+    for modules in KINDS.values():  # warm-up: page cache, .pyc files
         for tree in trees.values():
             cpu_of(tree, modules)
     for _ in range(args.rounds):

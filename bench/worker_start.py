@@ -73,7 +73,9 @@ def main() -> None:
             samples[model, name].append(run_once(trees[name], model, args.data))
     print(f"load average (1 min) before {load_before:.2f}, after {os.getloadavg()[0]:.2f}; "
           f"{args.rounds} rounds\n")  # fmt: skip
-    print("| model | tree | median wall (s) | median first-batch wait (s) | median machine CPU (s) |")
+    print(
+        "| model | tree | median wall (s) | median first-batch wait (s) | median machine CPU (s) |"
+    )
     print("|---|---|---|---|---|")
     for model, name in rows:
         walls, waits, cpus = zip(*samples[model, name])

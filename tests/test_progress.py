@@ -32,7 +32,9 @@ def test_bar_when_on_and_one_start_line_when_auto_off_a_terminal(monkeypatch):
     assert err.getvalue() == "counting: started\n"  # quick work: no bar, no more lines
     err.truncate(0)
     err.seek(0)
-    with Progress("evaluating", mode="lines") as bar:  # library callers (in-loop eval): no start line
+    with Progress(
+        "evaluating", mode="lines"
+    ) as bar:  # library callers (in-loop eval): no start line
         bar.update(4)
     assert err.getvalue() == ""
     with Progress("counting", total=4, unit="doc", mode="on") as bar:

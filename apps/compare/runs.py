@@ -90,7 +90,7 @@ def make_job(out_dir: str, sized, lr: float, seed: int, tag: str = "") -> Job:
     initialisation's (`model.seed`, which the top-level seed does not set)."""
     size = sized.size.replace("=", "-") or "as-configured"
     dump_dir = Path(out_dir) / "runs" / sized.name / size / f"lr{lr:g}_seed{seed}{tag}"
-    seeds = [f"seed={seed}", "model.seed=%d" % seed]
+    seeds = [f"seed={seed}", f"model.seed={seed}"]
     full = [*sized.argv, f"dump_dir={dump_dir}", *seeds, f"optim.lr={lr!r}"]
     return Job(sized.name, lr, seed, dump_dir, full)
 

@@ -38,9 +38,7 @@ CONSOLIDATE_FOLDER = "consolidated"
 
 
 def _step_folders(fs: Any, path: str) -> list[str]:
-    return [
-        name for name in cfs.listdir(fs, path) if len(name) == 10 and name.isdigit()
-    ]
+    return [name for name in cfs.listdir(fs, path) if len(name) == 10 and name.isdigit()]
 
 
 def require_dcp_dir(path: str, s3_profile: str | None = None) -> None:
@@ -201,9 +199,7 @@ def consolidate(
             out_fs, cfs.join(out_dir, PARAMS_FILE), cfs.read_text(in_fs, params_path)
         )
     else:
-        logger.warning(
-            "%s: no %s; writing %s without it", ckpt_dir, PARAMS_FILE, CONSOLIDATED_FILE
-        )
+        logger.warning("%s: no %s; writing %s without it", ckpt_dir, PARAMS_FILE, CONSOLIDATED_FILE)
     if format == "safetensors":
         data = safetensors_bytes(state["model"])
         cfs.write_bytes_atomic(out_fs, cfs.join(out_dir, CONSOLIDATED_SAFETENSORS), data)
@@ -211,9 +207,7 @@ def consolidate(
         payload = {key: state[key] for key in sorted(keys)}
         with cfs.open_atomic_write(out_fs, cfs.join(out_dir, CONSOLIDATED_FILE)) as f:
             torch.save(payload, f)
-    n_params = sum(
-        t.numel() for t in state["model"].values() if isinstance(t, torch.Tensor)
-    )
+    n_params = sum(t.numel() for t in state["model"].values() if isinstance(t, torch.Tensor))
     logger.info(
         "consolidated %s -> %s (%d tensors, %d values)",
         ckpt_dir,
@@ -248,7 +242,9 @@ def safetensors_bytes(model_state: dict[str, Any]) -> bytes:
     tensors: dict[str, torch.Tensor] = {}
     for name, tensor in model_state.items():
         if not isinstance(tensor, torch.Tensor):
-            raise CheckpointError(f"model entry {name}: not a tensor; cannot store it as safetensors")
+            raise CheckpointError(
+                f"model entry {name}: not a tensor; cannot store it as safetensors"
+            )
         tensor = tensor.detach().to("cpu").contiguous()
         if tensor.untyped_storage().data_ptr() in seen:
             tensor = tensor.clone()  # safetensors refuses shared storage

@@ -30,9 +30,7 @@ def storage_options(path: str, s3_profile: str | None = None) -> dict[str, Any]:
     # botocore reads AWS_ENDPOINT_URL itself on recent versions; passing it explicitly keeps older
     # botocore builds (and aiobotocore wrappers) pointed at the same endpoint. No region_name here:
     # it makes bucket creation send a LocationConstraint that some S3 servers reject.
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
-        "AWS_ENDPOINT_URL"
-    )
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
         options["client_kwargs"] = {"endpoint_url": endpoint}
     return options
@@ -70,9 +68,7 @@ def listdir(fs: AbstractFileSystem, path: str) -> list[str]:
         entries = fs.ls(path, detail=False)
     except FileNotFoundError:
         return []
-    return sorted(
-        {str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in entries} - {""}
-    )
+    return sorted({str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in entries} - {""})
 
 
 def isdir(fs: AbstractFileSystem, path: str) -> bool:

@@ -210,7 +210,9 @@ def require_loadable(
         # Not written by our trainer (or before markers existed): nothing to check it against.
         problems = [p for p in problems if "partial save" not in p]
         if not problems:
-            logger.warning("%s: no %s nor %s; loading it unverified", folder, MARKER_FILE, MANIFEST_FILE)
+            logger.warning(
+                "%s: no %s nor %s; loading it unverified", folder, MARKER_FILE, MANIFEST_FILE
+            )
             return report
     if problems:
         more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""

@@ -145,7 +145,7 @@ def render_script(args: SlurmArgs, train_argv: list[str], job_name: str, log_dir
         # Rank 0 writes the job id here on preemption; the requeue waits until torchrun has
         # exited, because it SIGTERMs the whole job (a live torchrun agent would print a
         # SignalException traceback).
-        f"export {REQUEUE_FILE_ENV}={shlex.quote(log_dir)}/requeue.\"$SLURM_JOB_ID\"",
+        f'export {REQUEUE_FILE_ENV}={shlex.quote(log_dir)}/requeue."$SLURM_JOB_ID"',
         f'rm -f "${REQUEUE_FILE_ENV}"',
         f"{command} &",
         "child=$!",

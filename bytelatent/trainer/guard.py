@@ -112,7 +112,9 @@ class NonFiniteGuard:
         what = "final checkpoint" if final else "checkpoint"
         ending = "; the run ends without its final checkpoint" if final else ""
         if weights_bad:
-            logger.error("step %d: not saving a %s: some weights are non-finite%s", step, what, ending)
+            logger.error(
+                "step %d: not saving a %s: some weights are non-finite%s", step, what, ending
+            )
         elif streak_bad:
             (logger.error if final else logger.warning)(
                 "step %d: not saving a %s: the last %d update(s) were skipped (non-finite "

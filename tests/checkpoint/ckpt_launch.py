@@ -32,9 +32,7 @@ def worker_env(rank: int, world: int, port: int) -> dict[str, str]:
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
         OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join(
-            filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])
-        ),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])),
     )
     return env
 
@@ -70,7 +68,5 @@ def run_ranks(world: int, *args: str, timeout: float = hang_limit(120)) -> None:
     bad = [(rank, rc, out) for rank, (rc, out) in enumerate(outputs) if rc != 0]
     if bad:
         # Show every failing rank: the first real error is often on the rank that did not fail first.
-        report = "\n".join(
-            f"--- rank {r} exited {rc}:\n{out[-3000:]}" for r, rc, out in bad
-        )
+        report = "\n".join(f"--- rank {r} exited {rc}:\n{out[-3000:]}" for r, rc, out in bad)
         pytest.fail(f"worker {args} failed:\n{report}")

@@ -167,12 +167,8 @@ def test_lists_replace_and_null_replaces_dict(tmp_path: Path):
 
 
 def test_data_sources_taken_whole_from_last_definition(tmp_path: Path):
-    base = write(
-        tmp_path / "base.yaml", "data:\n  root_dir: /d\n  sources: {a: 1.0, b: 2.0}\n"
-    )
-    child = write(
-        tmp_path / "child.yaml", f"config: {base}\ndata:\n  sources: {{c: 0.5}}\n"
-    )
+    base = write(tmp_path / "base.yaml", "data:\n  root_dir: /d\n  sources: {a: 1.0, b: 2.0}\n")
+    child = write(tmp_path / "child.yaml", f"config: {base}\ndata:\n  sources: {{c: 0.5}}\n")
     assert load_config_tree([f"config={child}"])["data"] == {
         "root_dir": "/d",
         "sources": {"c": 0.5},
@@ -187,13 +183,9 @@ def test_data_sources_taken_whole_from_last_definition(tmp_path: Path):
 
 def test_missing_value_error_names_nested_key(tmp_path: Path):
     path = write(tmp_path / "m.yaml", "data:\n  root_dir: ???\n")
-    with pytest.raises(
-        ConfigError, match=r"^data.root_dir: mandatory value \(\?\?\?\) not set"
-    ):
+    with pytest.raises(ConfigError, match=r"^data.root_dir: mandatory value \(\?\?\?\) not set"):
         load_config_tree([f"config={path}"])
-    assert load_config_tree([f"config={path}", "data.root_dir=/x"]) == {
-        "data": {"root_dir": "/x"}
-    }
+    assert load_config_tree([f"config={path}", "data.root_dir=/x"]) == {"data": {"root_dir": "/x"}}
 
 
 def test_missing_marker_does_not_erase_earlier_value(tmp_path: Path):
@@ -251,9 +243,7 @@ def test_missing_file_names_the_file(tmp_path: Path):
 def test_include_cycle_detected(tmp_path: Path):
     write(tmp_path / "a.yaml", "config: b.yaml\n")
     write(tmp_path / "b.yaml", "config: a.yaml\n")
-    with pytest.raises(
-        ConfigError, match=r"include cycle: .*a.yaml -> .*b.yaml -> .*a.yaml"
-    ):
+    with pytest.raises(ConfigError, match=r"include cycle: .*a.yaml -> .*b.yaml -> .*a.yaml"):
         load_config_tree([f"config={tmp_path / 'a.yaml'}"])
     # A diamond (same file reached twice, no cycle) is fine.
     write(tmp_path / "base.yaml", "x: 1\n")
@@ -289,10 +279,7 @@ def test_model_null_from_cli():
 def test_unknown_key_suggestion_at_nested_depth():
     with pytest.raises(ConfigError) as err:
         parse_args(TrainArgs, ["model.cross_atn_k=3"])
-    assert (
-        str(err.value)
-        == "model.cross_atn_k: unknown key (did you mean model.cross_attn_k?)"
-    )
+    assert str(err.value) == "model.cross_atn_k: unknown key (did you mean model.cross_attn_k?)"
     with pytest.raises(ConfigError) as err:
         parse_args(TrainArgs, ["data.patcher_args.patching_mde=space"])
     assert str(err.value) == (
@@ -364,19 +351,13 @@ def test_union_tags_are_stripped_from_keys():
     assert str(err.value) == "either.meowz: unknown key (did you mean either.meows?)"
     with pytest.raises(ConfigError) as err:
         parse_args(Zoo, ["num_or_word=abc"])
-    assert str(err.value).startswith(
-        "num_or_word: 'abc' matches none of the allowed types"
-    )
+    assert str(err.value).startswith("num_or_word: 'abc' matches none of the allowed types")
 
 
 def test_dump_yaml_round_trips(tmp_path: Path):
-    args = parse_args(
-        TrainArgs, ["data.sources={a.jsonl: 0.5}", "optim.lr=2e-5", "name=x"]
-    )
+    args = parse_args(TrainArgs, ["data.sources={a.jsonl: 0.5}", "optim.lr=2e-5", "name=x"])
     text = dump_yaml(args)
-    assert (
-        text.index("name:") < text.index("seed:") < text.index("data:")
-    )  # field order
+    assert text.index("name:") < text.index("seed:") < text.index("data:")  # field order
     path = write(tmp_path / "dump.yaml", text)
     assert parse_args(TrainArgs, [f"config={path}"]) == args
 

@@ -14,9 +14,7 @@ from bytelatent.errors import ConfigError, DataError
 from tests.paths import CONFORMANCE, require_conformance
 
 CASES_PATH = CONFORMANCE / "cases.pt"
-DAENERYS = (
-    "Daenerys Targaryen is in Game of Thrones, a fantasy epic by George R.R. Martin."
-)
+DAENERYS = "Daenerys Targaryen is in Game of Thrones, a fantasy epic by George R.R. Martin."
 
 
 def blt_tokens(text: str) -> list[int]:
@@ -58,9 +56,7 @@ def test_reference_patcher_outputs(key: str) -> None:
         entropies = torch.tensor([case["entropies"]])
         args = PatcherArgs(**fields)
         if threshold_scale is not None:
-            args = args.model_copy(
-                update={"threshold": case["threshold"] * threshold_scale}
-            )
+            args = args.model_copy(update={"threshold": case["threshold"] * threshold_scale})
         lengths, scores = Patcher(args).patch(
             tokens, include_next_token=include_next, entropies=entropies
         )
@@ -93,14 +89,10 @@ def test_conformance_cases_batched_and_padded() -> None:
         tokens[row, : len(case["input_ids"])] = torch.tensor(case["input_ids"])
         entropies[row, : len(case["entropies"])] = torch.tensor(case["entropies"])
     threshold = cases[0]["threshold"]
-    lengths, _ = (
-        Patcher(PatcherArgs(threshold=threshold)).patch(tokens, entropies=entropies)
-    )
+    lengths, _ = Patcher(PatcherArgs(threshold=threshold)).patch(tokens, entropies=entropies)
     for row, case in enumerate(cases):
         n = len(case["input_ids"])
-        expected = case["patcher_entropy"][:-1] + [
-            case["patcher_entropy"][-1] + width - n
-        ]
+        expected = case["patcher_entropy"][:-1] + [case["patcher_entropy"][-1] + width - n]
         got = [x for x in lengths[row].tolist() if x]
         assert got == expected
         assert lengths[row].tolist()[len(got) :] == [0] * (lengths.shape[1] - len(got))
@@ -188,9 +180,7 @@ def test_entropy_threshold_add_rule() -> None:
 
 def test_entropy_topk_rule_without_threshold() -> None:
     # N=12, patch_size=3 -> 12 // 3 - 2 = 2 extra starts after the two highest entropies
-    entropies = torch.tensor(
-        [[0.0, 0.1, 0.2, 4.0, 0.1, 0.0, 0.2, 3.0, 0.1, 0.0, 0.0, 9.0]]
-    )
+    entropies = torch.tensor([[0.0, 0.1, 0.2, 4.0, 0.1, 0.0, 0.2, 3.0, 0.1, 0.0, 0.0, 9.0]])
     tokens = torch.full((1, 12), 100)
     patcher = Patcher(PatcherArgs(threshold=None, patch_size=3))
     # H[11] would start position 12, outside the row: never picked without the next token
@@ -206,9 +196,7 @@ def test_space_mode_rules() -> None:
     got = patch_list(PatcherArgs(patching_mode="space"), tokens)
     # patches: BOS | "ab," | " c" C3 | A9 "d" EOS (a patch starts after ',' and after C3)
     assert got == [1, 3, 3, 3]
-    got_next = patch_list(
-        PatcherArgs(patching_mode="space"), tokens, include_next_token=True
-    )
+    got_next = patch_list(PatcherArgs(patching_mode="space"), tokens, include_next_token=True)
     assert got_next == [
         1,
         3,
@@ -263,9 +251,7 @@ def test_max_patch_length_splitting() -> None:
 def test_max_patch_length_with_entropy_mode() -> None:
     case = load_cases()[0]
     args = PatcherArgs(threshold=case["threshold"], max_patch_length=3)
-    got = patch_list(
-        args, case["input_ids"], entropies=torch.tensor([case["entropies"]])
-    )
+    got = patch_list(args, case["input_ids"], entropies=torch.tensor([case["entropies"]]))
     assert got == reference_split(case["patcher_entropy"], 3)
 
 
@@ -302,9 +288,7 @@ class CausalStandIn(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.emb(tokens)
-        shifted = [
-            torch.nn.functional.pad(h, (0, 0, k, 0))[:, : h.shape[1]] for k in range(3)
-        ]
+        shifted = [torch.nn.functional.pad(h, (0, 0, k, 0))[:, : h.shape[1]] for k in range(3)]
         return self.out(torch.cat(shifted, dim=-1)).float()
 
 
@@ -315,9 +299,7 @@ def test_batch_independence_with_model() -> None:
     rows[:, 0] = 1
     scores = Patcher(PatcherArgs(), entropy_model=model).patch(rows)[1]
     median = float(scores.median())  # a threshold that splits about half the positions
-    patcher = Patcher(PatcherArgs(threshold=median, patching_batch_size=3), 
-        entropy_model=model
-    )
+    patcher = Patcher(PatcherArgs(threshold=median, patching_batch_size=3), entropy_model=model)
     batch_lengths, batch_scores = patcher.patch(rows)
     for index in range(rows.shape[0]):
         alone, alone_scores = patcher.patch(rows[index : index + 1])
@@ -345,9 +327,7 @@ class DelimiterAfterSpace(nn.Module):
 
 
 def test_bpe_patcher_mode() -> None:
-    tokens = blt_tokens(
-        "ab cd ef gh ijklmnopqrs"
-    )  # longer than the model's window of 8
+    tokens = blt_tokens("ab cd ef gh ijklmnopqrs")  # longer than the model's window of 8
     args = PatcherArgs(patching_mode="bpe_patcher")
     patcher = Patcher(args, entropy_model=DelimiterAfterSpace())
     got = patcher.patch(torch.tensor([tokens]))[0][0].tolist()
@@ -357,13 +337,9 @@ def test_bpe_patcher_mode() -> None:
 
 
 def test_log_time_records() -> None:
-    patcher = Patcher(PatcherArgs(threshold=4.0, log_time=True), 
-        entropy_model=CausalStandIn()
-    )
+    patcher = Patcher(PatcherArgs(threshold=4.0, log_time=True), entropy_model=CausalStandIn())
     patcher.patch(torch.randint(4, 260, (2, 20)))
-    assert (
-        patcher.log["tokens"] == 40 and patcher.log["calculate_entropies_seconds"] > 0
-    )
+    assert patcher.log["tokens"] == 40 and patcher.log["calculate_entropies_seconds"] > 0
 
 
 # ---------------------------------------------------------------- errors

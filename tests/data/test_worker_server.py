@@ -30,7 +30,9 @@ def test_will_load_async(argv, expected):
 
 def run_python(code: str) -> str:
     """stdout of `python -c code` in a fresh interpreter (which must exit 0)."""
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=hang_limit(120))
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=hang_limit(120)
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     return res.stdout
 
@@ -135,6 +137,8 @@ def test_the_worker_does_not_rerun_the_trainers_main_module(tmp_path, corpus_roo
         "    loader.close()\n"
         "    print('libtorch' in maps)\n"
     )
-    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=hang_limit(120))
+    res = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=hang_limit(120)
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.split() == ["False"]

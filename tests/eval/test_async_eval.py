@@ -112,7 +112,9 @@ def test_kill_the_trainer_and_resume_no_eval_twice_none_lost(tmp_path, corpus_ro
     first.wait()
     # ...but the eval of step 20 dies too (as on a lost node): its lease is left stale
     os.kill(_lease_pid(dump, 20), signal.SIGKILL)
-    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=hang_limit(600))
+    res = subprocess.run(
+        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=hang_limit(600)
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "async eval of step 20 is owed: launching it" in res.stdout
     steps = sorted(r["global_step"] for r in async_lines(dump))

@@ -161,9 +161,13 @@ class SlurmCluster:
         run_dir.chmod(0o755)
         if not Path("/etc/munge/munge.key").exists():
             subprocess.run(
-                ["runuser", "-u", "munge", "--", "mungekey", "-c"], check=True, timeout=hang_limit(30)
+                ["runuser", "-u", "munge", "--", "mungekey", "-c"],
+                check=True,
+                timeout=hang_limit(30),
             )
-        subprocess.run(["runuser", "-u", "munge", "--", _sbin("munged")], check=True, timeout=hang_limit(30))
+        subprocess.run(
+            ["runuser", "-u", "munge", "--", _sbin("munged")], check=True, timeout=hang_limit(30)
+        )
         self.started_munge = True
         deadline = time.monotonic() + hang_limit(10)
         while not self._munge_ok():
@@ -212,7 +216,14 @@ class SlurmCluster:
     def stop(self) -> None:
         """Cancel jobs, stop the daemons and any job process left (munged stays: see _start_munge)."""
         if self.conf.exists():
-            self._run("scancel", "--full", "--signal=KILL", "--user=root", check=False, timeout=hang_limit(10))
+            self._run(
+                "scancel",
+                "--full",
+                "--signal=KILL",
+                "--user=root",
+                check=False,
+                timeout=hang_limit(10),
+            )
             self._run("scancel", "--user=root", check=False, timeout=hang_limit(10))
         for pattern in ("slurmd*.pid", "slurmctld.pid"):
             for pidfile in sorted((self.root / "run").glob(pattern)):
@@ -374,7 +385,9 @@ class NetnsSlurmCluster(SlurmCluster):
             command = (
                 ["ip", "netns", "del", name] if kind == "netns" else ["ip", "link", "del", name]
             )
-            subprocess.run(command, capture_output=True, timeout=hang_limit(30))  # a veth goes with its netns
+            subprocess.run(
+                command, capture_output=True, timeout=hang_limit(30)
+            )  # a veth goes with its netns
         self.made.clear()
 
 

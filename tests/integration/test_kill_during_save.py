@@ -59,8 +59,8 @@ def test_kill_during_save_resumes_from_previous(
     assert [r["global_step"] for r in records] == list(range(1, 21))
     assert max(killed_steps) >= 10, killed_steps
     for r in records:
-        assert r["loss"] == expected[r["global_step"]], (
-            f"step {r['global_step']}: {r['loss']} != {expected[r['global_step']]}"
-        )
+        assert (
+            r["loss"] == expected[r["global_step"]]
+        ), f"step {r['global_step']}: {r['loss']} != {expected[r['global_step']]}"
     final = checkpoint_steps(first.dump_dir)
     assert all(final[s] is not None for s in (5, 10, 15, 20)), final

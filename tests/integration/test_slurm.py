@@ -98,7 +98,9 @@ def preempt_requeue_resume(
             pytest.fail(f"job {job_id} ended {job.get('JobState')}\n{log.read_text()[-6000:]}")
         return job.get("JobState") == "COMPLETED"
 
-    wait_until(finished, f"job {job_id} to requeue and complete", cluster, log, timeout=hang_limit(300))
+    wait_until(
+        finished, f"job {job_id} to requeue and complete", cluster, log, timeout=hang_limit(300)
+    )
     job = cluster.job(job_id)
     text = log.read_text(errors="replace")
     assert job["Restarts"] == "1" and job["ExitCode"] == "0:0", (job, text[-4000:])

@@ -133,9 +133,11 @@ def test_requeue_under_the_batch_script_is_left_to_the_script(
     script = render_script(SlurmArgs(nproc_per_node=2), TRAIN_ARGV, "job", "/logs")
     lines = script.splitlines()
     requeue_at = next(i for i, line in enumerate(lines) if "scontrol requeue" in line)
-    assert requeue_at > lines.index('echo "bytelatent: training exited with status $status '
-                                    '(restart ${SLURM_RESTART_COUNT:-0})"')
-    assert "export BYTELATENT_REQUEUE_FILE=/logs/requeue.\"$SLURM_JOB_ID\"" in lines
+    assert requeue_at > lines.index(
+        'echo "bytelatent: training exited with status $status '
+        '(restart ${SLURM_RESTART_COUNT:-0})"'
+    )
+    assert 'export BYTELATENT_REQUEUE_FILE=/logs/requeue."$SLURM_JOB_ID"' in lines
 
 
 @pytest.mark.slow

@@ -16,7 +16,9 @@ def run_node(tmp_path, require: bool) -> subprocess.CompletedProcess:
     if require:
         env[REQUIRE_ENV] = "1"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", NODE]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=hang_limit(300))
+    return subprocess.run(
+        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=hang_limit(300)
+    )
 
 
 def test_missing_fixtures_skip_locally_and_fail_in_ci(tmp_path):

@@ -56,6 +56,10 @@ def test_every_extra_imports_in_one_process():
         "print('ok')"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=hang_limit(600)
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=hang_limit(600),
     )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]

@@ -40,7 +40,9 @@ def test_the_scan_finds_literal_limits():
         "def wait(timeout: float = 30):\nassert time.monotonic() - start < 60\n"
     )
     assert literal_limits(text) == ["300", "120", "240", "30", "60"]
-    scaled = "run(c, timeout=hang_limit(300))\nx = time.monotonic() + hang_limit(9)\nsock(timeout=0.5)"
+    scaled = (
+        "run(c, timeout=hang_limit(300))\nx = time.monotonic() + hang_limit(9)\nsock(timeout=0.5)"
+    )
     assert literal_limits(scaled) == []
 
 

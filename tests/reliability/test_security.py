@@ -48,7 +48,9 @@ def test_every_torch_load_uses_weights_only():
         f"{path}:{line}"
         for path, line, call in found
         if not any(
-            kw.arg == "weights_only" and isinstance(kw.value, ast.Constant) and kw.value.value is True
+            kw.arg == "weights_only"
+            and isinstance(kw.value, ast.Constant)
+            and kw.value.value is True
             for kw in call.keywords
         )
     ]
@@ -57,9 +59,9 @@ def test_every_torch_load_uses_weights_only():
     for path in _python_files():
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if "torch.load(" in line or "from torch import load" in line:
-                assert "weights_only=True" in line or line.strip().startswith("#"), (
-                    f"{path.relative_to(REPO)}:{number}: {line.strip()}"
-                )
+                assert "weights_only=True" in line or line.strip().startswith(
+                    "#"
+                ), f"{path.relative_to(REPO)}:{number}: {line.strip()}"
 
 
 def test_no_unsafe_yaml_or_pickle():
@@ -126,7 +128,12 @@ def test_dry_run_with_config_name_is_refused_in_one_line(tmp_path, capsys):
     tree["name"] = "a\ntouch PWNED"
     config = tmp_path / "evil.yaml"
     config.write_text(yaml.safe_dump(tree))
-    argv = ["--dry-run", f"--workdir={tmp_path}", f"config={config}", f"dump_dir={tmp_path / 'run'}"]
+    argv = [
+        "--dry-run",
+        f"--workdir={tmp_path}",
+        f"config={config}",
+        f"dump_dir={tmp_path / 'run'}",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("config error:") and err.count("\n") == 1

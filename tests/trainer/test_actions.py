@@ -40,8 +40,13 @@ def test_unknown_action_kind_is_a_config_error():
 def test_run_stops_early_saves_and_exits_zero(tmp_path, corpus_root):
     # bpb falls during training, so "max" never improves after the first log step: stop at step 3.
     dump = tmp_path / "run"
-    argv = [*TINY_ENTROPY, f"dump_dir={dump}", f"data.root_dir={corpus_root}", "steps=30",
-            "actions=[{kind: early_stop, metric: bpb, mode: max, patience: 2}]"]
+    argv = [
+        *TINY_ENTROPY,
+        f"dump_dir={dump}",
+        f"data.root_dir={corpus_root}",
+        "steps=30",
+        "actions=[{kind: early_stop, metric: bpb, mode: max, patience: 2}]",
+    ]
     res = run_cli("bytelatent.train", argv)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "early stop at step 3" in res.stdout
@@ -57,9 +62,14 @@ def test_early_stop_state_survives_a_resume_in_the_middle(tmp_path, corpus_root)
     # The first run ends at max_steps=2 (1 bad report saved); if the resume forgot it, step 3
     # would become the new best and the run would stop at 6 instead.
     dump = tmp_path / "run"
-    argv = [*TINY_ENTROPY, f"dump_dir={dump}", f"data.root_dir={corpus_root}", "steps=30",
-            "checkpoint.dump.every=0",
-            "actions=[{kind: early_stop, metric: bpb, mode: max, patience: 3}]"]
+    argv = [
+        *TINY_ENTROPY,
+        f"dump_dir={dump}",
+        f"data.root_dir={corpus_root}",
+        "steps=30",
+        "checkpoint.dump.every=0",
+        "actions=[{kind: early_stop, metric: bpb, mode: max, patience: 3}]",
+    ]
     first = run_cli("bytelatent.train", [*argv, "max_steps=2"])
     assert first.returncode == 0, first.stderr[-3000:]
     assert "early stop" not in first.stdout
@@ -68,5 +78,8 @@ def test_early_stop_state_survives_a_resume_in_the_middle(tmp_path, corpus_root)
     assert "resumed from" in second.stdout and "early stop at step 4" in second.stdout
     assert [r["global_step"] for r in metrics(dump)] == [1, 2, 3, 4]
     state = json.loads((dump / "checkpoints" / f"{4:010d}" / "train_state_00000.json").read_text())
-    assert state["actions"]["0:early_stop"] == {"best": metrics(dump)[0]["bpb"], "best_step": 1,
-                                                "bad_reports": 3}
+    assert state["actions"]["0:early_stop"] == {
+        "best": metrics(dump)[0]["bpb"],
+        "best_step": 1,
+        "bad_reports": 3,
+    }

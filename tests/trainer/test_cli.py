@@ -35,7 +35,9 @@ TINY_BLT = [
 ]
 
 
-def run_cli(module: str, args: list[str], timeout: float = hang_limit(300)) -> subprocess.CompletedProcess:
+def run_cli(
+    module: str, args: list[str], timeout: float = hang_limit(300)
+) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.run(
         [sys.executable, "-m", module, *args],
@@ -54,27 +56,49 @@ def metrics(dump_dir: Path) -> list[dict]:
 @pytest.mark.slow
 def test_entropy_model_trains_and_bpb_falls(tmp_path, corpus_root):
     dump = tmp_path / "run"
-    res = run_cli("bytelatent.train", [*TINY_ENTROPY, f"dump_dir={dump}", f"data.root_dir={corpus_root}", "steps=30"])
+    res = run_cli(
+        "bytelatent.train",
+        [*TINY_ENTROPY, f"dump_dir={dump}", f"data.root_dir={corpus_root}", "steps=30"],
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     rows = metrics(dump)
     assert [r["global_step"] for r in rows] == list(range(1, 31))
-    for key in ("loss", "bpb", "n_bytes", "lr", "grad_norm", "bytes_per_s", "step_time_s", "data_time_s", "peak_mem_gib"):
+    for key in (
+        "loss",
+        "bpb",
+        "n_bytes",
+        "lr",
+        "grad_norm",
+        "bytes_per_s",
+        "step_time_s",
+        "data_time_s",
+        "peak_mem_gib",
+    ):
         assert key in rows[0], key
     first, last = sum(r["bpb"] for r in rows[:5]) / 5, sum(r["bpb"] for r in rows[-5:]) / 5
     assert last < first - 0.5, (first, last)
     assert (dump / "config.yaml").exists() and (dump / "train.log").exists()
     assert (dump / "checkpoints" / f"{30:010d}" / ".complete").exists()
     # running the same command again finds the run complete, says so, and trains nothing more
-    res = run_cli("bytelatent.train", [*TINY_ENTROPY, f"dump_dir={dump}", f"data.root_dir={corpus_root}", "steps=30"])
+    res = run_cli(
+        "bytelatent.train",
+        [*TINY_ENTROPY, f"dump_dir={dump}", f"data.root_dir={corpus_root}", "steps=30"],
+    )
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.strip() == f"{dump} is complete at step 30 (steps=30); raise steps or use another dump_dir"
+    assert (
+        res.stdout.strip()
+        == f"{dump} is complete at step 30 (steps=30); raise steps or use another dump_dir"
+    )
     assert len(metrics(dump)) == 30
 
 
 @pytest.mark.slow
 def test_blt_trains_and_bpb_falls(tmp_path, corpus_root):
     dump = tmp_path / "run"
-    res = run_cli("bytelatent.train", [*TINY_BLT, f"dump_dir={dump}", f"data.root_dir={corpus_root}", "steps=25"])
+    res = run_cli(
+        "bytelatent.train",
+        [*TINY_BLT, f"dump_dir={dump}", f"data.root_dir={corpus_root}", "steps=25"],
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     rows = metrics(dump)
     first, last = sum(r["bpb"] for r in rows[:5]) / 5, sum(r["bpb"] for r in rows[-5:]) / 5
@@ -106,14 +130,21 @@ def test_model_dim_changes_what_is_built(monkeypatch):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("model.cross_atn_k=2", "config error: model.cross_atn_k: unknown key (did you mean model.cross_attn_k?)"),
+        (
+            "model.cross_atn_k=2",
+            "config error: model.cross_atn_k: unknown key (did you mean model.cross_attn_k?)",
+        ),
         ("optim.lr=fast", "config error: optim.lr:"),
         ("config=configs/does_not_exist.yaml", "config error:"),
         ("distributed.dp_shard=3", "config error: distributed:"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(tmp_path, override, message):
-    res = run_cli("bytelatent.train", ["config=configs/debug.yaml", f"dump_dir={tmp_path}", override], timeout=hang_limit(120))
+    res = run_cli(
+        "bytelatent.train",
+        ["config=configs/debug.yaml", f"dump_dir={tmp_path}", override],
+        timeout=hang_limit(120),
+    )
     assert res.returncode == 2, (res.stdout[-2000:], res.stderr[-2000:])
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(message), res.stderr
@@ -126,13 +157,19 @@ def test_missing_data_is_one_line_and_exit_2(tmp_path):
         timeout=hang_limit(120),
     )
     assert res.returncode == 2, res.stderr[-2000:]
-    assert res.stderr.strip().startswith("data error:") and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert (
+        res.stderr.strip().startswith("data error:") and len(res.stderr.strip().splitlines()) == 1
+    ), res.stderr
     # the default corpus is missing: the message names the command that builds it
     assert f"python -m bytelatent.data.prepare --out {tmp_path / 'nope' / 'stdlib'}" in res.stderr
 
 
 def test_print_config_resolves_overrides():
-    res = run_cli("bytelatent.print_config", ["config=configs/debug.yaml", "optim.lr=0.123", "model.dim=96"], timeout=hang_limit(120))
+    res = run_cli(
+        "bytelatent.print_config",
+        ["config=configs/debug.yaml", "optim.lr=0.123", "model.dim=96"],
+        timeout=hang_limit(120),
+    )
     assert res.returncode == 0, res.stderr
     assert "lr: 0.123" in res.stdout and "dim: 96" in res.stdout
 

@@ -36,7 +36,11 @@ def test_accumulation_equals_one_big_batch(tmp_path, corpus_root, monkeypatch):
     monkeypatch.chdir(REPO)
     rng = np.random.default_rng(0)
     b1, b2 = batch(rng, 2), batch(rng, 2)
-    merged = Batch(x=np.concatenate([b1.x, b2.x]), y=np.concatenate([b1.y, b2.y]), mask=np.concatenate([b1.mask, b2.mask]))
+    merged = Batch(
+        x=np.concatenate([b1.x, b2.x]),
+        y=np.concatenate([b1.y, b2.y]),
+        mask=np.concatenate([b1.mask, b2.mask]),
+    )
     split = make_trainer(tmp_path / "a", corpus_root, grad_acc=2)
     whole = make_trainer(tmp_path / "b", corpus_root, grad_acc=1)
     try:
