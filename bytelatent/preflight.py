@@ -72,6 +72,8 @@ def offline_patching_warning(args: TrainArgs) -> str | None:
     patcher = args.data.patcher_args
     if not (args.data.add_patches and patcher.patching_mode == PatchingMode.tokenizer):
         return None
+    if args.data.boundary_targets:  # the model pays for each boundary: a causal score
+        return None
     return (
         "patching_mode=tokenizer: bpb is conditional on the tokenizer's boundaries, which see the "
         "bytes after each patch start (not a causal score): compare it only with runs patched the "

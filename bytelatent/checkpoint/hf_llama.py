@@ -23,6 +23,7 @@ reads patch representations and ends without a norm).
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -266,12 +267,59 @@ def load_hf_llama(model: nn.Module, model_args: Any) -> int:
     return len(done)
 
 
+@torch.no_grad()
+def load_subword_embeddings(model: nn.Module, model_args: Any) -> int:
+    """The Llama's input embedding table and its tokenizer's vocabulary into `model.subword`
+    (`model.subword_vocab_size`, docs/byteify.md); returns the tokens keyed."""
+    from bytelatent.errors import ConfigError
+
+    path = model_args.global_init.path
+    tokenizer_file = os.path.join(path, "tokenizer.json")
+    if not os.path.isfile(tokenizer_file):
+        raise ConfigError(
+            f"model.subword_vocab_size needs the token model's tokenizer.json in "
+            f"model.global_init.path={path} (a local folder)"
+        )
+    try:
+        from tokenizers import Tokenizer
+
+        from bytelatent.tokenizers.hf_bpe import byte_level_vocab
+    except ImportError as exc:
+        raise ConfigError(
+            f"subword embeddings need tokenizers ({exc}); pip install -e '.[hf]'"
+        ) from None
+    try:
+        vocab = byte_level_vocab(Tokenizer.from_file(tokenizer_file))
+        model.subword.set_vocabulary(vocab)
+    except ValueError as exc:
+        raise ConfigError(f"{tokenizer_file}: {exc}") from None
+    table = model.subword.table.weight
+    for file in check_hf_llama(model_args):
+        for hf_name, tensor in _read_tensors(file):
+            if hf_name != "model.embed_tokens.weight":
+                continue
+            if tensor.shape[1] != table.shape[1] or tensor.shape[0] > table.shape[0]:
+                raise CheckpointError(
+                    f"{file}: {hf_name} has shape {tuple(tensor.shape)}; model.subword_vocab_size "
+                    f"must be >= {tensor.shape[0]} and model.dim = {tensor.shape[1]}"
+                )
+            full = torch.zeros(tuple(table.shape), dtype=tensor.dtype)
+            full[: tensor.shape[0]] = tensor
+            _copy_into(table, full)
+            return len(vocab)
+    raise CheckpointError(f"{path}: no model.embed_tokens.weight for the subword embeddings")
+
+
 def warm_start_global(model: nn.Module, model_args: Any) -> bool:
     """The BLT spec's warm start (`ArchSpec.warm_start`): `model.global_init`'s Llama layers into
-    the global transformer; False when the config sets none."""
+    the global transformer (and its embeddings into `model.subword` when the model has them);
+    False when the config sets none."""
     if model_args is None or getattr(model_args, "global_init", None) is None:
         return False
     load_hf_llama(model, model_args)
+    if getattr(model, "subword", None) is not None:
+        n = load_subword_embeddings(model, model_args)
+        logger.info("subword embeddings: %d tokens from %s", n, model_args.global_init.path)
     logging.getLogger("bytelatent").info(
         "global transformer initialised from %s", model_args.global_init.path
     )

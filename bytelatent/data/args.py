@@ -121,6 +121,12 @@ class DataArgs(BaseModel):
         description="put patch lengths in the batches (patch mode); false: byte mode, rows of "
         "seq_len bytes",
     )
+    boundary_targets: bool = Field(
+        False,
+        description="patch mode: a byte target that ends its patch becomes class 256 + its id "
+        "(a boundary-head model, model.boundary_head: it predicts the patch ends with the bytes, "
+        "so token-patched bpb counts the boundaries; docs/byteify.md)",
+    )
     tokenizer_args: TokenizerArgs = Field(
         default_factory=TokenizerArgs, description="tokenizer that turns text into token ids"
     )
@@ -172,6 +178,15 @@ class DataArgs(BaseModel):
             raise ValueError(f"sources: at least one weight must be > 0, got {self.sources}")
         if self.packing_mode == "patches" and self.seq_len < 2:
             raise ValueError(f"seq_len={self.seq_len}: patch mode needs at least 2 patches per row")
+        return self
+
+    @model_validator(mode="after")
+    def _check_boundary_targets(self) -> DataArgs:
+        if self.boundary_targets and self.packing_mode != "patches":
+            raise ValueError(
+                "data.boundary_targets needs patches (add_patches and a patching_mode other than "
+                "byte): it marks the bytes that end a patch"
+            )
         return self
 
     @property
@@ -302,6 +317,7 @@ class DataArgs(BaseModel):
             seq_len=self.seq_len,
             max_length=self.max_encoder_seq_length if self.packing_mode == "patches" else None,
             pad_to_max_length=self.pad_to_max_length,
+            boundary_targets=self.boundary_targets,
         )
         return PackingIteratorState(args=packing_args, source=sampling)
 
@@ -356,6 +372,7 @@ class DataArgs(BaseModel):
             seq_len=self.seq_len,
             max_length=max_length,
             pad_to_max_length=self.pad_to_max_length,
+            boundary_targets=self.boundary_targets,
         )
         return PackingIteratorState(args=packing_args, source=sequence).build()
 

@@ -32,6 +32,7 @@ from bytelatent.tokenizers.hf_bpe import token_boundaries
 N_BYTES = 256
 END = N_BYTES  # the class index of "the token ends here" (a token boundary follows)
 N_CLASSES = N_BYTES + 1
+JOINT_CLASSES = 2 * N_BYTES  # byte b going on (b), or byte b ending its token (256 + b)
 
 
 class TokenByteTrie:
@@ -141,6 +142,67 @@ class TokenByteTrie:
         values = sorted_probs[token_of_row[deep][pair].to(device), pair_token.to(device)]
         flat.scatter_add_(0, (deep[pair] * N_CLASSES + classes).to(device), values)
         return rows / rows.sum(-1, keepdim=True).clamp_min(torch.finfo(rows.dtype).tiny)
+
+    def joint_rows(
+        self, probs: torch.Tensor, token_ids: Sequence[int] | torch.Tensor
+    ) -> torch.Tensor:
+        """The 512-class targets of a boundary-head student (`model.boundary_head`): one row per
+        byte of every token, class `b` for "byte b, the token goes on" and `256 + b` for "byte b
+        ends the token" (`JOINT_CLASSES`). Row k of token i is the teacher's distribution for
+        token i (`probs[i]`) over the tokens that start with its first k bytes and are longer
+        than k (the token did not end after byte k - 1: that was the previous row's choice):
+
+            P(b, ends | s)  = p(s + b) / (mass(s) - p(s))
+            P(b, goes | s)  = (mass(s + b) - p(s + b)) / (mass(s) - p(s))
+
+        so the product of a token's n rows at its own bytes (the last one in the `ends` half)
+        telescopes to `probs[i, token i]` with no separate END factor. Returns [sum of token
+        lengths, 512]."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).cpu()
+        if probs.shape[0] != ids.numel():
+            raise ValueError(f"{probs.shape[0]} teacher distributions for {ids.numel()} tokens")
+        if ids.numel() and bool((self.position[ids] < 0).any()):
+            raise ValueError("a token with no bytes (a special token) has no byte targets")
+        device = probs.device
+        sorted_probs = self.sorted_probs(probs)
+        sorted_len = self.token_len[self.sorted_ids]
+        n_rows = self.token_len[ids]
+        token_of_row = torch.repeat_interleave(torch.arange(ids.numel()), n_rows)
+        first_row = torch.cumsum(n_rows, 0) - n_rows
+        depth = torch.arange(token_of_row.numel()) - first_row[token_of_row]
+        flat = torch.zeros(token_of_row.numel() * JOINT_CLASSES, dtype=probs.dtype, device=device)
+        rows = flat.view(-1, JOINT_CLASSES)
+        # depth 0: every sorted token by its first byte, in the `ends` half when it has one byte
+        first_class = self.byte_at[:, 0] + N_BYTES * (sorted_len == 1).long()
+        first_rows = torch.zeros((ids.numel(), JOINT_CLASSES), dtype=probs.dtype, device=device)
+        first_rows.index_add_(1, first_class.to(device), sorted_probs)
+        rows[first_row.to(device)] = first_rows
+        # deeper rows: the tokens under the row's prefix, without the prefix itself (byte_at END)
+        deep = (depth > 0).nonzero().flatten()
+        sorted_row = self.position[ids][token_of_row[deep]]
+        d = depth[deep]
+        lo, hi = self.range_lo[sorted_row, d], self.range_hi[sorted_row, d]
+        width = hi - lo
+        pair = torch.repeat_interleave(torch.arange(deep.numel()), width)
+        pair_start = torch.cumsum(width, 0) - width
+        pair_token = lo[pair] + torch.arange(pair.numel()) - pair_start[pair]
+        pair_depth = d[pair]
+        byte = self.byte_at[pair_token, pair_depth]
+        longer = byte != END
+        classes = byte + N_BYTES * (sorted_len[pair_token] == pair_depth + 1).long()
+        values = sorted_probs[token_of_row[deep][pair].to(device), pair_token.to(device)]
+        index = (deep[pair] * JOINT_CLASSES + classes)[longer]
+        flat.scatter_add_(0, index.to(device), values[longer.to(device)])
+        return rows / rows.sum(-1, keepdim=True).clamp_min(torch.finfo(rows.dtype).tiny)
+
+    def joint_class(self, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """[sum of token lengths]: each byte's class in `joint_rows` (its last byte: `256 + b`)."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).cpu()
+        data = b"".join(self.vocab[int(i)] for i in ids)
+        classes = torch.tensor(list(data), dtype=torch.long)
+        ends = torch.cumsum(self.token_len[ids], 0) - 1
+        classes[ends] += N_BYTES
+        return classes
 
     def token_targets(
         self, probs: torch.Tensor, token_ids: Sequence[int] | torch.Tensor

@@ -31,7 +31,7 @@ from bytelatent.errors import ConfigError
 from bytelatent.model.spec import AuxLoss
 from bytelatent.tokenizers.constants import OFFSET
 from bytelatent.tokenizers.hf_bpe import byte_level_vocab
-from bytelatent.trainer.distill import END, N_BYTES, TokenByteTrie
+from bytelatent.trainer.distill import END, JOINT_CLASSES, N_BYTES, TokenByteTrie
 from bytelatent.trainer.distill_args import DistillArgs
 
 logger = logging.getLogger("bytelatent")
@@ -68,7 +68,7 @@ class TeacherDistillation:
     """Called on each micro-batch with the student's logits: the mean KL(teacher || student)
     over the distilled bytes (a scalar with the student's graph)."""
 
-    def __init__(self, args: DistillArgs, device: torch.device) -> None:
+    def __init__(self, args: DistillArgs, device: torch.device, joint: bool = False) -> None:
         try:
             from tokenizers import Tokenizer
             from transformers import LlamaForCausalLM
@@ -86,6 +86,8 @@ class TeacherDistillation:
             raise ConfigError(f"distill.teacher={args.teacher}: {exc}") from None
         self.trie = TokenByteTrie(self.vocab)
         self.device = device
+        # a boundary-head student (model.boundary_head) predicts (byte, token ends after it)
+        self.joint = joint
         teacher = LlamaForCausalLM.from_pretrained(args.teacher, dtype=torch.float32)
         self.teacher = teacher.to(device).eval().requires_grad_(False)
 
@@ -129,6 +131,14 @@ class TeacherDistillation:
         offsets = len(self.vocab[ids[0]]) + starts[token_of_row] + depth
         return offsets[keep.cpu()], targets[keep]
 
+    def run_joint_targets(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(byte offsets within the run's text, 512-class targets [N, 512]) for one run: every
+        byte of tokens 1..T-1 (`TokenByteTrie.joint_rows`; token 0 has no teacher context)."""
+        tail = torch.tensor(ids[1:], dtype=torch.long)
+        rows = self.trie.joint_rows(self.teacher_probs(ids), tail)
+        offsets = len(self.vocab[ids[0]]) + torch.arange(rows.shape[0])
+        return offsets, rows
+
     def targets(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(flat indices into [B * L] student positions, next-byte targets [N, 256])."""
         positions, targets = [], []
@@ -143,13 +153,14 @@ class TeacherDistillation:
                 if found is None or len(found[1]) < 2:
                     continue
                 start, ids = found
-                offsets, run = self.run_targets(ids)
+                offsets, run = (self.run_joint_targets if self.joint else self.run_targets)(ids)
                 q = a + start + offsets.cpu().numpy()  # the byte's sequence position
                 scored = mask[row, q - 1]  # the student predicts byte q at position q - 1
                 positions.append(row * width + q[scored] - 1)
                 targets.append(run[torch.from_numpy(scored).to(run.device)])
         if not positions:
-            return torch.zeros(0, dtype=torch.long), torch.zeros((0, N_BYTES))
+            classes = JOINT_CLASSES if self.joint else N_BYTES
+            return torch.zeros(0, dtype=torch.long), torch.zeros((0, classes))
         return torch.from_numpy(np.concatenate(positions)), torch.cat(targets)
 
     def __call__(self, batch, logits: torch.Tensor) -> torch.Tensor:
@@ -157,7 +168,10 @@ class TeacherDistillation:
         if positions.numel() == 0:
             return logits.sum() * 0.0  # nothing to distill in this micro-batch
         flat = logits.flatten(0, 1)[positions.to(logits.device)].float()
-        log_q = torch.log_softmax(flat, -1)[:, OFFSET : OFFSET + N_BYTES]
+        log_all = torch.log_softmax(flat, -1)
+        log_q = log_all[:, OFFSET : OFFSET + N_BYTES]
+        if self.joint:  # the "byte ends its token" half sits after the vocabulary
+            log_q = torch.cat([log_q, log_all[:, -N_BYTES:]], -1)
         target = target.to(log_q.device, torch.float32)
         kl = torch.xlogy(target, target) - target * log_q
         return kl.sum() / positions.numel()
@@ -173,4 +187,5 @@ def build_extra_losses(args, device: torch.device) -> list[TeacherDistillation]:
     width = getattr(args.model, "dim", None)
     if problems := args.distill.mismatches(width):
         raise ConfigError(f"distill.teacher={args.distill.teacher}: {'; '.join(problems)}")
-    return [TeacherDistillation(args.distill, device)]
+    joint = bool(getattr(args.model, "boundary_head", False))
+    return [TeacherDistillation(args.distill, device, joint=joint)]

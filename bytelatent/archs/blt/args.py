@@ -95,6 +95,21 @@ class ByteLatentTransformerArgs(BaseModel):
         description="pretrained decoder copied into the global transformer at a fresh start "
         "(docs/byteify.md); null: random init",
     )
+    subword_vocab_size: int = Field(
+        0,
+        description="byteify: rows of the token model's embedding table added to each patch's "
+        "representation (the longest token ending at its last byte; filled from "
+        "global_init's folder, docs/byteify.md); 0: none",
+    )
+    subword_max_bytes: int = Field(
+        16, description="longest token (bytes) the subword embeddings look up (at most 31)"
+    )
+    boundary_head: bool = Field(
+        False,
+        description="the output layer also predicts 'this byte ends its patch' (256 more "
+        "classes: byte b ending a patch is vocab_size + b); needs data.boundary_targets "
+        "(docs/byteify.md)",
+    )
     # local models
     dim_local_encoder: int = Field(
         512, description="local encoder width (must equal dim_local_decoder)"
@@ -246,6 +261,14 @@ class ByteLatentTransformerArgs(BaseModel):
         ):
             _require(getattr(self, name) >= 1, f"{name}={getattr(self, name)} must be >= 1")
         _require(self.pm_size >= 0, f"pm_size={self.pm_size} must be >= 0")
+        _require(
+            self.subword_vocab_size >= 0,
+            f"subword_vocab_size={self.subword_vocab_size} must be >= 0",
+        )
+        _require(
+            1 <= self.subword_max_bytes <= 31,
+            f"subword_max_bytes={self.subword_max_bytes} must be in [1, 31]",
+        )
         _require(0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)")
         _require(
             self.attn_bias_type in GLOBAL_ATTN_BIAS_TYPES,
@@ -294,6 +317,12 @@ class ByteLatentTransformerArgs(BaseModel):
 
     def _check_patch_representation(self) -> None:
         pooling = self.pooling_modes()
+        _require(
+            not self.subword_vocab_size or self.global_input_dim() == self.dim,
+            f"subword embeddings are added to the global transformer's input, which is "
+            f"{self.global_input_dim()} wide for dim={self.dim}; make the patch representation "
+            "dim wide (e.g. dim_local_encoder * cross_attn_k = dim)",
+        )
         if self.cross_attn_encoder and self.cross_attn_init_by_pooling:
             _require(
                 bool(pooling),

@@ -83,6 +83,11 @@ class IncrementalBLT:
         args = model.args
         if model.encoder_ngram_embedding is not None:
             raise ConfigError("generation does not support encoder_ngram_to_size_str (n-gram ids)")
+        if args.subword_vocab_size or args.boundary_head:
+            raise ConfigError(
+                "generation does not support model.subword_vocab_size or model.boundary_head "
+                "yet (a byteified BLT is scored, not sampled; docs/byteify.md)"
+            )
         if patcher.needs_entropies and entropy_model is None:
             raise ConfigError("entropy patching needs the entropy model (entropy_ckpt=DIR)")
         self.model, self.args = model, args

@@ -315,7 +315,9 @@ class LocalDecoder(LocalModelBase):
         if args.dim != self.dim or self.slots > 1:
             self.patch_embedding_projection = nn.Linear(args.dim, self.dim * self.slots, bias=False)
         self.norm = RMSNorm(self.dim, eps=args.norm_eps)
-        self.output = nn.Linear(self.dim, args.vocab_size + args.pm_size, bias=False)
+        # boundary_head: 256 more classes, "byte b, and its patch ends after it" (docs/byteify.md)
+        n_out = args.vocab_size + args.pm_size + (256 if args.boundary_head else 0)
+        self.output = nn.Linear(self.dim, n_out, bias=False)
 
     def forward(
         self,

@@ -39,6 +39,7 @@ from bytelatent.archs.blt.patch_utils import (
     patch_ids_from_lengths,
     pool_patches,
 )
+from bytelatent.archs.blt.subword import SubwordEmbedding
 from bytelatent.distributed.tp_plan import TPPlan
 from bytelatent.errors import ConfigError
 from bytelatent.model.attention import (
@@ -98,6 +99,11 @@ class ByteLatentTransformer(nn.Module):
             args.global_block_args(), args.global_input_dim(), args.eos_id, args.dropout
         )
         self.local_decoder = LocalDecoder(args)
+        self.subword = (
+            SubwordEmbedding(args.subword_vocab_size, args.dim, args.subword_max_bytes)
+            if args.subword_vocab_size
+            else None
+        )
         dim_enc = args.dim_local_encoder
         self.encoder_hash_tok_embedding = None
         if args.encoder_hash_byte_group_size:
@@ -162,6 +168,8 @@ class ByteLatentTransformer(nn.Module):
         else:
             states = self.local_encoder(embeds, local_mask)
             h = self.patch_inputs(states, patch_lengths, patch_ids, backend)
+        if self.subword is not None:  # byteify: the token model's embedding of each patch
+            h = self.subword(h, tokens, patch_lengths)
         # global transformer: one state per patch
         h = self.global_transformer(
             h,
@@ -345,6 +353,8 @@ class ByteLatentTransformer(nn.Module):
         self.local_encoder.init_weights()
         self.global_transformer.init_weights()
         self.local_decoder.init_weights()
+        if self.subword is not None:
+            self.subword.init_weights(self.args.dim**-0.5)
         std = self.args.dim_local_encoder**-0.5
         for table in [
             *(self.encoder_hash_tok_embedding or ()),

@@ -61,7 +61,8 @@ def blt_flops_breakdown(args: object, mean_patch_size: float, seq_len: int) -> d
         )
     terms["decoder_layers"] = 6 * dec.n_layers * _block_params(dec)
     terms["decoder_attention"] = 12 * dec.n_layers * attn_width(dec) * local_keys
-    terms["output"] = 6 * d_dec * (args.vocab_size + args.pm_size)
+    n_out = args.vocab_size + args.pm_size + (256 if args.boundary_head else 0)
+    terms["output"] = 6 * d_dec * n_out
     return terms
 
 

@@ -14,6 +14,19 @@ def check_blt_run(args: Any) -> None:
         raise ValueError(
             "model.global_init and checkpoint.init_ckpt_path both initialise weights; set one"
         )
+    head, targets = args.model.boundary_head, args.data.boundary_targets
+    if head != targets:
+        raise ValueError(
+            f"model.boundary_head={head} but data.boundary_targets={targets}: a boundary-head "
+            "model is trained on the batches' boundary classes; set both (or neither)"
+        )
+    if head and (args.model.vocab_size != 260 or args.model.pm_size):
+        raise ValueError("model.boundary_head needs vocab_size=260 and pm_size=0 (byte ids)")
+    if head and (other := sorted(set(args.eval.tasks) - {"bpb"})):
+        raise ValueError(
+            f"eval.tasks={other}: a boundary-head BLT is scored by bpb only (its logits hold "
+            "byte-and-boundary classes; generation and the harness do not read them yet)"
+        )
     if args.data.patcher_args.patching_mode == "byte" and not args.data.add_patches:
         return
     enc_len = args.model.max_encoder_seq_length

@@ -30,7 +30,10 @@ from bytelatent.data.iterators.base import IteratorState, StatefulIterator
 from bytelatent.data.iterators.sampling import SamplingIteratorState
 from bytelatent.data.iterators.sequence import Sequence, SequenceIteratorState
 from bytelatent.data.iterators.streams import StreamsIteratorState
-from bytelatent.tokenizers.constants import BOE_ID
+from bytelatent.tokenizers.constants import BOE_ID, OFFSET, VOCAB_SIZE
+
+# a boundary-head model's class for "byte b, and its patch ends": VOCAB_SIZE + b
+BOUNDARY_SHIFT = VOCAB_SIZE - OFFSET
 
 SequenceSourceState = Annotated[
     SamplingIteratorState | SequenceIteratorState | StreamsIteratorState,
@@ -49,6 +52,9 @@ class PackingArgs(BaseModel):
     )
     pad_to_max_length: bool = True
     pad_id: int = BOE_ID
+    boundary_targets: bool = Field(
+        False, description="patches: byte targets ending a patch move to class 256 + id"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> PackingArgs:
@@ -115,7 +121,32 @@ def pack_patches(windows: list[Sequence], args: PackingArgs) -> Batch:
         patch_lengths[row, len(pl) - 1] += width - n  # padding joins the last patch
     check_patch_invariants(patch_lengths, width)
     loss_mask = _loss_mask(windows, mask.shape)
+    if args.boundary_targets:
+        loss_mask = mark_boundary_targets(y, mask, patch_lengths, lengths, loss_mask)
     return Batch(x=x, y=y, mask=mask, patch_lengths=patch_lengths, loss_mask=loss_mask)
+
+
+def mark_boundary_targets(
+    y: np.ndarray,
+    mask: np.ndarray,
+    patch_lengths: np.ndarray,
+    lengths: list[int],
+    loss_mask: np.ndarray | None,
+) -> np.ndarray:
+    """In place: y[r, q] += BOUNDARY_SHIFT where y[r, q] is a byte that ends its patch (window
+    token q + 1 is a patch's last), the joint classes of a boundary-head model
+    (`model.boundary_head`). Returns the loss mask without each row's last target: the window
+    cut decides whether that byte ends a patch, not the patching rule, so it is not scored."""
+    out = mask.copy() if loss_mask is None else loss_mask.copy()
+    for row, n in enumerate(lengths):
+        if n < 1:
+            continue
+        ends = np.cumsum(patch_lengths[row][patch_lengths[row] > 0]) - 1  # window indices
+        q = ends[(ends >= 1) & (ends <= n)] - 1  # target positions whose byte ends a patch
+        byte = (y[row, q] >= OFFSET) & (y[row, q] < OFFSET + 256)
+        y[row, q[byte]] += BOUNDARY_SHIFT
+        out[row, n - 1] = False
+    return out
 
 
 def check_patch_invariants(patch_lengths: np.ndarray, width: int) -> None:

@@ -1,0 +1,158 @@
+"""Subword embeddings of a byteified BLT (`model.subword_vocab_size`, docs/byteify.md).
+
+Byteify keeps a token model's layers as the BLT's global transformer; those layers were trained
+on the token model's input embeddings. Bolmo (arXiv 2512.15586) adds the token model's embedding
+of the longest vocabulary token ending at each byte to that byte's representation. Here it is
+added where the frozen layers read it: to each patch's representation, the embedding of the
+longest vocabulary token that ends at the patch's last byte and starts inside the patch. With the
+teacher's token boundaries as patch boundaries that token is the patch itself, so the global
+transformer starts from exactly the inputs it was trained on; with other patches it is the
+patch's longest token suffix. It depends on the patch's own bytes only (causal).
+
+The lookup is a tensor search, no Python per byte: every vocabulary token has a 62-bit key (two
+polynomial hashes of its bytes and its length); the n-grams ending at each position are hashed
+for every length up to `max_bytes` and searched in the sorted keys. Two different byte strings
+of one length share a key with probability about 2^-57, and the keys of the vocabulary itself
+are checked to be distinct when they are set (`set_vocabulary`).
+
+The local encoder's patch representation is added scaled by `encoder_scale` (a parameter that
+starts at 0): at the first step the global transformer sees the teacher's embeddings alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from bytelatent.tokenizers.constants import OFFSET
+
+_P1, _B1 = 1_000_000_007, 911_382_323  # < 2^30
+_P2, _B2 = 134_217_689, 97_266_353  # < 2^27
+_LEN_BITS = 5  # lengths up to 31 bytes
+MAX_BYTES_LIMIT = (1 << _LEN_BITS) - 1
+_NO_KEY = -1  # never a key (keys are >= 0): what an unset vocabulary holds
+
+
+def _key(h1: torch.Tensor, h2: torch.Tensor, length: int) -> torch.Tensor:
+    return ((h1 * _P2 + h2) << _LEN_BITS) + length
+
+
+def token_keys(vocab: Sequence[bytes]) -> torch.Tensor:
+    """[V] int64: the key of each token's byte string (`_NO_KEY` for an empty token)."""
+    keys = torch.full((len(vocab),), _NO_KEY, dtype=torch.long)
+    for i, token in enumerate(vocab):
+        if not token or len(token) > MAX_BYTES_LIMIT:
+            continue
+        h1 = h2 = 0
+        for byte in reversed(token):  # the same Horner order as `longest_suffix_tokens`
+            h1 = (h1 * _B1 + byte + 1) % _P1
+            h2 = (h2 * _B2 + byte + 1) % _P2
+        keys[i] = ((h1 * _P2 + h2) << _LEN_BITS) + len(token)
+    return keys
+
+
+def longest_suffix_tokens(
+    tokens: torch.Tensor,
+    room: torch.Tensor,
+    sorted_keys: torch.Tensor,
+    sorted_ids: torch.Tensor,
+    max_bytes: int,
+) -> torch.Tensor:
+    """[B, N] int64: the id of the longest vocabulary token equal to the bytes ending at each
+    position and starting at most `room` [B, N] bytes before it (-1: none, e.g. a special token).
+    `tokens` are byte ids (`OFFSET` + byte); the vocabulary is `sorted_keys` (ascending) with
+    the token id of each key in `sorted_ids`."""
+    is_byte = (tokens >= OFFSET) & (tokens < OFFSET + 256)
+    value = (tokens - OFFSET + 1).clamp(min=0)
+    found = torch.full_like(tokens, -1)
+    h1 = torch.zeros_like(tokens)
+    h2 = torch.zeros_like(tokens)
+    valid = torch.ones_like(is_byte)
+    last = sorted_keys.numel() - 1
+    for length in range(1, max_bytes + 1):
+        shift = length - 1  # the n-gram's first byte sits `shift` positions back
+        if shift >= tokens.shape[1]:
+            break
+        first = value[:, : tokens.shape[1] - shift]
+        first_ok = is_byte[:, : tokens.shape[1] - shift]
+        first = nn.functional.pad(first, (shift, 0))
+        first_ok = nn.functional.pad(first_ok, (shift, 0), value=False)
+        h1 = (h1 * _B1 + first) % _P1
+        h2 = (h2 * _B2 + first) % _P2
+        valid = valid & first_ok & (room >= shift)
+        key = _key(h1, h2, length)
+        index = torch.searchsorted(sorted_keys, key).clamp(max=max(last, 0))
+        hit = valid & (sorted_keys[index] == key)
+        found = torch.where(hit, sorted_ids[index], found)
+    return found
+
+
+class SubwordEmbedding(nn.Module):
+    """The token model's embedding table and vocabulary keys (filled by the warm start from
+    `model.global_init`, kept in checkpoints), and the scale of the encoder's patch
+    representation. `forward(patches, tokens, patch_lengths)` -> the global model's input."""
+
+    def __init__(self, n_tokens: int, dim: int, max_bytes: int) -> None:
+        super().__init__()
+        self.max_bytes = max_bytes
+        self.table = nn.Embedding(n_tokens, dim)
+        self.encoder_scale = nn.Parameter(torch.zeros(()))
+        self.register_buffer("sorted_keys", torch.full((n_tokens,), _NO_KEY, dtype=torch.long))
+        self.register_buffer("sorted_ids", torch.zeros(n_tokens, dtype=torch.long))
+
+    @torch.no_grad()
+    def set_vocabulary(self, vocab: Sequence[bytes]) -> None:
+        """Key the token byte strings (`vocab[i]`: token id i); raises ValueError when a token
+        is longer than `max_bytes` or two tokens share a key."""
+        if len(vocab) > self.table.num_embeddings:
+            raise ValueError(
+                f"{len(vocab)} tokens, the subword table has {self.table.num_embeddings} rows "
+                "(model.subword_vocab_size)"
+            )
+        longest = max((len(t) for t in vocab), default=0)
+        if longest > self.max_bytes:
+            raise ValueError(
+                f"the vocabulary has a token of {longest} bytes; set model.subword_max_bytes >= "
+                f"{longest} (at most {MAX_BYTES_LIMIT})"
+            )
+        keys = token_keys(vocab)
+        present = keys[keys != _NO_KEY]
+        if present.unique().numel() != present.numel():
+            raise ValueError("two vocabulary tokens share a subword key; report this vocabulary")
+        padded = torch.full((self.table.num_embeddings,), _NO_KEY, dtype=torch.long)
+        padded[: len(vocab)] = keys
+        order = torch.argsort(padded)
+        self.sorted_keys.copy_(padded[order].to(self.sorted_keys.device))
+        self.sorted_ids.copy_(order.to(self.sorted_ids.device))
+
+    @torch.no_grad()
+    def init_weights(self, std: float) -> None:
+        nn.init.trunc_normal_(self.table.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+        self.encoder_scale.zero_()
+        self.sorted_keys.fill_(_NO_KEY)  # no vocabulary: nothing matches until one is set
+        self.sorted_ids.zero_()
+
+    def patch_token_ids(self, tokens: torch.Tensor, patch_lengths: torch.Tensor) -> torch.Tensor:
+        """[B, P]: the id of the longest vocabulary token ending at each patch's last byte and
+        starting inside the patch (-1: none, or an empty patch)."""
+        n = tokens.shape[1]
+        starts = torch.cumsum(patch_lengths, 1) - patch_lengths
+        positions = torch.arange(n, device=tokens.device).expand(tokens.shape[0], n).contiguous()
+        patch_of = (
+            torch.searchsorted(torch.cumsum(patch_lengths, 1), positions, right=True)
+        ).clamp(max=patch_lengths.shape[1] - 1)
+        room = positions - starts.gather(1, patch_of)
+        ids = longest_suffix_tokens(tokens, room, self.sorted_keys, self.sorted_ids, self.max_bytes)
+        last = (starts + patch_lengths - 1).clamp(min=0, max=n - 1)
+        patch_ids = ids.gather(1, last)
+        return torch.where(patch_lengths > 0, patch_ids, torch.full_like(patch_ids, -1))
+
+    def forward(
+        self, patches: torch.Tensor, tokens: torch.Tensor, patch_lengths: torch.Tensor
+    ) -> torch.Tensor:
+        """patches [B, P, dim] (the encoder's representation) -> the global model's input."""
+        ids = self.patch_token_ids(tokens, patch_lengths[:, : patches.shape[1]])
+        emb = self.table(ids.clamp(min=0)) * (ids >= 0).unsqueeze(-1).to(patches.dtype)
+        return patches * self.encoder_scale.to(patches.dtype) + emb.to(patches.dtype)
