@@ -14,6 +14,19 @@ import argparse
 import json
 import os
 
+VARIANTS_BOLMO = {  # --set bolmo: subword embeddings + boundary head, token patches (causal bpb)
+    "byteify + distill (Bolmo)": ("byteify_stage1_bolmo", "byteify_stage2_bolmo"),
+    "byteify, no distill (Bolmo)": (
+        "byteify_nodistill_stage1_bolmo",
+        "byteify_nodistill_stage2_bolmo",
+    ),
+    "byteify + distill, no subword embeddings": (
+        "byteify_nosub_stage1_bolmo",
+        "byteify_nosub_stage2_bolmo",
+    ),
+    "BLT from scratch, boundary head": ("byteify_scratch_bolmo", None),
+}
+
 VARIANTS = {  # label: (stage 1 run, stage 2 run or None)
     "byteify + distill": ("byteify_stage1", "byteify_stage2"),
     "byteify, no distill": ("byteify_nodistill_stage1", "byteify_nodistill_stage2"),
@@ -57,7 +70,15 @@ def main() -> None:
     parser.add_argument("--runs", default="runs")
     parser.add_argument("--teacher", default="hf/stdlib-teacher")
     parser.add_argument("--png", default=None)
+    parser.add_argument(
+        "--set",
+        choices=("patches", "bolmo"),
+        default="patches",
+        help="patches: space / token patches (the first two tables); bolmo: subword embeddings "
+        "and the boundary head",
+    )
     args = parser.parse_args()
+    variants = VARIANTS_BOLMO if args.set == "bolmo" else VARIANTS
     with open(os.path.join(args.teacher, "teacher_eval.json")) as f:
         teacher = json.load(f)
     print(
@@ -67,7 +88,7 @@ def main() -> None:
     print("| model | stage | steps | training bytes | validation bpb | vs teacher |")
     print("|---|---|---|---|---|---|")
     curves, vals = {}, {}
-    for label, stages in VARIANTS.items():
+    for label, stages in variants.items():
         offset, xs_all, ys_all = 0.0, [], []
         vals[label] = []
         for number, name in enumerate(s for s in stages if s):
@@ -94,7 +115,7 @@ def main() -> None:
         for label, (xs, ys) in curves.items():
             if not xs:
                 continue  # a variant whose runs are not there
-            style = "--" if "token patches" in label else "-"
+            style = "--" if "token patches" in label or "scratch" in label else "-"
             train_ax.plot(xs, ys, style, label=label)
             val_ax.plot(*zip(*vals[label]), style, marker="o", label=label)
         for ax in (train_ax, val_ax):
@@ -106,7 +127,10 @@ def main() -> None:
         val_ax.set_ylabel("validation bpb (51 kB)")
         val_ax.set_title("validation, end of each stage", fontsize=10)
         val_ax.legend(fontsize=8)
-        fig.suptitle("byteify a 128d x 2 Llama token teacher on the stdlib corpus (CPU)")
+        fig.suptitle(
+            "byteify a 128d x 2 Llama token teacher on the stdlib corpus (CPU)"
+            + (": subword embeddings + boundary head" if args.set == "bolmo" else "")
+        )
         fig.tight_layout()
         fig.savefig(args.png, dpi=100)
         print(f"plot: {args.png}")

@@ -290,24 +290,48 @@ def load_subword_embeddings(model: nn.Module, model_args: Any) -> int:
         ) from None
     try:
         vocab = byte_level_vocab(Tokenizer.from_file(tokenizer_file))
-        model.subword.set_vocabulary(vocab)
+        too_long = model.subword.set_vocabulary(vocab)
     except ValueError as exc:
         raise ConfigError(f"{tokenizer_file}: {exc}") from None
+    head = getattr(model, "teacher_head", None)
+    if head is not None:
+        head.set_vocabulary(vocab)
     table = model.subword.table.weight
+    found = {}
     for file in check_hf_llama(model_args):
         for hf_name, tensor in _read_tensors(file):
-            if hf_name != "model.embed_tokens.weight":
-                continue
-            if tensor.shape[1] != table.shape[1] or tensor.shape[0] > table.shape[0]:
-                raise CheckpointError(
-                    f"{file}: {hf_name} has shape {tuple(tensor.shape)}; model.subword_vocab_size "
-                    f"must be >= {tensor.shape[0]} and model.dim = {tensor.shape[1]}"
-                )
-            full = torch.zeros(tuple(table.shape), dtype=tensor.dtype)
-            full[: tensor.shape[0]] = tensor
-            _copy_into(table, full)
-            return len(vocab)
-    raise CheckpointError(f"{path}: no model.embed_tokens.weight for the subword embeddings")
+            if hf_name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
+                found[hf_name] = tensor
+    if "model.embed_tokens.weight" not in found:
+        raise CheckpointError(f"{path}: no model.embed_tokens.weight for the subword embeddings")
+    _copy_rows(table, found["model.embed_tokens.weight"], path)
+    if head is not None:
+        # a Llama with tied embeddings has no lm_head.weight: its head is the input table
+        weight = found.get("lm_head.weight", found["model.embed_tokens.weight"])
+        _copy_rows(head.head.weight, weight, path)
+        if "model.norm.weight" not in found:
+            raise CheckpointError(f"{path}: no model.norm.weight for model.teacher_head")
+        _copy_into(head.norm.weight, found["model.norm.weight"])
+    if too_long:
+        logger.warning(
+            "subword embeddings: %d tokens are longer than model.subword_max_bytes=%d and are "
+            "never looked up",
+            too_long,
+            model_args.subword_max_bytes,
+        )
+    return len(vocab)
+
+
+def _copy_rows(param: torch.Tensor, tensor: torch.Tensor, path: str) -> None:
+    """A [V, dim] token table into a [subword_vocab_size, dim] parameter (rows past V zero)."""
+    if tensor.shape[1] != param.shape[1] or tensor.shape[0] > param.shape[0]:
+        raise CheckpointError(
+            f"{path}: a token table of shape {tuple(tensor.shape)}; model.subword_vocab_size "
+            f"must be >= {tensor.shape[0]} and model.dim = {tensor.shape[1]}"
+        )
+    full = torch.zeros(tuple(param.shape), dtype=tensor.dtype)
+    full[: tensor.shape[0]] = tensor
+    _copy_into(param, full)
 
 
 def warm_start_global(model: nn.Module, model_args: Any) -> bool:

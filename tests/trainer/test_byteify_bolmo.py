@@ -80,10 +80,14 @@ def test_subword_ids_are_the_longest_token_ending_each_patch():
             start += n
 
 
-def test_a_vocabulary_with_longer_tokens_is_refused():
+def test_tokens_longer_than_max_bytes_are_never_looked_up():
     table = SubwordEmbedding(8, 4, max_bytes=3)
-    with pytest.raises(ValueError, match="subword_max_bytes >= 4"):
-        table.set_vocabulary([b"a", b"abcd"])
+    table.init_weights(0.02)
+    assert table.set_vocabulary([b"", b"a", b"b", b"abcd", b"bcd"]) == 1
+    tokens = torch.tensor([[OFFSET + c for c in b"xabcd"]])
+    assert table.patch_token_ids(tokens, torch.tensor([[1, 4]])).tolist() == [[-1, 4]]
+    with pytest.raises(ValueError, match="has 8 rows"):
+        table.set_vocabulary([b"a"] * 9)
 
 
 def test_boundary_targets_mark_the_bytes_that_end_a_patch():
@@ -231,6 +235,51 @@ def test_on_token_patches_the_frozen_layers_compute_the_teachers_outputs(
         model(tokens, patch_lengths)
         teacher(torch.tensor([ids]))
     torch.testing.assert_close(seen["ours"], seen["teacher"], rtol=1e-4, atol=1e-5)
+
+
+def test_with_the_teacher_head_a_fresh_student_scores_the_teachers_tokens(
+    tmp_path, corpus_root, teacher_dir
+):
+    """model.teacher_head after the warm start: the student's log-probability of each token's
+    bytes and its end (the boundary classes) is the teacher's log-probability of the token
+    (renormalised without its special token, which spells no bytes)."""
+    from tokenizers import Tokenizer
+
+    from bytelatent.checkpoint.hf_llama import warm_start_global
+
+    args = parse_args(
+        TrainArgs, bolmo_argv(tmp_path, corpus_root, teacher_dir, "model.teacher_head=true")
+    )
+    with torch.device("meta"):
+        model = build_model(args)
+    model.to_empty(device="cpu")
+    model.init_weights()
+    assert warm_start_global(model, args.model)
+    tok = Tokenizer.from_file(str(teacher_dir / "tokenizer.json"))
+    text = "\nclass Path(object):\n    def join(self, *parts):\n        return parts\n"
+    ids = tok.encode(text, add_special_tokens=False).ids
+    lengths = [len(tok.decode([i]).encode()) for i in ids]
+    assert lengths[0] == 1
+    data = text.encode()
+    tokens = torch.tensor([[OFFSET + b for b in data]])
+    patch_lengths = torch.tensor([lengths[:-1] + [lengths[-1] + 1]])
+    teacher = transformers.LlamaForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32)
+    with torch.no_grad():
+        log_q = torch.log_softmax(model(tokens, patch_lengths)[0], -1)
+        logits = teacher(torch.tensor([ids])).logits[0]
+        logits[:, tok.token_to_id("<s>")] = -torch.inf  # a special token spells no bytes
+        log_p = torch.log_softmax(logits, -1)
+    start = lengths[0]
+    for i in range(1, len(ids) - 1):  # the last token's end is the row's cut
+        n = lengths[i]
+        ours = 0.0
+        for k in range(n):
+            byte = data[start + k]
+            cls = VOCAB_SIZE + byte if k == n - 1 else OFFSET + byte
+            ours += log_q[start + k - 1, cls].item()
+        # the 4 special classes (prior e^-10 each) take 1.8e-4 nats per byte
+        assert abs(ours - log_p[i - 1, ids[i]].item()) < 2.5e-4 * n, (i, ours, log_p[i - 1, ids[i]])
+        start += n
 
 
 def test_stage_1_keeps_the_teachers_table_and_layers(tmp_path, corpus_root, teacher_dir):

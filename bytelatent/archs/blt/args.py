@@ -102,7 +102,15 @@ class ByteLatentTransformerArgs(BaseModel):
         "global_init's folder, docs/byteify.md); 0: none",
     )
     subword_max_bytes: int = Field(
-        16, description="longest token (bytes) the subword embeddings look up (at most 31)"
+        32,
+        description="longest token (bytes) the subword embeddings look up (at most 63; longer "
+        "tokens are never matched)",
+    )
+    teacher_head: bool = Field(
+        False,
+        description="byteify: the token model's final norm and LM head, read one byte at a "
+        "time, added to the output as a prior (needs subword_vocab_size and boundary_head; "
+        "filled from global_init's folder, docs/byteify.md)",
     )
     boundary_head: bool = Field(
         False,
@@ -266,8 +274,8 @@ class ByteLatentTransformerArgs(BaseModel):
             f"subword_vocab_size={self.subword_vocab_size} must be >= 0",
         )
         _require(
-            1 <= self.subword_max_bytes <= 31,
-            f"subword_max_bytes={self.subword_max_bytes} must be in [1, 31]",
+            1 <= self.subword_max_bytes <= 63,
+            f"subword_max_bytes={self.subword_max_bytes} must be in [1, 63]",
         )
         _require(0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)")
         _require(
@@ -317,6 +325,11 @@ class ByteLatentTransformerArgs(BaseModel):
 
     def _check_patch_representation(self) -> None:
         pooling = self.pooling_modes()
+        _require(
+            not self.teacher_head or (self.subword_vocab_size and self.boundary_head),
+            "teacher_head needs subword_vocab_size (the token vocabulary) and boundary_head "
+            "(its classes say where a token ends)",
+        )
         _require(
             not self.subword_vocab_size or self.global_input_dim() == self.dim,
             f"subword embeddings are added to the global transformer's input, which is "

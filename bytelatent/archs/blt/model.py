@@ -39,7 +39,7 @@ from bytelatent.archs.blt.patch_utils import (
     patch_ids_from_lengths,
     pool_patches,
 )
-from bytelatent.archs.blt.subword import SubwordEmbedding
+from bytelatent.archs.blt.subword import SubwordEmbedding, TeacherHead
 from bytelatent.distributed.tp_plan import TPPlan
 from bytelatent.errors import ConfigError
 from bytelatent.model.attention import (
@@ -102,6 +102,11 @@ class ByteLatentTransformer(nn.Module):
         self.subword = (
             SubwordEmbedding(args.subword_vocab_size, args.dim, args.subword_max_bytes)
             if args.subword_vocab_size
+            else None
+        )
+        self.teacher_head = (
+            TeacherHead(args.subword_vocab_size, args.dim, args.subword_max_bytes, args.norm_eps)
+            if args.teacher_head
             else None
         )
         dim_enc = args.dim_local_encoder
@@ -179,7 +184,10 @@ class ByteLatentTransformer(nn.Module):
         # local decoder: byte states + the state of the last complete patch -> logits
         decoder_patch_ids = decoder_patch_ids_from_lengths(patch_lengths, seq_len)
         dec_cross = self._cross_mask("decoder", decoder_patch_ids, num_patches, backend)
-        return self.local_decoder(states[-1], h, decoder_patch_ids, local_mask, dec_cross)
+        logits = self.local_decoder(states[-1], h, decoder_patch_ids, local_mask, dec_cross)
+        if self.teacher_head is not None:  # byteify: the token model's head, byte by byte
+            logits = self.teacher_head.add_prior(logits, h, tokens, patch_lengths)
+        return logits
 
     def patch_inputs(
         self,
@@ -355,6 +363,10 @@ class ByteLatentTransformer(nn.Module):
         self.local_decoder.init_weights()
         if self.subword is not None:
             self.subword.init_weights(self.args.dim**-0.5)
+        if self.teacher_head is not None:
+            self.teacher_head.init_weights(self.args.dim**-0.5)
+            # the decoder starts silent: the prior alone is the first prediction
+            self.local_decoder.output.weight.zero_()
         std = self.args.dim_local_encoder**-0.5
         for table in [
             *(self.encoder_hash_tok_embedding or ()),

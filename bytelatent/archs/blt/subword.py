@@ -12,8 +12,10 @@ patch's longest token suffix. It depends on the patch's own bytes only (causal).
 The lookup is a tensor search, no Python per byte: every vocabulary token has a 62-bit key (two
 polynomial hashes of its bytes and its length); the n-grams ending at each position are hashed
 for every length up to `max_bytes` and searched in the sorted keys. Two different byte strings
-of one length share a key with probability about 2^-57, and the keys of the vocabulary itself
-are checked to be distinct when they are set (`set_vocabulary`).
+of one length share a key with probability about 2^-56, and the keys of the vocabulary itself
+are checked to be distinct when they are set (`set_vocabulary`). Tokens longer than `max_bytes`
+(runs of spaces in a code vocabulary) are never looked up: a patch equal to one gets its longest
+shorter suffix token; `set_vocabulary` returns how many there are.
 
 The local encoder's patch representation is added scaled by `encoder_scale` (a parameter that
 starts at 0): at the first step the global transformer sees the teacher's embeddings alone.
@@ -29,8 +31,8 @@ from torch import nn
 from bytelatent.tokenizers.constants import OFFSET
 
 _P1, _B1 = 1_000_000_007, 911_382_323  # < 2^30
-_P2, _B2 = 134_217_689, 97_266_353  # < 2^27
-_LEN_BITS = 5  # lengths up to 31 bytes
+_P2, _B2 = 67_108_859, 47_266_351  # < 2^26
+_LEN_BITS = 6  # lengths up to 63 bytes
 MAX_BYTES_LIMIT = (1 << _LEN_BITS) - 1
 _NO_KEY = -1  # never a key (keys are >= 0): what an unset vocabulary holds
 
@@ -103,21 +105,17 @@ class SubwordEmbedding(nn.Module):
         self.register_buffer("sorted_ids", torch.zeros(n_tokens, dtype=torch.long))
 
     @torch.no_grad()
-    def set_vocabulary(self, vocab: Sequence[bytes]) -> None:
-        """Key the token byte strings (`vocab[i]`: token id i); raises ValueError when a token
-        is longer than `max_bytes` or two tokens share a key."""
+    def set_vocabulary(self, vocab: Sequence[bytes]) -> int:
+        """Key the token byte strings (`vocab[i]`: token id i); returns how many tokens are
+        longer than `max_bytes` (never looked up). Raises ValueError when the table is too small
+        or two tokens share a key."""
         if len(vocab) > self.table.num_embeddings:
             raise ValueError(
                 f"{len(vocab)} tokens, the subword table has {self.table.num_embeddings} rows "
                 "(model.subword_vocab_size)"
             )
-        longest = max((len(t) for t in vocab), default=0)
-        if longest > self.max_bytes:
-            raise ValueError(
-                f"the vocabulary has a token of {longest} bytes; set model.subword_max_bytes >= "
-                f"{longest} (at most {MAX_BYTES_LIMIT})"
-            )
-        keys = token_keys(vocab)
+        too_long = sum(len(t) > self.max_bytes for t in vocab)
+        keys = token_keys([b"" if len(t) > self.max_bytes else t for t in vocab])
         present = keys[keys != _NO_KEY]
         if present.unique().numel() != present.numel():
             raise ValueError("two vocabulary tokens share a subword key; report this vocabulary")
@@ -126,6 +124,7 @@ class SubwordEmbedding(nn.Module):
         order = torch.argsort(padded)
         self.sorted_keys.copy_(padded[order].to(self.sorted_keys.device))
         self.sorted_ids.copy_(order.to(self.sorted_ids.device))
+        return too_long
 
     @torch.no_grad()
     def init_weights(self, std: float) -> None:
@@ -156,3 +155,130 @@ class SubwordEmbedding(nn.Module):
         ids = self.patch_token_ids(tokens, patch_lengths[:, : patches.shape[1]])
         emb = self.table(ids.clamp(min=0)) * (ids >= 0).unsqueeze(-1).to(patches.dtype)
         return patches * self.encoder_scale.to(patches.dtype) + emb.to(patches.dtype)
+
+
+class TeacherHead(nn.Module):
+    """The token model's final norm and LM head as a prior over a boundary-head BLT's classes
+    (`model.teacher_head`, docs/byteify.md): the exact byte-level form of its next-token
+    distribution, added to the decoder's logits.
+
+    Position q predicts byte q + 1 and whether its patch ends there. It reads the global state
+    of the last complete patch, h; the bytes s of the current patch before q + 1 are its prefix.
+    With p = softmax(head(norm(h))) over the token vocabulary, the prior is
+
+        P(b, goes | s) = sum of p(t) over tokens t longer than |s| + 1 that start with s + b
+        P(b, ends | s) = p(s + b)
+
+    renormalised over the tokens that start with s and are longer than s (the previous class
+    said the patch goes on): the teacher's distribution for the next token, read one byte at a
+    time. On the teacher's token patches the product over a token's bytes is p(token), so a
+    student whose global states are the teacher's (subword embeddings, frozen layers) and whose
+    decoder adds nothing scores exactly the teacher's token log-likelihood. A prefix no token
+    starts with (a patch the tokenizer did not make) gets no prior (0: the decoder alone).
+    Special classes get `SPECIAL_LOG_PRIOR`; the decoder learns where a document ends.
+
+    Cost per row: one head matmul per patch and a [bytes, vocabulary] gather and scatter, like
+    a token model's LM head over every byte position: meant for the small vocabularies of a CPU
+    recipe or a few tens of thousands of tokens.
+    """
+
+    SPECIAL_LOG_PRIOR = -10.0
+
+    def __init__(self, n_tokens: int, dim: int, max_bytes: int, eps: float) -> None:
+        super().__init__()
+        self.max_bytes = max_bytes
+        self.norm = nn.RMSNorm(dim, eps=eps)
+        self.head = nn.Linear(dim, n_tokens, bias=False)
+        # token t's byte k (-1 past its end), its length (0: special), the key of its first k
+        self.register_buffer("token_bytes", torch.full((n_tokens, max_bytes), -1))
+        self.register_buffer("token_len", torch.zeros(n_tokens, dtype=torch.long))
+        self.register_buffer("prefix_keys", torch.full((n_tokens, max_bytes), _NO_KEY))
+
+    @torch.no_grad()
+    def init_weights(self, std: float) -> None:
+        self.norm.reset_parameters()
+        nn.init.trunc_normal_(self.head.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+        self.token_bytes.fill_(-1)
+        self.token_len.zero_()  # no vocabulary: every token is special, no prior anywhere
+        self.prefix_keys.fill_(_NO_KEY)
+
+    @torch.no_grad()
+    def set_vocabulary(self, vocab: Sequence[bytes]) -> None:
+        """Tokens longer than `max_bytes` are left out (as specials: they carry no prior mass)."""
+        n = self.head.out_features
+        token_bytes = torch.full((n, self.max_bytes), -1, dtype=torch.long)
+        token_len = torch.zeros(n, dtype=torch.long)
+        prefix_keys = torch.full((n, self.max_bytes), _NO_KEY, dtype=torch.long)
+        for i, token in enumerate(vocab[:n]):
+            if not token or len(token) > self.max_bytes:
+                continue
+            token_bytes[i, : len(token)] = torch.tensor(list(token))
+            token_len[i] = len(token)
+            prefix_keys[i, 1 : len(token)] = token_keys([token[:k] for k in range(1, len(token))])
+        self.token_bytes.copy_(token_bytes.to(self.token_bytes.device))
+        self.token_len.copy_(token_len.to(self.token_len.device))
+        self.prefix_keys.copy_(prefix_keys.to(self.prefix_keys.device))
+
+    def log_prior(
+        self, h: torch.Tensor, tokens: torch.Tensor, patch_lengths: torch.Tensor
+    ) -> torch.Tensor:
+        """h [B, P, dim] global states -> log prior [B, N, 512] (byte b going on: b; ending its
+        patch: 256 + b) of each position's next byte; 0 where no token has the prefix."""
+        bsz, n = tokens.shape
+        ends = torch.cumsum(patch_lengths, 1)
+        target = torch.arange(1, n + 1, device=tokens.device).expand(bsz, n).contiguous()
+        patch_of = torch.searchsorted(ends, target, right=True).clamp(
+            max=patch_lengths.shape[1] - 1
+        )
+        depth = target - (ends - patch_lengths).gather(1, patch_of)  # bytes of the prefix
+        read = (patch_of - 1).clamp(min=0)  # the last complete patch
+        # the key of each prefix: the n-gram of `depth` bytes ending at q
+        is_byte = (tokens >= OFFSET) & (tokens < OFFSET + 256)
+        value = (tokens - OFFSET + 1).clamp(min=0)
+        key = torch.full_like(tokens, _NO_KEY)
+        h1, h2 = torch.zeros_like(tokens), torch.zeros_like(tokens)
+        valid = torch.ones_like(is_byte)
+        for length in range(1, min(self.max_bytes, n + 1)):
+            shift = length - 1
+            first = nn.functional.pad(value[:, : n - shift], (shift, 0))
+            valid = valid & nn.functional.pad(is_byte[:, : n - shift], (shift, 0), value=False)
+            h1 = (h1 * _B1 + first) % _P1
+            h2 = (h2 * _B2 + first) % _P2
+            hit = valid & (depth == length)
+            key = torch.where(hit, _key(h1, h2, length), key)
+        depth_c = depth.clamp(max=self.max_bytes - 1)
+        lens = self.token_len
+        # [B, N, V]: the tokens that start with the prefix and are longer than it
+        longer = lens > depth_c.unsqueeze(-1)
+        match = self.prefix_keys.t()[depth_c] == key.unsqueeze(-1)
+        consistent = (
+            longer & (match | (depth_c == 0).unsqueeze(-1)) & (depth < self.max_bytes).unsqueeze(-1)
+        )
+        classes = self.token_bytes.t()[depth_c].clamp(min=0) + 256 * (
+            lens == depth_c.unsqueeze(-1) + 1
+        )
+        probs = torch.softmax(self.head(self.norm(h)).float(), -1)
+        probs = probs.gather(1, read.unsqueeze(-1).expand(-1, -1, probs.shape[-1]))
+        mass = torch.zeros(bsz, n, 512, dtype=probs.dtype, device=probs.device)
+        mass = mass.scatter_add(-1, classes, probs * consistent)
+        total = mass.sum(-1, keepdim=True)
+        log_prior = torch.log(mass.clamp_min(1e-30)) - torch.log(total.clamp_min(1e-30))
+        return torch.where(total > 0, log_prior, torch.zeros_like(log_prior))
+
+    def add_prior(
+        self,
+        logits: torch.Tensor,
+        h: torch.Tensor,
+        tokens: torch.Tensor,
+        patch_lengths: torch.Tensor,
+    ) -> torch.Tensor:
+        """The decoder's logits [B, N, 260 + 256] plus the prior on the byte classes and
+        `SPECIAL_LOG_PRIOR` on the special ones."""
+        prior = self.log_prior(h, tokens, patch_lengths)
+        special = torch.full(
+            (*prior.shape[:2], OFFSET),
+            self.SPECIAL_LOG_PRIOR,
+            dtype=prior.dtype,
+            device=prior.device,
+        )
+        return logits + torch.cat([special, prior[..., :256], prior[..., 256:]], -1)
