@@ -15,16 +15,13 @@ import json
 import os
 
 VARIANTS_BOLMO = {  # --set bolmo: subword embeddings + boundary head, token patches (causal bpb)
-    "byteify + distill (Bolmo)": ("byteify_stage1_bolmo", "byteify_stage2_bolmo"),
-    "byteify, no distill (Bolmo)": (
-        "byteify_nodistill_stage1_bolmo",
-        "byteify_nodistill_stage2_bolmo",
+    "byteify + distill, teacher head": ("byteify_stage1_bolmo", "byteify_stage2_bolmo"),
+    "byteify + distill, learned decoder": (
+        "byteify_nohead_stage1_bolmo",
+        "byteify_nohead_stage2_bolmo",
     ),
-    "byteify + distill, no subword embeddings": (
-        "byteify_nosub_stage1_bolmo",
-        "byteify_nosub_stage2_bolmo",
-    ),
-    "BLT from scratch, boundary head": ("byteify_scratch_bolmo", None),
+    "BLT from scratch, lr 2e-3": ("byteify_scratch_bolmo", None),
+    "BLT from scratch, lr 1e-2": ("byteify_scratch_lr1e-2_bolmo", None),
 }
 
 VARIANTS = {  # label: (stage 1 run, stage 2 run or None)

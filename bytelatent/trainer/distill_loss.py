@@ -29,7 +29,7 @@ import torch
 
 from bytelatent.errors import ConfigError
 from bytelatent.model.spec import AuxLoss
-from bytelatent.tokenizers.constants import OFFSET
+from bytelatent.tokenizers.constants import OFFSET, VOCAB_SIZE
 from bytelatent.tokenizers.hf_bpe import byte_level_vocab
 from bytelatent.trainer.distill import END, JOINT_CLASSES, N_BYTES, TokenByteTrie
 from bytelatent.trainer.distill_args import DistillArgs
@@ -146,6 +146,8 @@ class TeacherDistillation:
         mask = batch.target_mask
         for row in range(batch.y.shape[0]):
             seq = np.concatenate([batch.x[row, :1], batch.y[row]])  # position q: byte q
+            if self.joint:  # boundary classes (data.boundary_targets) back to byte ids
+                seq = np.where(seq >= VOCAB_SIZE, seq - (VOCAB_SIZE - OFFSET), seq)
             valid = np.concatenate([[True], batch.mask[row]])
             for a, b in byte_runs(seq, valid):
                 data = bytes((seq[a:b] - OFFSET).tolist())

@@ -269,16 +269,17 @@ def test_with_the_teacher_head_a_fresh_student_scores_the_teachers_tokens(
         logits = teacher(torch.tensor([ids])).logits[0]
         logits[:, tok.token_to_id("<s>")] = -torch.inf  # a special token spells no bytes
         log_p = torch.log_softmax(logits, -1)
-    start = lengths[0]
-    for i in range(1, len(ids) - 1):  # the last token's end is the row's cut
+    start = lengths[0] + lengths[1]
+    # patches 0 and 1 get no prior (a row's cut), the last token's end is the row's cut
+    for i in range(2, len(ids) - 1):
         n = lengths[i]
         ours = 0.0
         for k in range(n):
             byte = data[start + k]
             cls = VOCAB_SIZE + byte if k == n - 1 else OFFSET + byte
             ours += log_q[start + k - 1, cls].item()
-        # the 4 special classes (prior e^-10 each) take 1.8e-4 nats per byte
-        assert abs(ours - log_p[i - 1, ids[i]].item()) < 2.5e-4 * n, (i, ours, log_p[i - 1, ids[i]])
+        # per byte: the 4 special classes (prior e^-10 each) take 1.8e-4 nats, the smoothing 1e-4
+        assert abs(ours - log_p[i - 1, ids[i]].item()) < 4e-4 * n, (i, ours, log_p[i - 1, ids[i]])
         start += n
 
 
@@ -300,6 +301,25 @@ def test_stage_1_keeps_the_teachers_table_and_layers(tmp_path, corpus_root, teac
         frozen = name.startswith(("global_transformer.", "subword.table."))
         assert torch.equal(before[name], param) == frozen, name
     assert trainer.model.subword.sorted_keys.max() > 0  # the teacher's vocabulary is keyed
+
+
+def test_a_fresh_student_with_the_teacher_head_is_already_distilled(
+    tmp_path, corpus_root, teacher_dir
+):
+    """On real batches (token patches, boundary classes in y), the first step's aux/distill is
+    the KL between the teacher's targets and a student that is the teacher: near 0 where the
+    data, the targets and the prior line up (the row's cut patches aside)."""
+    argv = bolmo_argv(
+        tmp_path, corpus_root, teacher_dir, "steps=1", f"distill.teacher={teacher_dir}",
+        "model.teacher_head=true",
+    )  # fmt: skip
+    trainer = Trainer(parse_args(TrainArgs, argv), detect_env())
+    try:
+        trainer.train()
+        last = trainer.last
+    finally:
+        trainer.close()
+    assert last["aux/distill"] < 0.3, last  # 0.09 here; 7.4 when y's boundary classes are misread
 
 
 def test_subword_embeddings_without_a_tokenizer_are_one_line(tmp_path, corpus_root):

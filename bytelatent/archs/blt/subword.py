@@ -174,7 +174,10 @@ class TeacherHead(nn.Module):
     time. On the teacher's token patches the product over a token's bytes is p(token), so a
     student whose global states are the teacher's (subword embeddings, frozen layers) and whose
     decoder adds nothing scores exactly the teacher's token log-likelihood. A prefix no token
-    starts with (a patch the tokenizer did not make) gets no prior (0: the decoder alone).
+    starts with (a patch the tokenizer did not make) gets no prior (0: the decoder alone), nor
+    do the bytes of a row's first two patches (its first byte and the rest of the token the
+    window cut). The prior is mixed with a uniform 1e-4 (`SMOOTHING`): a byte where the data's
+    patches and the tokenizer disagree costs ~15 nats, which the decoder can learn to lower.
     Special classes get `SPECIAL_LOG_PRIOR`; the decoder learns where a document ends.
 
     Cost per row: one head matmul per patch and a [bytes, vocabulary] gather and scatter, like
@@ -183,6 +186,7 @@ class TeacherHead(nn.Module):
     """
 
     SPECIAL_LOG_PRIOR = -10.0
+    SMOOTHING = 1e-4  # mixed-in uniform share: a class the tokens rule out costs ~15 nats, not 69
 
     def __init__(self, n_tokens: int, dim: int, max_bytes: int, eps: float) -> None:
         super().__init__()
@@ -262,8 +266,12 @@ class TeacherHead(nn.Module):
         mass = torch.zeros(bsz, n, 512, dtype=probs.dtype, device=probs.device)
         mass = mass.scatter_add(-1, classes, probs * consistent)
         total = mass.sum(-1, keepdim=True)
-        log_prior = torch.log(mass.clamp_min(1e-30)) - torch.log(total.clamp_min(1e-30))
-        return torch.where(total > 0, log_prior, torch.zeros_like(log_prior))
+        share = mass / total.clamp_min(1e-30)
+        log_prior = torch.log((1.0 - self.SMOOTHING) * share + self.SMOOTHING / 512)
+        # a row's first two patches are its first byte and the rest of a token the window cut:
+        # no token prefix to read, so no prior (nor where no token has the prefix)
+        known = (total > 0) & (patch_of >= 2).unsqueeze(-1)
+        return torch.where(known, log_prior, torch.zeros_like(log_prior))
 
     def add_prior(
         self,
