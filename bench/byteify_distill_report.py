@@ -14,9 +14,13 @@ import argparse
 import json
 import os
 
-VARIANTS_BOLMO = {  # --set bolmo: subword embeddings + boundary head, token patches (causal bpb)
-    "byteify + distill, teacher head": ("byteify_stage1_bolmo", "byteify_stage2_bolmo"),
-    "byteify + distill, learned decoder": (
+VARIANTS_BOLMO = {  # --set bolmo: configs/byteify_distill_stage*_bolmo.yaml (causal bpb)
+    "byteify, teacher head (stage 2 plain)": ("byteify_stage1_bolmo", "byteify_stage2_bolmo"),
+    "byteify, teacher head (stage 2 + distill)": (
+        "byteify_stage1_bolmo",
+        "byteify_stage2kd_bolmo",
+    ),
+    "byteify, learned decoder (Bolmo), lr 1e-2": (
         "byteify_nohead_stage1_bolmo",
         "byteify_nohead_stage2_bolmo",
     ),

@@ -8,6 +8,7 @@ keeps the teacher's table and layers bitwise, and the config mistakes as one lin
 from __future__ import annotations
 
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -320,6 +321,44 @@ def test_a_fresh_student_with_the_teacher_head_is_already_distilled(
     finally:
         trainer.close()
     assert last["aux/distill"] < 0.3, last  # 0.09 here; 7.4 when y's boundary classes are misread
+
+
+def run(argv: list[str]) -> Trainer:
+    trainer = Trainer(parse_args(TrainArgs, argv), detect_env())
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    return trainer
+
+
+@pytest.mark.slow
+def test_stage_2_starts_from_stage_1_and_resumes_bitwise(tmp_path, corpus_root, teacher_dir):
+    """The teacher's vocabulary keys and head travel in stage 1's checkpoint to stage 2 (a warm
+    start with no global_init), and a stage 2 killed midway resumes bitwise."""
+    head = ("model.teacher_head=true", "checkpoint.dump.every=2")
+    stage1 = tmp_path / "s1"
+    first = run(
+        bolmo_argv(
+            stage1, corpus_root, teacher_dir, *head, "steps=2", f"distill.teacher={teacher_dir}",
+            "optim.groups=[{params: 'global_transformer.*', frozen: true}]",
+        )
+    )  # fmt: skip
+    stage2 = [
+        a for a in bolmo_argv(tmp_path, corpus_root, teacher_dir, *head) if "global_init" not in a
+    ]
+    init = f"checkpoint.init_ckpt_path={stage1 / 'checkpoints' / '0000000002'}"
+    straight = run([*stage2, init, "steps=6", f"dump_dir={tmp_path / 'straight'}"])
+    for name in ("subword.sorted_keys", "teacher_head.prefix_keys", "teacher_head.token_len"):
+        a, b = first.model.get_buffer(name), straight.model.get_buffer(name)
+        assert torch.equal(a, b) and (a > 0).any(), name
+    killed = [*stage2, init, "steps=6", f"dump_dir={tmp_path / 'killed'}"]
+    run([*killed, "max_steps=3"])
+    shutil.rmtree(tmp_path / "killed" / "checkpoints" / "0000000003")
+    resumed = run(killed)
+    assert resumed.state.step == 6 and resumed._steps_run == 4
+    for (name, a), b in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b), name
 
 
 def test_subword_embeddings_without_a_tokenizer_are_one_line(tmp_path, corpus_root):
