@@ -141,14 +141,24 @@ def tiny_head_args(**extra) -> ByteLatentTransformerArgs:
     )  # fmt: skip
 
 
-def test_a_boundary_head_never_sees_a_boundary_it_has_not_predicted():
+@pytest.mark.parametrize("teacher", [False, True])
+def test_a_boundary_head_never_sees_a_boundary_it_has_not_predicted(teacher):
     """Position q predicts byte q + 1 and whether a patch ends after it: its logits may depend on
-    the patch boundaries after bytes 0..q, never on a later one."""
+    the patch boundaries after bytes 0..q, never on a later one (also with the subword
+    embeddings and the teacher head over a small vocabulary)."""
     torch.manual_seed(0)
-    model = ByteLatentTransformer(tiny_head_args())
+    extra = {"subword_vocab_size": 300, "teacher_head": True} if teacher else {}
+    model = ByteLatentTransformer(tiny_head_args(**extra))
     model.init_weights()
     model.eval()
-    tokens = torch.randint(OFFSET, OFFSET + 256, (1, 24))
+    tokens = torch.randint(OFFSET, OFFSET + 8, (1, 24))  # 8 byte values: tokens recur
+    if teacher:
+        alphabet = [bytes([b]) for b in range(8)]
+        vocab = [b""] + alphabet + [a + b for a in alphabet for b in alphabet]
+        vocab += [a + b + c for a in alphabet[:3] for b in alphabet[:3] for c in alphabet[:3]]
+        model.subword.set_vocabulary(vocab)
+        model.teacher_head.set_vocabulary(vocab)
+        torch.nn.init.normal_(model.local_decoder.output.weight, std=0.1)
     a = torch.tensor([[1, 3, 2, 4, 5, 3, 7]])  # boundaries after bytes 0, 3, 5, 9, 14, 17
     b = torch.tensor([[1, 3, 2, 4, 1, 2, 4, 8]])  # the same up to 9, then 10, 12, 16
     assert model.local_decoder.output.out_features == VOCAB_SIZE + 256
