@@ -172,6 +172,10 @@ def test_a_boundary_head_without_boundary_targets_is_one_line():
     with pytest.raises(ConfigError, match="set both") as info:
         parse_args(TrainArgs, [*TINY_BLT, "model.boundary_head=true"])
     assert "\n" not in info.value.one_line()
+    with pytest.raises(ConfigError, match="is 64 wide for dim=32"):
+        parse_args(TrainArgs, [*TINY_BLT, "model.subword_vocab_size=8"])
+    with pytest.raises(ConfigError, match="teacher_head needs subword_vocab_size"):
+        parse_args(TrainArgs, [*TINY_BLT, "model.teacher_head=true"])
     with pytest.raises(ConfigError, match="data.boundary_targets needs patches"):
         parse_args(TrainArgs, [*TINY_BLT, "data.boundary_targets=true", "data.add_patches=false"])
 

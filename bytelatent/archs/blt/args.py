@@ -330,12 +330,6 @@ class ByteLatentTransformerArgs(BaseModel):
             "teacher_head needs subword_vocab_size (the token vocabulary) and boundary_head "
             "(its classes say where a token ends)",
         )
-        _require(
-            not self.subword_vocab_size or self.global_input_dim() == self.dim,
-            f"subword embeddings are added to the global transformer's input, which is "
-            f"{self.global_input_dim()} wide for dim={self.dim}; make the patch representation "
-            "dim wide (e.g. dim_local_encoder * cross_attn_k = dim)",
-        )
         if self.cross_attn_encoder and self.cross_attn_init_by_pooling:
             _require(
                 bool(pooling),
@@ -347,6 +341,13 @@ class ByteLatentTransformerArgs(BaseModel):
                 size is not None and size >= 1 and float(size).is_integer(),
                 "without cross_attn_encoder or downsampling_by_pooling, patches are concatenations of "
                 f"patch_size byte states: set an integer patch_size (got {size}) or a pooling",
+            )
+        if self.subword_vocab_size:  # after the patch_size check: the width needs it
+            _require(
+                self.global_input_dim() == self.dim,
+                f"subword embeddings are added to the global transformer's input, which is "
+                f"{self.global_input_dim()} wide for dim={self.dim}; make the patch "
+                "representation dim wide (e.g. dim_local_encoder * cross_attn_k = dim)",
             )
 
     def _check_embeddings(self) -> None:
