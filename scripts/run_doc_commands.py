@@ -87,9 +87,9 @@ REWRITES = [
     ),
     (r'prompt="\.\.\."', 'prompt="import "', '"..." stands for your prompt'),
     (
-        r"(train_token_teacher\.py .*--steps )600\b",
-        r"\g<1>60",
-        "the byteify teacher's 600 steps, shortened (docs/byteify.md)",
+        r"(train_token_teacher\.py .*--steps )(600|1500)\b",
+        lambda m: f"{m.group(1)}{int(m.group(2)) // STEP_DIVISOR}",
+        "the byteify teachers' 600 / 1500 steps, shortened (docs/byteify.md)",
     ),
     (
         r"(bytelatent\.data\.prepare --out \S+)",
