@@ -40,7 +40,7 @@ from bytelatent.checkpoint.hf_llama_files import (  # noqa: F401 (re-exported)
     read_hf_config,
     weight_files,
 )
-from bytelatent.errors import CheckpointError
+from bytelatent.errors import CheckpointError, ConfigError
 from bytelatent.model.args import block_head_counts
 from bytelatent.model.layers import ffn_hidden_dim
 
@@ -271,8 +271,6 @@ def load_hf_llama(model: nn.Module, model_args: Any) -> int:
 def load_subword_embeddings(model: nn.Module, model_args: Any) -> int:
     """The Llama's input embedding table and its tokenizer's vocabulary into `model.subword`
     (`model.subword_vocab_size`, docs/byteify.md); returns the tokens keyed."""
-    from bytelatent.errors import ConfigError
-
     path = model_args.global_init.path
     tokenizer_file = os.path.join(path, "tokenizer.json")
     if not os.path.isfile(tokenizer_file):

@@ -29,6 +29,7 @@ from bytelatent.trainer.distill import TokenByteTrie
 from bytelatent.trainer.trainer import Trainer
 from tests.extras import lazy_extra
 from tests.trainer.test_cli import TINY_BLT
+from tests.trainer.test_distill_loss import run as run_args
 from tests.trainer.test_distill_loss import save_teacher
 
 
@@ -220,26 +221,36 @@ def bolmo_argv(dump, corpus_root, teacher, *extra) -> list[str]:
     ]
 
 
-def test_on_token_patches_the_frozen_layers_compute_the_teachers_outputs(
-    tmp_path, corpus_root, teacher_dir
-):
+def warm_student_on(text: str, tmp_path, corpus_root, teacher_dir, *extra: str):
+    """A student warm-started from the teacher (`bolmo_argv` + `extra`), and `text` as the
+    teacher tokenizes it: (model, token ids, byte lengths, tokens [1, N], patch_lengths [1, P]
+    with one patch per token and the next byte in the last)."""
     from tokenizers import Tokenizer
 
     from bytelatent.checkpoint.hf_llama import warm_start_global
 
-    args = parse_args(TrainArgs, bolmo_argv(tmp_path, corpus_root, teacher_dir))
+    args = parse_args(TrainArgs, bolmo_argv(tmp_path, corpus_root, teacher_dir, *extra))
     with torch.device("meta"):
         model = build_model(args)
     model.to_empty(device="cpu")
     model.init_weights()
     assert warm_start_global(model, args.model)
     tok = Tokenizer.from_file(str(teacher_dir / "tokenizer.json"))
-    text = "\ndef join(a, b):\n    return os.path.join(a, b)\n"
     ids = tok.encode(text, add_special_tokens=False).ids
     lengths = [len(tok.decode([i]).encode()) for i in ids]
     assert lengths[0] == 1  # the BLT's first patch is one byte: the text starts with one
     tokens = torch.tensor([[OFFSET + b for b in text.encode()]])
     patch_lengths = torch.tensor([lengths[:-1] + [lengths[-1] + 1]])  # + the next byte
+    return model, tok, ids, lengths, tokens, patch_lengths
+
+
+def test_on_token_patches_the_frozen_layers_compute_the_teachers_outputs(
+    tmp_path, corpus_root, teacher_dir
+):
+    text = "\ndef join(a, b):\n    return os.path.join(a, b)\n"
+    model, _, ids, _, tokens, patch_lengths = warm_student_on(
+        text, tmp_path, corpus_root, teacher_dir
+    )
     seen = {}
     model.global_transformer.register_forward_hook(lambda m, i, o: seen.update(ours=o))
     teacher = transformers.LlamaForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32)
@@ -258,26 +269,11 @@ def test_with_the_teacher_head_a_fresh_student_scores_the_teachers_tokens(
     """model.teacher_head after the warm start: the student's log-probability of each token's
     bytes and its end (the boundary classes) is the teacher's log-probability of the token
     (renormalised without its special token, which spells no bytes)."""
-    from tokenizers import Tokenizer
-
-    from bytelatent.checkpoint.hf_llama import warm_start_global
-
-    args = parse_args(
-        TrainArgs, bolmo_argv(tmp_path, corpus_root, teacher_dir, "model.teacher_head=true")
-    )
-    with torch.device("meta"):
-        model = build_model(args)
-    model.to_empty(device="cpu")
-    model.init_weights()
-    assert warm_start_global(model, args.model)
-    tok = Tokenizer.from_file(str(teacher_dir / "tokenizer.json"))
     text = "\nclass Path(object):\n    def join(self, *parts):\n        return parts\n"
-    ids = tok.encode(text, add_special_tokens=False).ids
-    lengths = [len(tok.decode([i]).encode()) for i in ids]
-    assert lengths[0] == 1
+    model, tok, ids, lengths, tokens, patch_lengths = warm_student_on(
+        text, tmp_path, corpus_root, teacher_dir, "model.teacher_head=true"
+    )
     data = text.encode()
-    tokens = torch.tensor([[OFFSET + b for b in data]])
-    patch_lengths = torch.tensor([lengths[:-1] + [lengths[-1] + 1]])
     teacher = transformers.LlamaForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32)
     with torch.no_grad():
         log_q = torch.log_softmax(model(tokens, patch_lengths)[0], -1)
@@ -338,12 +334,7 @@ def test_a_fresh_student_with_the_teacher_head_is_already_distilled(
 
 
 def run(argv: list[str]) -> Trainer:
-    trainer = Trainer(parse_args(TrainArgs, argv), detect_env())
-    try:
-        trainer.train()
-    finally:
-        trainer.close()
-    return trainer
+    return run_args(parse_args(TrainArgs, argv))
 
 
 @pytest.mark.slow

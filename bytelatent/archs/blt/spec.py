@@ -6,6 +6,7 @@ from typing import Any
 
 from bytelatent.archs.blt.args import ByteLatentTransformerArgs
 from bytelatent.model.spec import Adapters, ArchSpec, Forward, Sizes
+from bytelatent.tokenizers.constants import VOCAB_SIZE
 
 
 def check_blt_run(args: Any) -> None:
@@ -20,8 +21,10 @@ def check_blt_run(args: Any) -> None:
             f"model.boundary_head={head} but data.boundary_targets={targets}: a boundary-head "
             "model is trained on the batches' boundary classes; set both (or neither)"
         )
-    if head and (args.model.vocab_size != 260 or args.model.pm_size):
-        raise ValueError("model.boundary_head needs vocab_size=260 and pm_size=0 (byte ids)")
+    if head and (args.model.vocab_size != VOCAB_SIZE or args.model.pm_size):
+        raise ValueError(
+            f"model.boundary_head needs vocab_size={VOCAB_SIZE} and pm_size=0 (byte ids)"
+        )
     if head and (other := sorted(set(args.eval.tasks) - {"bpb"})):
         raise ValueError(
             f"eval.tasks={other}: a boundary-head BLT is scored by bpb only (its logits hold "

@@ -23,11 +23,12 @@ starts at 0): at the first step the global transformer sees the teacher's embedd
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
 
+from bytelatent.archs.blt.patch_utils import patch_ids_from_lengths
 from bytelatent.tokenizers.constants import OFFSET
 
 _P1, _B1 = 1_000_000_007, 911_382_323  # < 2^30
@@ -37,8 +38,27 @@ MAX_BYTES_LIMIT = (1 << _LEN_BITS) - 1
 _NO_KEY = -1  # never a key (keys are >= 0): what an unset vocabulary holds
 
 
-def _key(h1: torch.Tensor, h2: torch.Tensor, length: int) -> torch.Tensor:
+def _key(h1, h2, length: int):
+    """The key of a byte string of `length` bytes from its two hashes (ints or tensors)."""
     return ((h1 * _P2 + h2) << _LEN_BITS) + length
+
+
+def ngram_keys(tokens: torch.Tensor, max_bytes: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """For length = 1, 2, ... up to `max_bytes` (and the row width): (length, [B, N] keys of the
+    n-gram of that many bytes ending at each position, `_NO_KEY` where it would start before the
+    row or span a token that is not a byte). `tokens` are byte ids (`OFFSET` + byte)."""
+    n = tokens.shape[1]
+    is_byte = (tokens >= OFFSET) & (tokens < OFFSET + 256)
+    value = (tokens - OFFSET + 1).clamp(min=0)
+    h1, h2 = torch.zeros_like(tokens), torch.zeros_like(tokens)
+    valid = torch.ones_like(is_byte)
+    for length in range(1, min(max_bytes, n) + 1):
+        shift = length - 1  # the n-gram's first byte sits `shift` positions back
+        first = nn.functional.pad(value[:, : n - shift], (shift, 0))
+        valid = valid & nn.functional.pad(is_byte[:, : n - shift], (shift, 0), value=False)
+        h1 = (h1 * _B1 + first) % _P1  # the Horner order of `token_keys`
+        h2 = (h2 * _B2 + first) % _P2
+        yield length, torch.where(valid, _key(h1, h2, length), _NO_KEY)
 
 
 def token_keys(vocab: Sequence[bytes]) -> torch.Tensor:
@@ -51,7 +71,7 @@ def token_keys(vocab: Sequence[bytes]) -> torch.Tensor:
         for byte in reversed(token):  # the same Horner order as `longest_suffix_tokens`
             h1 = (h1 * _B1 + byte + 1) % _P1
             h2 = (h2 * _B2 + byte + 1) % _P2
-        keys[i] = ((h1 * _P2 + h2) << _LEN_BITS) + len(token)
+        keys[i] = _key(h1, h2, len(token))
     return keys
 
 
@@ -66,27 +86,11 @@ def longest_suffix_tokens(
     position and starting at most `room` [B, N] bytes before it (-1: none, e.g. a special token).
     `tokens` are byte ids (`OFFSET` + byte); the vocabulary is `sorted_keys` (ascending) with
     the token id of each key in `sorted_ids`."""
-    is_byte = (tokens >= OFFSET) & (tokens < OFFSET + 256)
-    value = (tokens - OFFSET + 1).clamp(min=0)
     found = torch.full_like(tokens, -1)
-    h1 = torch.zeros_like(tokens)
-    h2 = torch.zeros_like(tokens)
-    valid = torch.ones_like(is_byte)
-    last = sorted_keys.numel() - 1
-    for length in range(1, max_bytes + 1):
-        shift = length - 1  # the n-gram's first byte sits `shift` positions back
-        if shift >= tokens.shape[1]:
-            break
-        first = value[:, : tokens.shape[1] - shift]
-        first_ok = is_byte[:, : tokens.shape[1] - shift]
-        first = nn.functional.pad(first, (shift, 0))
-        first_ok = nn.functional.pad(first_ok, (shift, 0), value=False)
-        h1 = (h1 * _B1 + first) % _P1
-        h2 = (h2 * _B2 + first) % _P2
-        valid = valid & first_ok & (room >= shift)
-        key = _key(h1, h2, length)
-        index = torch.searchsorted(sorted_keys, key).clamp(max=max(last, 0))
-        hit = valid & (sorted_keys[index] == key)
+    last = max(sorted_keys.numel() - 1, 0)
+    for length, key in ngram_keys(tokens, max_bytes):
+        index = torch.searchsorted(sorted_keys, key).clamp(max=last)
+        hit = (key != _NO_KEY) & (room >= length - 1) & (sorted_keys[index] == key)
         found = torch.where(hit, sorted_ids[index], found)
     return found
 
@@ -138,11 +142,8 @@ class SubwordEmbedding(nn.Module):
         starting inside the patch (-1: none, or an empty patch)."""
         n = tokens.shape[1]
         starts = torch.cumsum(patch_lengths, 1) - patch_lengths
-        positions = torch.arange(n, device=tokens.device).expand(tokens.shape[0], n).contiguous()
-        patch_of = (
-            torch.searchsorted(torch.cumsum(patch_lengths, 1), positions, right=True)
-        ).clamp(max=patch_lengths.shape[1] - 1)
-        room = positions - starts.gather(1, patch_of)
+        positions = torch.arange(n, device=tokens.device).expand(tokens.shape[0], n)
+        room = positions - starts.gather(1, patch_ids_from_lengths(patch_lengths, n))
         ids = longest_suffix_tokens(tokens, room, self.sorted_keys, self.sorted_ids, self.max_bytes)
         last = (starts + patch_lengths - 1).clamp(min=0, max=n - 1)
         patch_ids = ids.gather(1, last)
@@ -229,27 +230,15 @@ class TeacherHead(nn.Module):
         """h [B, P, dim] global states -> log prior [B, N, 512] (byte b going on: b; ending its
         patch: 256 + b) of each position's next byte; 0 where no token has the prefix."""
         bsz, n = tokens.shape
-        ends = torch.cumsum(patch_lengths, 1)
-        target = torch.arange(1, n + 1, device=tokens.device).expand(bsz, n).contiguous()
-        patch_of = torch.searchsorted(ends, target, right=True).clamp(
-            max=patch_lengths.shape[1] - 1
-        )
-        depth = target - (ends - patch_lengths).gather(1, patch_of)  # bytes of the prefix
+        patch_of = patch_ids_from_lengths(patch_lengths, n + 1)[:, 1:]  # of byte q + 1
+        starts = torch.cumsum(patch_lengths, 1) - patch_lengths
+        target = torch.arange(1, n + 1, device=tokens.device).expand(bsz, n)
+        depth = target - starts.gather(1, patch_of)  # bytes of the prefix
         read = (patch_of - 1).clamp(min=0)  # the last complete patch
         # the key of each prefix: the n-gram of `depth` bytes ending at q
-        is_byte = (tokens >= OFFSET) & (tokens < OFFSET + 256)
-        value = (tokens - OFFSET + 1).clamp(min=0)
         key = torch.full_like(tokens, _NO_KEY)
-        h1, h2 = torch.zeros_like(tokens), torch.zeros_like(tokens)
-        valid = torch.ones_like(is_byte)
-        for length in range(1, min(self.max_bytes, n + 1)):
-            shift = length - 1
-            first = nn.functional.pad(value[:, : n - shift], (shift, 0))
-            valid = valid & nn.functional.pad(is_byte[:, : n - shift], (shift, 0), value=False)
-            h1 = (h1 * _B1 + first) % _P1
-            h2 = (h2 * _B2 + first) % _P2
-            hit = valid & (depth == length)
-            key = torch.where(hit, _key(h1, h2, length), key)
+        for length, keys in ngram_keys(tokens, self.max_bytes - 1):
+            key = torch.where(depth == length, keys, key)
         depth_c = depth.clamp(max=self.max_bytes - 1)
         lens = self.token_len
         # [B, N, V]: the tokens that start with the prefix and are longer than it
