@@ -165,8 +165,10 @@ def test_a_boundary_head_never_sees_a_boundary_it_has_not_predicted(teacher):
     assert model.local_decoder.output.out_features == VOCAB_SIZE + 256
     with torch.no_grad():
         la, lb = model(tokens, a), model(tokens, b)
-    assert torch.equal(la[0, :10], lb[0, :10])  # positions 0..9 know the cuts after 0..9 only
-    assert not torch.equal(la[0, 10], lb[0, 10])  # position 10 reads the cut after byte 10
+    # positions 0..9 know the cuts after 0..9 only: equal up to rounding (the two rows have
+    # different patch counts, so the GEMMs are blocked differently: ~1e-6 on an AVX2 CPU)
+    torch.testing.assert_close(la[0, :10], lb[0, :10], rtol=0, atol=1e-4)
+    assert (la[0, 10] - lb[0, 10]).abs().max() > 1e-2  # position 10 reads the cut after byte 10
 
 
 def test_a_boundary_head_without_boundary_targets_is_one_line():
