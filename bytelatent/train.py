@@ -94,6 +94,7 @@ import logging
 import os
 import signal
 
+from bytelatent.distributed.env import cpu_bf16_warning
 from bytelatent.distributed.lifecycle import Process
 from bytelatent.distributed.mesh import build_mesh
 from bytelatent.distributed.signals import early_flag
@@ -163,6 +164,10 @@ def run(args: TrainArgs) -> int:
             if check.changes and env.rank == 0:
                 logger.warning(changes_line(check))
             if env.rank == 0 and (line := offline_patching_warning(args)):
+                logger.warning(line)
+            # In the run's log (stdout, train.log), not on stderr: stderr is for the one error line.
+            dtype = args.distributed.model_dtype
+            if env.rank == 0 and (line := cpu_bf16_warning(env.device, dtype)):
                 logger.warning(line)
             trainer = Trainer(args, env)  # takes `preemption`, the process's flag
             trainer.train()

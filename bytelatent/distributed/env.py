@@ -158,8 +158,6 @@ def setup_distributed(args: DistributedArgs) -> DistEnv:
     if mp.get_start_method(allow_none=True) is None:
         mp.set_start_method(args.spawn_method)
     env = detect_env()
-    if (line := cpu_bf16_warning(env.device, args.model_dtype)) and env.rank == 0:
-        logger.warning(line)
     if env.device.type == "cuda":
         if env.local_rank >= torch.cuda.device_count():
             raise ConfigError(
