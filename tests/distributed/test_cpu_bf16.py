@@ -13,19 +13,19 @@ from tests.trainer.test_cli import REPO
 WARNING = "distributed.model_dtype=bf16 on a CPU without bf16 matmul"
 
 
-def _train(monkeypatch, tmp_path, corpus_root, native: bool, dtype: str):
+def _train_bf16(monkeypatch, tmp_path, corpus_root, native: bool):
     monkeypatch.setattr(env_module, "cpu_has_bf16_matmul", lambda: native)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_JOB_ID", "SLURM_PROCID"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(REPO)
-    dump = tmp_path / f"run_{native}_{dtype}"
+    dump = tmp_path / "run"
     argv = [
         "config=configs/entropy_debug.yaml",
         *TINY_ENTROPY,
         "steps=1",
         f"dump_dir={dump}",
         f"data.root_dir={corpus_root}",
-        f"distributed.model_dtype={dtype}",
+        "distributed.model_dtype=bf16",
         "checkpoint.dump.every=0",
     ]
     assert main(argv) == 0
@@ -33,7 +33,7 @@ def _train(monkeypatch, tmp_path, corpus_root, native: bool, dtype: str):
 
 
 def test_the_warning_goes_to_the_run_log_not_stderr(monkeypatch, tmp_path, corpus_root, capsys):
-    dump = _train(monkeypatch, tmp_path, corpus_root, native=False, dtype="bf16")
+    dump = _train_bf16(monkeypatch, tmp_path, corpus_root, native=False)
     out = capsys.readouterr()
     assert WARNING not in out.err
     assert sum(WARNING in line for line in out.out.splitlines()) == 1
@@ -43,7 +43,7 @@ def test_the_warning_goes_to_the_run_log_not_stderr(monkeypatch, tmp_path, corpu
 
 
 def test_no_warning_where_the_cpu_has_bf16(monkeypatch, tmp_path, corpus_root, capsys):
-    dump = _train(monkeypatch, tmp_path, corpus_root, native=True, dtype="bf16")
+    dump = _train_bf16(monkeypatch, tmp_path, corpus_root, native=True)
     out = capsys.readouterr()
     assert WARNING not in out.out + out.err
     assert WARNING not in (dump / "train.log").read_text()
