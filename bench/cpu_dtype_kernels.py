@@ -5,6 +5,9 @@ support) a bf16 matmul falls back to a generic loop. This prints, at 1 thread, t
 CPU time of each kernel in both dtypes so the gap is measured on the machine at hand:
 
     OMP_NUM_THREADS=1 python bench/cpu_dtype_kernels.py
+
+and a debug-config training step three ways: bf16 on the bf16 kernels, bf16 on fp32 kernels over
+bf16-rounded values (`bytelatent/model/cpu_bf16.py`), and fp32.
 """
 
 from __future__ import annotations
@@ -58,9 +61,12 @@ def attention_ms(shape: tuple[int, ...], dtype: torch.dtype) -> list[float]:
 
 def debug_step_cpu_s(rounds: int = 3) -> dict[str, float]:
     """Median CPU s of a training step of the configs/debug.yaml BLT (batch 4 x 500 bytes, static
-    4-byte patches, AdamW), bf16 autocast and fp32 interleaved after one warm-up step each."""
+    4-byte patches, AdamW) after one warm-up step each, interleaved: bf16 autocast with the bf16
+    kernels (`BYTELATENT_CPU_BF16=native`), bf16 autocast with fp32 kernels on bf16-rounded values
+    (`=fp32`, the default where the CPU has no bf16 GEMMs), and fp32."""
     from bytelatent.archs.blt.args import ByteLatentTransformerArgs
     from bytelatent.archs.blt.model import ByteLatentTransformer
+    from bytelatent.model import cpu_bf16
 
     with open(os.path.join(ROOT, "configs", "debug.yaml")) as f:
         model = ByteLatentTransformer(ByteLatentTransformerArgs(**yaml.safe_load(f)["model"]))
@@ -72,7 +78,10 @@ def debug_step_cpu_s(rounds: int = 3) -> dict[str, float]:
     lengths = torch.full((4, 126), 4)
     lengths[:, 0], lengths[:, -1] = 1, 501 - 1 - 4 * 124  # rows sum to N + 1
 
-    def step(bf16: bool) -> float:
+    def step(name: str) -> float:
+        bf16 = name != "fp32"
+        os.environ[cpu_bf16.ENV] = "native" if name == "bf16-native" else "fp32"
+        cpu_bf16.reread_env()
         start = time.process_time()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = model(x, lengths)
@@ -82,10 +91,10 @@ def debug_step_cpu_s(rounds: int = 3) -> dict[str, float]:
         optimizer.step()
         return time.process_time() - start
 
-    times: dict[str, list[float]] = {"bf16": [], "fp32": []}
+    times: dict[str, list[float]] = {"bf16-native": [], "bf16-fp32-kernels": [], "fp32": []}
     for i in range(rounds + 1):
         for name in times:
-            elapsed = step(name == "bf16")
+            elapsed = step(name)
             if i:  # the first round warms up
                 times[name].append(elapsed)
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
@@ -115,7 +124,8 @@ def main() -> None:
             cells += attention_ms(shape, dtype)
         print(f"| {shape} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
     debug = debug_step_cpu_s()
-    print(f"configs/debug.yaml BLT step, CPU s: bf16 {debug['bf16']:.2f}, fp32 {debug['fp32']:.2f}")
+    cells = ", ".join(f"{name} {seconds:.2f}" for name, seconds in debug.items())
+    print(f"configs/debug.yaml BLT step, CPU s: {cells}")
     print(f"load average at the end {os.getloadavg()}")
 
 

@@ -94,10 +94,10 @@ import logging
 import os
 import signal
 
-from bytelatent.distributed.env import cpu_bf16_warning
 from bytelatent.distributed.lifecycle import Process
 from bytelatent.distributed.mesh import build_mesh
 from bytelatent.distributed.signals import early_flag
+from bytelatent.model.cpu_bf16 import cpu_bf16_line
 from bytelatent.trainer.build import build_parallel_model
 from bytelatent.trainer.metrics import setup_logging
 from bytelatent.trainer.model_info import MODEL_INFO, summary_line, write_model_info
@@ -167,8 +167,8 @@ def run(args: TrainArgs) -> int:
                 logger.warning(line)
             # In the run's log (stdout, train.log), not on stderr: stderr is for the one error line.
             dtype = args.distributed.model_dtype
-            if env.rank == 0 and (line := cpu_bf16_warning(env.device, dtype)):
-                logger.warning(line)
+            if env.rank == 0 and (line := cpu_bf16_line(env.device, dtype)):
+                logger.info(line)
             trainer = Trainer(args, env)  # takes `preemption`, the process's flag
             trainer.train()
             raise_log_file_error()  # train.log failed on the last lines (a full disk)

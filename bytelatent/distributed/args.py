@@ -47,7 +47,8 @@ class DistributedArgs(BaseModel):
     model_dtype: Literal["fp32", "bf16", "fp16"] = Field(
         "bf16",
         description="compute dtype: FSDP gathers parameters in it, a process without FSDP "
-        "autocasts to it; fp16 is refused",
+        "autocasts to it; fp16 is refused. bf16 on a CPU without bf16 GEMMs runs fp32 kernels on "
+        "bf16-rounded values (BYTELATENT_CPU_BF16=native: the bf16 kernels)",
     )
     fsdp_reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="dtype of FSDP's gradient reduce-scatter"

@@ -127,28 +127,6 @@ def _set_numerics(args: DistributedArgs) -> None:
     torch.autograd.set_detect_anomaly(args.detect_anomaly)
 
 
-def cpu_has_bf16_matmul() -> bool:
-    """Whether oneDNN computes bf16 matmuls natively on this CPU (avx512_bf16, AMX, ARM bf16)."""
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
-def cpu_bf16_warning(device: torch.device, model_dtype: str) -> str | None:
-    """The one line a bf16 run on a CPU without bf16 matmul instructions gets, else None.
-
-    Without avx512_bf16 / AMX (an AVX2-only x86 CPU: oneDNN reports no bf16 support) a bf16 matmul
-    falls back to a generic loop: measured 0.2-1.7 GFLOP/s against 30-33 in fp32 on an AVX2 AMD
-    EPYC, 1 thread (bench/RESULTS_blt_cpu.md, 2026-12-05). The run still computes what it was
-    asked to; it only says so, once, with the fix.
-    """
-    if device.type != "cpu" or model_dtype != "bf16" or cpu_has_bf16_matmul():
-        return None
-    return (
-        "distributed.model_dtype=bf16 on a CPU without bf16 matmul instructions (no "
-        "avx512_bf16/AMX): its matmuls run 20-150x slower than in fp32 here; set "
-        "distributed.model_dtype=fp32 for speed"
-    )
-
-
 def setup_distributed(args: DistributedArgs) -> DistEnv:
     """Detect the launcher, pick the device, and init the process group when world > 1."""
     from bytelatent.compat import check_torch

@@ -10,6 +10,7 @@ from torch import nn
 
 from bytelatent.model.args import BaseTransformerArgs, block_head_counts
 from bytelatent.model.attention import HostDocuments, resolve_backend, self_attn_mask
+from bytelatent.model.cpu_bf16 import Linear
 from bytelatent.model.layers import (
     KVCache,
     RotaryEmbedding,
@@ -51,7 +52,7 @@ class GlobalTransformer(nn.Module):
             scaling=block_args.rope_scaling,
         )
         self.token_embedding_projection = (
-            nn.Linear(in_dim, self.dim, bias=False) if in_dim != self.dim else None
+            Linear(in_dim, self.dim, bias=False) if in_dim != self.dim else None
         )
 
     def forward(

@@ -10,6 +10,7 @@ from torch import nn
 
 from bytelatent.model.args import INIT_STD_FACTORS, BlockArgs, RopeScalingArgs, block_head_counts
 from bytelatent.model.attention import AttnMask, attend
+from bytelatent.model.cpu_bf16 import Linear
 from bytelatent.model.rope_scaling import scale_frequencies
 
 
@@ -315,10 +316,10 @@ class Attention(nn.Module):
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
         self.rope_theta = rope_theta
-        self.wq = nn.Linear(dim, n_heads * head_dim, bias=False)
-        self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
-        self.wv = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
-        self.wo = nn.Linear(n_heads * head_dim, dim, bias=False)
+        self.wq = Linear(dim, n_heads * head_dim, bias=False)
+        self.wk = Linear(dim, n_kv_heads * head_dim, bias=False)
+        self.wv = Linear(dim, n_kv_heads * head_dim, bias=False)
+        self.wo = Linear(n_heads * head_dim, dim, bias=False)
 
     def forward(
         self,
@@ -381,9 +382,9 @@ class FeedForward(nn.Module):
         hidden = multiple_of * ((hidden + multiple_of - 1) // multiple_of)
         self.dim = dim
         self.hidden_dim = hidden
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w1 = Linear(dim, hidden, bias=False)
+        self.w3 = Linear(dim, hidden, bias=False)
+        self.w2 = Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = autocast_input(x)

@@ -24,6 +24,7 @@ from torch import nn
 
 from bytelatent.archs.blt.patch_utils import PatchCrossMask
 from bytelatent.model.attention import attend
+from bytelatent.model.cpu_bf16 import Linear
 from bytelatent.model.layers import RMSNorm
 
 
@@ -99,10 +100,10 @@ class CrossAttention(nn.Module):
         self.n_kv_heads = n_kv_heads
         self.cross_attn_norm_q = RMSNorm(dim, eps=norm_eps)
         self.cross_attn_norm_kv = RMSNorm(dim, eps=norm_eps)
-        self.wq = nn.Linear(dim, n_heads * head_dim, bias=False)
-        self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
-        self.wv = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
-        self.wo = nn.Linear(n_heads * head_dim, dim, bias=False)
+        self.wq = Linear(dim, n_heads * head_dim, bias=False)
+        self.wk = Linear(dim, n_kv_heads * head_dim, bias=False)
+        self.wv = Linear(dim, n_kv_heads * head_dim, bias=False)
+        self.wo = Linear(n_heads * head_dim, dim, bias=False)
 
     def forward(
         self,

@@ -31,6 +31,7 @@ from bytelatent.model.args import BaseTransformerArgs, block_head_counts
 from bytelatent.model.attention import (
     AttnMask,
 )
+from bytelatent.model.cpu_bf16 import Linear
 from bytelatent.model.layers import (
     KVCache,
     RMSNorm,
@@ -191,7 +192,7 @@ class LocalEncoder(LocalModelBase):
         self.patch_embedding_projection = None
         self.patch_queries = None
         if args.cross_attn_encoder and args.cross_attn_init_by_pooling:
-            self.patch_embedding_projection = nn.Linear(
+            self.patch_embedding_projection = Linear(
                 self.dim * len(self.pooling), self.dim * args.cross_attn_k, bias=False
             )
         elif args.cross_attn_encoder:
@@ -313,11 +314,11 @@ class LocalDecoder(LocalModelBase):
         self.slots = args.cross_attn_k if args.cross_attn_decoder else 1
         self.patch_embedding_projection = None
         if args.dim != self.dim or self.slots > 1:
-            self.patch_embedding_projection = nn.Linear(args.dim, self.dim * self.slots, bias=False)
+            self.patch_embedding_projection = Linear(args.dim, self.dim * self.slots, bias=False)
         self.norm = RMSNorm(self.dim, eps=args.norm_eps)
         # boundary_head: 256 more classes, "byte b, and its patch ends after it" (docs/byteify.md)
         n_out = args.vocab_size + args.pm_size + (256 if args.boundary_head else 0)
-        self.output = nn.Linear(self.dim, n_out, bias=False)
+        self.output = Linear(self.dim, n_out, bias=False)
 
     def forward(
         self,

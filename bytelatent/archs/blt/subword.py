@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from bytelatent.archs.blt.patch_utils import patch_ids_from_lengths
+from bytelatent.model.cpu_bf16 import Linear
 from bytelatent.tokenizers.constants import OFFSET
 
 _P1, _B1 = 1_000_000_007, 911_382_323  # < 2^30
@@ -193,7 +194,7 @@ class TeacherHead(nn.Module):
         super().__init__()
         self.max_bytes = max_bytes
         self.norm = nn.RMSNorm(dim, eps=eps)
-        self.head = nn.Linear(dim, n_tokens, bias=False)
+        self.head = Linear(dim, n_tokens, bias=False)
         # token t's byte k (-1 past its end), its length (0: special), the key of its first k
         self.register_buffer("token_bytes", torch.full((n_tokens, max_bytes), -1))
         self.register_buffer("token_len", torch.zeros(n_tokens, dtype=torch.long))

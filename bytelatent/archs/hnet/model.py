@@ -33,6 +33,7 @@ from bytelatent.archs.hnet.dc.routing import RoutingModule
 from bytelatent.data.chat import MARKER_IDS
 from bytelatent.distributed.tp_plan import TPPlan
 from bytelatent.model.attention import resolve_backend, self_attn_mask
+from bytelatent.model.cpu_bf16 import Linear
 from bytelatent.model.global_transformer import GlobalTransformer
 from bytelatent.model.layers import (
     KVCache,
@@ -129,7 +130,7 @@ class HNet(nn.Module):
         block_args = args.global_block_args()
         self.global_transformer = GlobalTransformer(block_args, block_args.dim, args.eos_id)
         self.norm = RMSNorm(args.stages[0].dim, eps=args.norm_eps)
-        self.output = nn.Linear(args.stages[0].dim, args.vocab_size, bias=False)
+        self.output = Linear(args.stages[0].dim, args.vocab_size, bias=False)
 
     def forward(
         self, tokens: torch.Tensor, host: object | None = None

@@ -22,6 +22,7 @@ from bytelatent.model.attention import (
     resolve_backend,
     self_attn_mask,
 )
+from bytelatent.model.cpu_bf16 import Linear
 from bytelatent.model.layers import (
     KVCache,
     RMSNorm,
@@ -48,7 +49,7 @@ class LMTransformer(nn.Module):
         )
         self.layers = nn.ModuleList(TransformerBlock(args) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, eps=args.norm_eps)
-        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.output = Linear(args.dim, args.vocab_size, bias=False)
         self._tie_weights()
 
     def _tie_weights(self) -> None:

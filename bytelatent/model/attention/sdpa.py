@@ -30,6 +30,7 @@ from bytelatent.model.attention.masks import (
     MaskSpec,
     dense_self_attn_mask,
 )
+from bytelatent.model.cpu_bf16 import autocast_off, fp32_attention
 
 
 @dataclass(eq=False)
@@ -92,6 +93,14 @@ class SdpaBackend:
         return _document_mask(spec)
 
     def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask
+    ) -> torch.Tensor:
+        if fp32_attention(q):  # bf16 on a CPU without bf16 GEMMs: the kernels in fp32
+            with autocast_off(q.device.type):
+                return self._attend(q.float(), k.float(), v.float(), mask).to(q.dtype)
+        return self._attend(q, k, v, mask)
+
+    def _attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask
     ) -> torch.Tensor:
         if isinstance(mask, SdpaCausal):

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bytelatent.model.cpu_bf16 import Linear
+
 
 @dataclass
 class RoutingOutput:
@@ -45,8 +47,8 @@ class RoutingModule(nn.Module):
     ) -> None:
         super().__init__()
         self.d_model = d_model
-        self.q_proj_layer = nn.Linear(d_model, d_model, bias=False, device=device, dtype=dtype)
-        self.k_proj_layer = nn.Linear(d_model, d_model, bias=False, device=device, dtype=dtype)
+        self.q_proj_layer = Linear(d_model, d_model, bias=False, device=device, dtype=dtype)
+        self.k_proj_layer = Linear(d_model, d_model, bias=False, device=device, dtype=dtype)
         self.init_weights()
 
     def init_weights(self) -> None:
