@@ -38,7 +38,6 @@ from torch.utils.checkpoint import (
 
 from bytelatent.distributed.args import DistributedArgs
 from bytelatent.errors import ConfigError
-from bytelatent.model import cpu_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -290,7 +289,6 @@ def apply_compile(model: nn.Module, cache_size_limit: int = 8, backend: str = "i
     last batch) take dynamo's automatic dynamic shapes: one more graph, not one per shape."""
     torch._dynamo.config.cache_size_limit = cache_size_limit
     torch._dynamo.config.fail_on_recompile_limit_hit = True
-    cpu_bf16.resolve()  # the CPU bf16 kernel choice, read eagerly: a constant to the graphs
     for block in checkpoint_blocks(model):
         block.compile(backend=backend)
 

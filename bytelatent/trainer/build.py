@@ -10,6 +10,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from bytelatent.args import TrainArgs
 from bytelatent.distributed.parallelize import parallelize_model
+from bytelatent.model import cpu_bf16
 from bytelatent.model.registry import get_arch
 
 
@@ -26,6 +27,7 @@ def build_parallel_model(args: TrainArgs, mesh: DeviceMesh | None) -> torch.nn.M
     logging.getLogger("bytelatent").info(
         "model: %s (arch %s) with %s parameters", type(model).__name__, args.arch, f"{n_params:,}"
     )
+    cpu_bf16.resolve()  # the CPU bf16 kernel choice, read before compiled blocks trace a linear
     return parallelize_model(model, mesh, args.distributed)
 
 
