@@ -375,6 +375,30 @@ def test_cpu_chunk_plan_matches_brute_force(kind, window, n_kv_heads, monkeypatc
         torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-9)
 
 
+def test_chunk_plan_survives_fsdp_casting_its_forward_inputs(monkeypatch):
+    """FSDP2 casts a module's floating forward inputs to the compute dtype through dicts and
+    dataclass fields (`_apply_to_tensors`, as `MixedPrecisionPolicy(cast_forward_inputs=True)`
+    does); the plan's fp32 additive mask must stay fp32 for fp32 attention (bf16 on a CPU without
+    bf16 GEMMs runs its attention in fp32), not come back as the bf16 copy."""
+    from torch.distributed.utils import _apply_to_tensors
+
+    monkeypatch.setattr(attention.chunked, "SDPA_CHUNK", 8)
+    tokens = packed_rows(3, 40, seed=11)
+    mask = self_attn_mask("block_causal", tokens, eos_id=EOS, window=None)
+    assert isinstance(mask, SdpaChunked)
+    mask.chunks.additive_mask(torch.float32)
+
+    def to_bf16(t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.bfloat16) if t.is_floating_point() else t
+
+    cast = _apply_to_tensors(to_bf16, mask)
+    assert cast.chunks.additive_mask(torch.float32).dtype == torch.float32
+    q, k, v = qkv(3, 40)
+    out = attend(q.float(), k.float(), v.float(), cast)  # raised on a bf16 mask before
+    ref = attend(q.float(), k.float(), v.float(), mask)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(("kind", "window"), [("block_causal", None), ("local_block_causal", 64)])
 def test_single_document_rows_run_as_plain_causal(kind, window):
     """Rows without an EOS before their end: the document mask is plain causal (is_causal)."""

@@ -55,6 +55,16 @@ class BandedMask:
 SDPA_CHUNK = 256
 
 
+class MaskCache:
+    """A plan's additive masks by dtype, in a plain object: FSDP2 casts a module's floating-point
+    forward inputs through dicts and dataclass fields (`torch.distributed.utils._apply_to_tensors`),
+    which would store a bf16 copy under the fp32 key of a dict; it passes other objects as they
+    are."""
+
+    def __init__(self) -> None:
+        self.masks: dict[torch.dtype, torch.Tensor] = {}
+
+
 @dataclass
 class ChunkPlan:
     """Block-sparse execution plan of a dense self-attention mask [B,1,S,S].
@@ -70,7 +80,7 @@ class ChunkPlan:
     seqlen: int
     pieces: list[tuple[int, int, int, int, int]]
     allowed: list[torch.Tensor]
-    additive: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, repr=False)
+    additive: MaskCache = field(default_factory=MaskCache, repr=False)
 
     def __post_init__(self) -> None:
         self.table = torch.tensor(self.pieces, dtype=torch.int64).reshape(-1, 5)
@@ -79,11 +89,11 @@ class ChunkPlan:
         """The mask as 0 / -inf of ``dtype``: built once per plan and dtype in eager code (the
         forward's mask builder prepares the autocast dtype); inside a compiled region a
         missing dtype is built in the graph, never stored (no side effect for dynamo)."""
-        built = self.additive.get(dtype)
-        if built is None:
+        built = self.additive.masks.get(dtype)
+        if built is None or built.dtype != dtype:
             built = self._build_additive(dtype)
             if not torch.compiler.is_compiling():
-                self.additive[dtype] = built
+                self.additive.masks[dtype] = built
         return built
 
     def _build_additive(self, dtype: torch.dtype) -> torch.Tensor:
