@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import register_flop_formula
 
 from bytelatent.compat import eager_only
-from bytelatent.model.attention.masks import document_ids, first_visible_key
+from bytelatent.model.attention.masks import MaskCache, document_ids, first_visible_key
 
 
 @dataclass
@@ -55,16 +55,6 @@ class BandedMask:
 SDPA_CHUNK = 256
 
 
-class MaskCache:
-    """A plan's additive masks by dtype, in a plain object: FSDP2 casts a module's floating-point
-    forward inputs through dicts and dataclass fields (`torch.distributed.utils._apply_to_tensors`),
-    which would store a bf16 copy under the fp32 key of a dict; it passes other objects as they
-    are."""
-
-    def __init__(self) -> None:
-        self.masks: dict[torch.dtype, torch.Tensor] = {}
-
-
 @dataclass
 class ChunkPlan:
     """Block-sparse execution plan of a dense self-attention mask [B,1,S,S].
@@ -90,7 +80,7 @@ class ChunkPlan:
         forward's mask builder prepares the autocast dtype); inside a compiled region a
         missing dtype is built in the graph, never stored (no side effect for dynamo)."""
         built = self.additive.masks.get(dtype)
-        if built is None or built.dtype != dtype:
+        if built is None:
             built = self._build_additive(dtype)
             if not torch.compiler.is_compiling():
                 self.additive.masks[dtype] = built

@@ -29,6 +29,18 @@ import torch
 SELF_ATTN_KINDS = (None, "causal", "block_causal", "local_block_causal")
 
 
+class MaskCache:
+    """A mask's derived forms by dtype (additive 0 / -inf masks and biases), in a plain object.
+
+    Masks travel as forward inputs, and FSDP2 casts a module's floating forward inputs through
+    dicts and dataclass fields (`torch.distributed.utils._apply_to_tensors`): a dict field would
+    come back rebuilt, holding a bf16 copy under the fp32 key, and lose what later layers add.
+    An object that is neither passes through as it is, shared by every layer of the forward."""
+
+    def __init__(self) -> None:
+        self.masks: dict[torch.dtype, torch.Tensor] = {}
+
+
 @dataclass(frozen=True, eq=False)
 class Causal:
     """Plain causal attention (query i sees keys j <= i, aligned at the top-left).

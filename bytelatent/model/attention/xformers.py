@@ -29,6 +29,7 @@ from bytelatent.model.attention.masks import (
     Dense,
     KeyIntervals,
     LocalBlockCausal,
+    MaskCache,
     MaskSpec,
     document_lengths,
 )
@@ -47,7 +48,7 @@ class XformersDense(SdpaDense):
     """A dense bool mask, run as an additive bias (0 / -inf) built once per dtype."""
 
     backend: ClassVar[str] = "xformers"
-    _additive: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, repr=False)
+    _additive: MaskCache = field(default_factory=MaskCache, repr=False)
 
 
 @dataclass(eq=False)
@@ -122,7 +123,7 @@ def _additive_bias(mask: SdpaDense, dtype: torch.dtype) -> torch.Tensor:
     Its rows are allocated at K rounded up to ``BIAS_ALIGN`` columns and sliced back to K (the
     form xformers documents for a K that is not a multiple of 8): the view's row stride is
     aligned, which the kernels need in bf16/fp16."""
-    cache = mask._additive if isinstance(mask, XformersDense) else {}
+    cache = mask._additive.masks if isinstance(mask, XformersDense) else {}
     if dtype not in cache:
         *lead, keys = mask.dense.shape
         padded = -(-keys // BIAS_ALIGN) * BIAS_ALIGN
