@@ -93,7 +93,7 @@ def evaluate_saved(args: argparse.Namespace) -> None:
         json.dump({**result, "val_bpb": bpb, "val_bytes": scored}, f, indent=1)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--data", default="data/stdlib", help="python -m bytelatent.data.prepare's folder"
@@ -114,33 +114,16 @@ def main() -> None:
     parser.add_argument(
         "--eval-only", action="store_true", help="score the teacher already in --out, no training"
     )
-    args = parser.parse_args()
-    if args.eval_only:
-        evaluate_saved(args)
-        return
+    return parser.parse_args()
 
+
+def train(model, stream, vocab_len, args: argparse.Namespace) -> tuple[int, int]:  # noqa: ANN001
+    """AdamW with linear warmup, then cosine to 0.1x, on random windows of `stream`: (tokens,
+    bytes) trained on."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    train_texts = read_texts(os.path.join(args.data, "*.chunk.*.jsonl"))
-    val_texts = read_texts(os.path.join(args.data, "*.val.jsonl"))
-    if not train_texts or not val_texts:
-        raise SystemExit(
-            f"error: no *.chunk.*.jsonl / *.val.jsonl in {args.data}; run python -m bytelatent.data.prepare --out {args.data}"
-        )
-    tok = train_tokenizer(train_texts, args.vocab_size)
-    stream = torch.tensor(token_stream(tok, train_texts))
-    torch.manual_seed(args.seed)
-    config = LlamaConfig(
-        vocab_size=tok.get_vocab_size(with_added_tokens=True), hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-        intermediate_size=INTERMEDIATE, rms_norm_eps=1e-5, rope_theta=500000.0,
-        max_position_embeddings=512, tie_word_embeddings=False,
-        bos_token_id=tok.token_to_id("<s>"), eos_token_id=tok.token_to_id("<s>"),
-    )  # fmt: skip
-    model = LlamaForCausalLM(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
-    warmup = max(1, args.steps // 20)  # linear warmup, then cosine to 0.1x
+    warmup = max(1, args.steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
         lambda s: min(1.0, (s + 1) / warmup)
@@ -148,9 +131,6 @@ def main() -> None:
     )
     generator = torch.Generator().manual_seed(args.seed)
     t0, tokens, trained_bytes = time.time(), 0, 0
-    from bytelatent.tokenizers.hf_bpe import byte_level_vocab
-
-    vocab_len = torch.tensor([len(b) for b in byte_level_vocab(tok)])
     for step in range(1, args.steps + 1):
         starts = torch.randint(
             0, len(stream) - args.seq_len - 1, (args.batch_size,), generator=generator
@@ -169,6 +149,39 @@ def main() -> None:
                 f"step {step}/{args.steps} loss {loss.item():.3f} ({time.time() - t0:.0f} s)",
                 flush=True,
             )
+    return tokens, trained_bytes
+
+
+def main() -> None:
+    args = parse_args()
+    if args.eval_only:
+        evaluate_saved(args)
+        return
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from bytelatent.tokenizers.hf_bpe import byte_level_vocab
+
+    train_texts = read_texts(os.path.join(args.data, "*.chunk.*.jsonl"))
+    val_texts = read_texts(os.path.join(args.data, "*.val.jsonl"))
+    if not train_texts or not val_texts:
+        raise SystemExit(
+            f"error: no *.chunk.*.jsonl / *.val.jsonl in {args.data}; run python -m bytelatent.data.prepare --out {args.data}"
+        )
+    tok = train_tokenizer(train_texts, args.vocab_size)
+    stream = torch.tensor(token_stream(tok, train_texts))
+    torch.manual_seed(args.seed)
+    config = LlamaConfig(
+        vocab_size=tok.get_vocab_size(with_added_tokens=True), hidden_size=HIDDEN,
+        num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+        intermediate_size=INTERMEDIATE, rms_norm_eps=1e-5, rope_theta=500000.0,
+        max_position_embeddings=512, tie_word_embeddings=False,
+        bos_token_id=tok.token_to_id("<s>"), eos_token_id=tok.token_to_id("<s>"),
+    )  # fmt: skip
+    model = LlamaForCausalLM(config)
+    vocab_len = torch.tensor([len(b) for b in byte_level_vocab(tok)])
+    tokens, trained_bytes = train(model, stream, vocab_len, args)
     bpb, scored = held_out_bpb(model, tok, val_texts, args.seq_len, args.eval_bytes)
     os.makedirs(args.out, exist_ok=True)
     model.save_pretrained(args.out)
