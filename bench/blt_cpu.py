@@ -297,6 +297,14 @@ def matmul_flops(dtype: torch.dtype, size: int = 2048, repeats: int = 7) -> floa
     return 2 * size**3 / statistics.median(times)
 
 
+def bf16_matmul_flops() -> float:
+    """The bf16 peak, or NaN on a CPU without bf16 GEMMs: there a 2048^3 bf16 matmul runs a
+    generic loop at ~1 GFLOP/s (minutes per row for a number no row's kernels use)."""
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return float("nan")
+    return matmul_flops(torch.bfloat16)
+
+
 RATIOS = (
     ("ours:bf16", "hf:bf16"),
     ("ours-compile:bf16", "hf:bf16"),
@@ -378,7 +386,7 @@ def measure_rows(opts: argparse.Namespace, flops_per_byte: float) -> list[dict]:
     results = []
     for round_nb, row in [(i, row) for i in range(opts.rounds) for row in opts.rows]:
         # measured right before each row: the machine's load changes while the rows run
-        peak = {"fp32": matmul_flops(torch.float32), "bf16": matmul_flops(torch.bfloat16)}
+        peak = {"fp32": matmul_flops(torch.float32), "bf16": bf16_matmul_flops()}
         cmd = [sys.executable, __file__, "--worker", row]
         cmd += ["--steps", str(opts.steps), "--warmup", str(opts.warmup)]
         cmd += ["--threads", str(opts.threads)] if opts.threads else []
@@ -437,6 +445,11 @@ def main() -> None:
     from bytelatent.archs.blt.sizes import blt_flops_per_byte
 
     load_before = os.getloadavg()
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        print(
+            "this CPU has no bf16 GEMMs: the bf16 matmul peak (mm bf16, MFU) is not timed, hf:bf16"
+            " runs a generic loop, and bytelatent's bf16 rows run fp32 kernels (BYTELATENT_CPU_BF16)"
+        )
     flops_per_byte = blt_flops_per_byte(
         blt_args(), mean_patch_size=SEQ_LEN / (SEQ_LEN // PATCH + 1), seq_len=SEQ_LEN
     )
