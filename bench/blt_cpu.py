@@ -300,9 +300,9 @@ def matmul_flops(dtype: torch.dtype, size: int = 2048, repeats: int = 7) -> floa
 def bf16_matmul_flops() -> float:
     """The bf16 peak, or NaN on a CPU without bf16 GEMMs: there a 2048^3 bf16 matmul runs a
     generic loop at ~1 GFLOP/s (minutes per row for a number no row's kernels use)."""
-    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return float("nan")
-    return matmul_flops(torch.bfloat16)
+    from bytelatent.model.cpu_bf16 import cpu_has_bf16_matmul
+
+    return matmul_flops(torch.bfloat16) if cpu_has_bf16_matmul() else float("nan")
 
 
 RATIOS = (
@@ -443,9 +443,10 @@ def main() -> None:
         return
 
     from bytelatent.archs.blt.sizes import blt_flops_per_byte
+    from bytelatent.model.cpu_bf16 import cpu_has_bf16_matmul
 
     load_before = os.getloadavg()
-    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if not cpu_has_bf16_matmul():
         print(
             "this CPU has no bf16 GEMMs: the bf16 matmul peak (mm bf16, MFU) is not timed, hf:bf16"
             " runs a generic loop, and bytelatent's bf16 rows run fp32 kernels (BYTELATENT_CPU_BF16)"
